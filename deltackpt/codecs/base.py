@@ -1,0 +1,48 @@
+"""The codec interface."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ChunkContext:
+    """What a codec may know about the bytes it encodes."""
+
+    dtype: str        # format dtype name (format/dtypes.py)
+    itemsize: int
+    row_bytes: int    # bytes per row of the leading dimension (0 for 0-d)
+    level: int = 1    # zstd level
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A codec's output: parameters for the object header and the payload."""
+
+    params: dict[str, Any]
+    payload: bytes
+    recon: bytes | None = None       # lossy codecs: the bytes a decoder will produce
+    max_abs_err: float = 0.0
+
+
+class Codec(ABC):
+    """A frozen encoding id and its encode/decode pair.
+
+    ``decode`` must treat ``params`` and ``payload`` as hostile: check every length against
+    ``raw_len`` before allocating, and raise CorruptObjectError on anything inconsistent.
+    """
+
+    encoding_id: int
+    name: str
+    lossless: bool = True
+    needs_base: bool = False
+
+    @abstractmethod
+    def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded | None:
+        """Encode ``raw`` (against ``base`` for delta codecs); None when the codec does not apply."""
+
+    @abstractmethod
+    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
+        """Reproduce exactly ``raw_len`` bytes."""

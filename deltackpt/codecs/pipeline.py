@@ -1,0 +1,97 @@
+"""Choosing an encoding per chunk.
+
+Lossless: the keyframe codec (byte-grouped zstd) or, when a base chunk is at hand and the chain
+is shorter than the keyframe interval, XOR delta, integer (zigzag) delta or sparse rows.  The
+dense candidates are compared on a sample of the chunk and only the winner encodes it all;
+whatever wins is stored raw if it is not smaller than the raw bytes.
+
+Lossy (only when asked): q8/q4 block-quantized delta against the decoded base, or a cast to
+fp16/bf16.  Chunks a lossy codec cannot take (non-finite values, non-float dtypes, no base) fall
+back to lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import CodecError
+from .base import ChunkContext, Encoded
+from .registry import BG_ZSTD, CAST_BF16, CAST_FP16, Q4_DELTA, Q8_DELTA, RAW, SPARSE, SUB_DELTA, XOR_DELTA, get
+
+MODES = ("lossless", "q8-delta", "q4-delta", "fp16", "bf16")
+_LOSSY = {"q8-delta": Q8_DELTA, "q4-delta": Q4_DELTA, "fp16": CAST_FP16, "bf16": CAST_BF16}
+_SAMPLE = 128 * 1024
+
+
+@dataclass(frozen=True)
+class BaseChunk:
+    """The decoded bytes of the chunk at the same place in the parent version."""
+
+    chunk_id: bytes
+    data: bytes
+    depth: int
+
+
+@dataclass(frozen=True)
+class ChunkEncoding:
+    encoding: int
+    encoded: Encoded
+    base: BaseChunk | None
+
+    @property
+    def depth(self) -> int:
+        return 0 if self.base is None else self.base.depth + 1
+
+    @property
+    def lossless(self) -> bool:
+        return self.encoded.recon is None
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise CodecError(f"unknown encoding mode {mode!r}; choose one of {MODES}")
+    return mode
+
+
+def _sample(raw: bytes, align: int) -> slice:
+    if len(raw) <= 2 * _SAMPLE:
+        return slice(0, len(raw))
+    start = (len(raw) // 2 // align) * align
+    return slice(start, start + (_SAMPLE // align) * align)
+
+
+def encode_chunk(raw: bytes, ctx: ChunkContext, *, mode: str = "lossless", base: BaseChunk | None = None,
+                 keyframe_interval: int = 8, candidates: tuple[int, ...] | None = None) -> ChunkEncoding:
+    """Encode one chunk.  ``candidates`` restricts the lossless codecs tried (benchmarks use it)."""
+    if base is not None and (len(base.data) != len(raw) or base.depth + 1 > keyframe_interval):
+        base = None
+    if mode != "lossless":
+        codec = get(_LOSSY[check_mode(mode)])
+        if not codec.needs_base or base is not None:
+            enc = codec.encode(raw, ctx, base.data if codec.needs_base and base else None)
+            if enc is not None:
+                return ChunkEncoding(codec.encoding_id, enc, base if codec.needs_base else None)
+    allowed = candidates or (BG_ZSTD, XOR_DELTA, SUB_DELTA, SPARSE)
+    best: ChunkEncoding | None = None
+    if base is not None and SPARSE in allowed:
+        enc = get(SPARSE).encode(raw, ctx, base.data)
+        if enc is not None:
+            best = ChunkEncoding(SPARSE, enc, base)
+    dense = [c for c in allowed if c != SPARSE and (base is not None or not get(c).needs_base)]
+    if len(dense) > 1:
+        align = max(ctx.row_bytes if ctx.row_bytes and ctx.row_bytes <= _SAMPLE else 1, 16)
+        s = _sample(raw, align)
+        sizes = {}
+        for c in dense:
+            e = get(c).encode(raw[s], ctx, base.data[s] if get(c).needs_base else None)
+            if e is not None:
+                sizes[c] = len(e.payload)
+        dense = [min(sizes, key=sizes.__getitem__)] if sizes else []
+    for c in dense:
+        codec = get(c)
+        enc = codec.encode(raw, ctx, base.data if codec.needs_base else None)
+        if enc is not None and (best is None or len(enc.payload) < len(best.encoded.payload)):
+            best = ChunkEncoding(c, enc, base if codec.needs_base else None)
+    if best is None or len(best.encoded.payload) >= len(raw):
+        return ChunkEncoding(RAW, get(RAW).encode(raw, ctx), None)
+    return best

@@ -1,0 +1,20 @@
+"""Encoding 1: byte-grouped planes, each zstd-compressed when it pays (the keyframe codec)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import ChunkContext, Codec, Encoded
+from .bytegroup import decode_planes, encode_planes, width_for
+
+
+class ByteGroupZstd(Codec):
+    encoding_id = 1
+    name = "bg-zstd"
+
+    def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded:
+        params, payload = encode_planes(raw, width_for(ctx.itemsize, len(raw)), ctx.level)
+        return Encoded(params, payload)
+
+    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
+        return decode_planes(params, payload, raw_len, what=self.name).tobytes()

@@ -1,0 +1,74 @@
+"""The deltackpt error tree.
+
+Every error raised on purpose is a :class:`DeltackptError`.  Each subclass also inherits the
+builtin exception a caller would naturally catch (``KeyError`` for an unknown version, ``ValueError``
+for corrupt data, ...), so ``except KeyError`` keeps working for code that does not know us.
+"""
+
+from __future__ import annotations
+
+
+class DeltackptError(Exception):
+    """Root of every error deltackpt raises on purpose."""
+
+
+class UnknownVersionError(DeltackptError, KeyError):
+    """A revision (id, prefix, tag, ``latest~N``) names no version in the repository."""
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return str(self.args[0]) if self.args else "unknown version"
+
+
+class AmbiguousVersionError(UnknownVersionError):
+    """A version id prefix matches more than one version."""
+
+
+class CorruptObjectError(DeltackptError, ValueError):
+    """Stored bytes fail a check: hash, bounds, magic, checksum or schema."""
+
+
+class FormatVersionError(DeltackptError, ValueError):
+    """The repository (or an object) was written by a format version this reader does not know."""
+
+
+class NotARepositoryError(DeltackptError, FileNotFoundError):
+    """The path holds no deltackpt repository."""
+
+
+class UnsupportedLeafError(DeltackptError, TypeError):
+    """A value in the saved state can be neither a tensor leaf nor a plain msgpack leaf."""
+
+
+class InvalidNameError(DeltackptError, ValueError):
+    """A ref or tag name breaks the naming rules (path separators, dots, length, ...)."""
+
+
+class RepositoryLockedError(DeltackptError, RuntimeError):
+    """Another process holds a lock that this operation needs."""
+
+
+class ConflictError(DeltackptError, RuntimeError):
+    """A concurrent update won a race this operation had to lose (for example a tag that already exists)."""
+
+
+class StoreError(DeltackptError, OSError):
+    """The storage backend failed (disk full, I/O error, missing object)."""
+
+
+class ObjectNotFoundError(StoreError, FileNotFoundError):
+    """A key the repository refers to is missing from the store."""
+
+
+class LimitExceededError(CorruptObjectError):
+    """A size or count read from storage exceeds a documented limit."""
+
+
+class StateMismatchError(DeltackptError, ValueError):
+    """A restore target (model or optimizer) does not match the saved state (missing keys, shapes)."""
+
+
+class CodecError(DeltackptError, ValueError):
+    """A codec was asked to do something it cannot (unknown id, wrong parameters)."""
+
+
+__all__ = [name for name in dir() if name.endswith("Error")]

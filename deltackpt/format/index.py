@@ -1,0 +1,52 @@
+"""Index files: chunk id -> (pack, offset, length, encoding, raw length, base, depth).
+
+    index = MAGIC(8) || BODY || XXH64(BODY)(u64 LE)
+    BODY  = msgpack map { pack_id_hex: [pack_len, [entry, ...]] }   (entries as in the pack header)
+
+A save writes one index file for the packs it wrote; gc writes one consolidated file.  The union
+of all index files is the repository's index.  Everything in it can be rebuilt from the packs.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import xxhash
+
+from ..errors import CorruptObjectError, FormatVersionError
+from . import msgpack_io
+from .ids import from_hex
+from .limits import MAX_INDEX_BYTES, MAX_PACK_BYTES
+from .pack import PackEntry
+
+MAGIC = b"DCKIDX\x01\x00"
+_SUM = struct.Struct("<Q")
+
+
+def encode(packs: dict[str, tuple[int, list[PackEntry]]]) -> bytes:
+    body = msgpack_io.pack({pid: [plen, [e.to_list() for e in entries]] for pid, (plen, entries) in packs.items()})
+    return MAGIC + body + _SUM.pack(xxhash.xxh64_intdigest(body))
+
+
+def decode(data: bytes, *, what: str = "index") -> dict[str, tuple[int, list[PackEntry]]]:
+    if len(data) < len(MAGIC) + _SUM.size or data[:6] != MAGIC[:6]:
+        raise CorruptObjectError(f"{what}: missing index magic")
+    if data[:8] != MAGIC:
+        raise FormatVersionError(f"{what}: index version {data[6]} is not supported")
+    body = data[len(MAGIC):-_SUM.size]
+    (checksum,) = _SUM.unpack(data[-_SUM.size:])
+    if xxhash.xxh64_intdigest(body) != checksum:
+        raise CorruptObjectError(f"{what}: checksum mismatch")
+    raw = msgpack_io.unpack(body, what=what, max_bytes=MAX_INDEX_BYTES)
+    if not isinstance(raw, dict):
+        raise CorruptObjectError(f"{what}: body is not a map")
+    out: dict[str, tuple[int, list[PackEntry]]] = {}
+    for pid, value in raw.items():
+        if not isinstance(pid, str):
+            raise CorruptObjectError(f"{what}: pack id {pid!r:.40} is not a string")
+        from_hex(pid)
+        if not isinstance(value, list) or len(value) != 2 or not isinstance(value[1], list):
+            raise CorruptObjectError(f"{what}: pack {pid} entry is malformed")
+        plen = msgpack_io.expect_int(value[0], f"{what} pack {pid} length", 0, MAX_PACK_BYTES)
+        out[pid] = (plen, [PackEntry.from_list(item, what=f"{what} pack {pid}", pack_len=plen) for item in value[1]])
+    return out

@@ -1,0 +1,47 @@
+"""Hard limits every reader enforces before allocating anything (spec/FORMAT.md, "Limits")."""
+
+FORMAT_VERSION = 1
+"""The one on-disk format version this code writes and reads."""
+
+MAX_CHUNK_BYTES = 64 * 1024 * 1024
+"""A chunk's raw length: 16x the largest target chunk size, so a decoder never allocates more."""
+
+DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024
+"""Target chunk size: small enough that a layer restore and dedup are fine-grained, large enough
+that zstd and per-object overhead stay negligible (measured in bench/, see the spec)."""
+
+MAX_OBJECT_PARAMS_BYTES = 4096
+"""Codec parameters are a few ids and integers; 4 KiB leaves room and bounds a hostile header."""
+
+MAX_PACK_HEADER_BYTES = 64 * 1024 * 1024
+"""A pack header lists its objects; 64 MiB holds ~700k entries, far more than a pack carries."""
+
+MAX_PACK_BYTES = 1 << 40
+"""Offsets in a pack are u64 but a pack is never above 1 TiB."""
+
+MAX_MANIFEST_BYTES = 256 * 1024 * 1024
+"""A manifest with a million tensors of a hundred chunks is well under this."""
+
+MAX_INDEX_BYTES = 1024 * 1024 * 1024
+"""An index file for a whole repository after gc."""
+
+MAX_TENSOR_ELEMENTS = 1 << 48
+"""Shape products above this are refused before any arithmetic on them."""
+
+MAX_NDIM = 64
+"""torch itself caps dimensions at 64."""
+
+MAX_MSGPACK_DEPTH = 512
+"""Nesting of the saved tree; deeper trees are refused at save and at load."""
+
+MAX_CHAIN_DEPTH = 1024
+"""A delta chain longer than this is corrupt (writers keep it at the keyframe interval)."""
+
+MAX_REF_BYTES = 4096
+"""A ref file is one version id and a newline."""
+
+MAX_NAME_LENGTH = 128
+"""Ref and tag names."""
+
+DEFAULT_KEYFRAME_INTERVAL = 8
+"""At most this many deltas between keyframes of a chunk (restoring decodes <= K+1 objects)."""

@@ -1,0 +1,265 @@
+"""Version manifests: what one saved version holds.
+
+    manifest = MAGIC(8) || msgpack map (schema below);  version id = xxh3-128 hex of the whole file
+
+The tree is the saved object with every tensor replaced by ext type 1 (its index in ``tensors``)
+and every tuple by ext type 2 (a msgpack array).  Tensors are views of blobs: a blob is a run of
+raw bytes cut into chunks; unshared tensors own one blob each, tensors sharing storage share one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from ..errors import CorruptObjectError, FormatVersionError, LimitExceededError
+from . import msgpack_io
+from .dtypes import itemsize
+from .ids import check_raw_id, from_hex, hex_id
+from .limits import (MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES, MAX_MSGPACK_DEPTH, MAX_NDIM,
+                     MAX_TENSOR_ELEMENTS)
+
+MAGIC = b"DCKMAN\x01\x00"
+EXT_TENSOR = 1
+EXT_TUPLE = 2
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """Placeholder for a tensor inside the saved tree."""
+
+    index: int
+
+
+@dataclass
+class ChunkRef:
+    chunk_id: bytes
+    raw_len: int
+
+
+@dataclass
+class Blob:
+    """Raw bytes of one tensor (or one shared storage), cut into row-aligned chunks."""
+
+    nbytes: int
+    itemsize: int
+    row_bytes: int
+    chunks: list[ChunkRef]
+
+    def to_obj(self) -> dict:
+        return {"nbytes": self.nbytes, "itemsize": self.itemsize, "row_bytes": self.row_bytes,
+                "chunks": [[c.chunk_id, c.raw_len] for c in self.chunks]}
+
+    @classmethod
+    def from_obj(cls, obj: Any, what: str) -> "Blob":
+        _expect_map(obj, what, {"nbytes", "itemsize", "row_bytes", "chunks"})
+        nbytes = msgpack_io.expect_int(obj["nbytes"], f"{what}.nbytes", 0, MAX_TENSOR_ELEMENTS * 16)
+        isz = msgpack_io.expect_int(obj["itemsize"], f"{what}.itemsize", 1, 16)
+        row = msgpack_io.expect_int(obj["row_bytes"], f"{what}.row_bytes", 0, MAX_TENSOR_ELEMENTS * 16)
+        chunks_raw = obj["chunks"]
+        if not isinstance(chunks_raw, list):
+            raise CorruptObjectError(f"{what}.chunks is not an array")
+        chunks = []
+        total = 0
+        for i, c in enumerate(chunks_raw):
+            if not isinstance(c, list) or len(c) != 2:
+                raise CorruptObjectError(f"{what}.chunks[{i}] is not [id, length]")
+            n = msgpack_io.expect_int(c[1], f"{what}.chunks[{i}] length", 0, MAX_CHUNK_BYTES)
+            chunks.append(ChunkRef(check_raw_id(c[0]), n))
+            total += n
+        if total != nbytes:
+            raise CorruptObjectError(f"{what}: chunk lengths sum to {total}, not {nbytes}")
+        return cls(nbytes, isz, row, chunks)
+
+
+@dataclass
+class TensorEntry:
+    """One tensor leaf: a typed, shaped view into a blob."""
+
+    name: str
+    key: list
+    dtype: str
+    shape: list[int]
+    stride: list[int]
+    blob: int
+    offset: int  # in bytes, into the blob
+    encoding: str = "lossless"
+    exact: bool = True
+    max_abs_err: float = 0.0
+    device: str = "cpu"
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * itemsize(self.dtype)
+
+    def to_obj(self) -> dict:
+        return {"name": self.name, "key": self.key, "dtype": self.dtype, "shape": self.shape,
+                "stride": self.stride, "blob": self.blob, "offset": self.offset, "encoding": self.encoding,
+                "exact": self.exact, "max_abs_err": self.max_abs_err, "device": self.device}
+
+    @classmethod
+    def from_obj(cls, obj: Any, what: str, blobs: list[Blob]) -> "TensorEntry":
+        _expect_map(obj, what, {"name", "key", "dtype", "shape", "stride", "blob", "offset"})
+        name = obj["name"]
+        if not isinstance(name, str) or not isinstance(obj["key"], list):
+            raise CorruptObjectError(f"{what}: name/key malformed")
+        what = f"tensor {name!r}"
+        isz = itemsize(obj["dtype"], what=what)
+        shape, stride = obj["shape"], obj["stride"]
+        if not isinstance(shape, list) or not isinstance(stride, list) or len(shape) > MAX_NDIM or len(stride) != len(shape):
+            raise CorruptObjectError(f"{what}: shape/stride malformed")
+        for d in shape:
+            msgpack_io.expect_int(d, f"{what} shape", 0, MAX_TENSOR_ELEMENTS)
+        for s in stride:
+            msgpack_io.expect_int(s, f"{what} stride", 0, MAX_TENSOR_ELEMENTS)
+        numel = 1
+        for d in shape:
+            numel *= d
+            if numel > MAX_TENSOR_ELEMENTS:
+                raise LimitExceededError(f"{what}: {shape} has more than {MAX_TENSOR_ELEMENTS} elements")
+        b = msgpack_io.expect_int(obj["blob"], f"{what} blob", 0, len(blobs) - 1) if blobs else None
+        if b is None:
+            raise CorruptObjectError(f"{what}: refers to a blob but the manifest has none")
+        off = msgpack_io.expect_int(obj["offset"], f"{what} offset", 0, blobs[b].nbytes)
+        if numel:
+            span = (sum((d - 1) * s for d, s in zip(shape, stride)) + 1) * isz
+            if off % isz or off + span > blobs[b].nbytes:
+                raise CorruptObjectError(f"{what}: view of {span} bytes at {off} lies outside its blob of {blobs[b].nbytes}")
+        err = obj.get("max_abs_err", 0.0)
+        if not isinstance(err, (int, float)) or isinstance(err, bool):
+            raise CorruptObjectError(f"{what}: max_abs_err malformed")
+        enc, dev = obj.get("encoding", "lossless"), obj.get("device", "cpu")
+        exact = obj.get("exact", True)
+        if not isinstance(enc, str) or not isinstance(dev, str) or not isinstance(exact, bool):
+            raise CorruptObjectError(f"{what}: encoding/device/exact malformed")
+        return cls(name, obj["key"], obj["dtype"], shape, stride, b, off, enc, exact, float(err), dev)
+
+
+@dataclass
+class Manifest:
+    """Everything one version holds.  ``tree`` contains TensorRef and tuple values."""
+
+    parent: str | None
+    time: float
+    tree: Any
+    tensors: list[TensorEntry]
+    blobs: list[Blob]
+    step: int | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    meta: Any = None
+    writer: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exact(self) -> bool:
+        return all(t.exact for t in self.tensors)
+
+    def to_bytes(self) -> bytes:
+        body = {
+            "parent": self.parent, "time": self.time, "step": self.step, "metrics": self.metrics,
+            "meta": self.meta, "writer": self.writer, "extra": self.extra,
+            "blobs": [b.to_obj() for b in self.blobs],
+            "tensors": [t.to_obj() for t in self.tensors],
+            "tree": self.tree,
+        }
+        return MAGIC + msgpack.packb(body, use_bin_type=True, default=_pack_default, strict_types=True)
+
+    def version_id(self) -> str:
+        return hex_id(self.to_bytes())
+
+
+def _pack_default(value: Any) -> Any:
+    if isinstance(value, TensorRef):
+        return msgpack.ExtType(EXT_TENSOR, msgpack.packb(value.index))
+    if isinstance(value, tuple):
+        return msgpack.ExtType(EXT_TUPLE, msgpack.packb(list(value), use_bin_type=True, default=_pack_default,
+                                                        strict_types=True))
+    raise TypeError(f"cannot pack {type(value).__name__}")
+
+
+def _expect_map(obj: Any, what: str, keys: set[str]) -> None:
+    if not isinstance(obj, dict):
+        raise CorruptObjectError(f"{what} is not a map")
+    missing = keys - obj.keys()
+    if missing:
+        raise CorruptObjectError(f"{what} lacks {sorted(missing)}")
+
+
+def _ext_hook_factory(limit: int, ntensors: list[int]):
+    def hook(code: int, data: bytes) -> Any:
+        if code == EXT_TENSOR:
+            value = msgpack_io.unpack(data, what="tensor reference", max_bytes=16)
+            idx = msgpack_io.expect_int(value, "tensor reference", 0, 1 << 32)
+            ntensors.append(idx)
+            return TensorRef(idx)
+        if code == EXT_TUPLE:
+            value = msgpack_io.unpack(data, what="tuple", max_bytes=limit, ext_hook=hook)
+            if not isinstance(value, list):
+                raise CorruptObjectError("tuple ext does not hold an array")
+            return tuple(value)
+        raise CorruptObjectError(f"unknown msgpack ext type {code} in manifest tree")
+    return hook
+
+
+def _depth(value: Any, what: str) -> None:
+    stack = [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if d > MAX_MSGPACK_DEPTH:
+            raise LimitExceededError(f"{what}: tree nested deeper than {MAX_MSGPACK_DEPTH}")
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, d + 1) for x in v)
+
+
+def decode(data: bytes, *, version_id: str | None = None) -> Manifest:
+    """Parse and schema-check a manifest.  With ``version_id``, the content hash is checked too."""
+    what = f"manifest {version_id}" if version_id else "manifest"
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise LimitExceededError(f"{what}: {len(data)} bytes exceeds the limit")
+    if data[:6] != MAGIC[:6]:
+        raise CorruptObjectError(f"{what}: missing manifest magic")
+    if data[:8] != MAGIC:
+        raise FormatVersionError(f"{what}: manifest version {data[6]} is not supported by this reader (version 1)")
+    if version_id is not None and hex_id(data) != version_id:
+        raise CorruptObjectError(f"{what}: content hash does not match its id")
+    refs: list[int] = []
+    body = msgpack_io.unpack(memoryview(data)[len(MAGIC):], what=what, max_bytes=MAX_MANIFEST_BYTES,
+                             ext_hook=_ext_hook_factory(len(data), refs))
+    _expect_map(body, what, {"parent", "time", "tree", "tensors", "blobs"})
+    parent = body["parent"]
+    if parent is not None:
+        if not isinstance(parent, str):
+            raise CorruptObjectError(f"{what}: parent is not a string")
+        from_hex(parent)
+    t = body["time"]
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        raise CorruptObjectError(f"{what}: time is not a number")
+    if not isinstance(body["blobs"], list) or not isinstance(body["tensors"], list):
+        raise CorruptObjectError(f"{what}: blobs/tensors are not arrays")
+    blobs = [Blob.from_obj(b, f"{what} blob {i}") for i, b in enumerate(body["blobs"])]
+    tensors = [TensorEntry.from_obj(x, f"{what} tensor {i}", blobs) for i, x in enumerate(body["tensors"])]
+    for idx in refs:
+        if idx >= len(tensors):
+            raise CorruptObjectError(f"{what}: tree refers to tensor {idx} of {len(tensors)}")
+    _depth(body["tree"], what)
+    step = body.get("step")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        raise CorruptObjectError(f"{what}: step is not an integer")
+    metrics = body.get("metrics") or {}
+    if not isinstance(metrics, dict):
+        raise CorruptObjectError(f"{what}: metrics is not a map")
+    extra = body.get("extra") or {}
+    if not isinstance(extra, dict):
+        raise CorruptObjectError(f"{what}: extra is not a map")
+    writer = body.get("writer", "")
+    return Manifest(parent, float(t), body["tree"], tensors, blobs, step, metrics, body.get("meta"),
+                    writer if isinstance(writer, str) else "", extra)

@@ -1,0 +1,138 @@
+"""Pack files: many objects in one file, self-describing so the index can be rebuilt from packs.
+
+    pack    = MAGIC(8) || object_0 || ... || object_n-1 || HEADER || TRAILER
+    HEADER  = msgpack array of entries [id(bin16), offset, length, encoding, raw_len, base(bin16|nil), depth]
+    TRAILER = HEADER_LEN(u32 LE) || HEADER_XXH64(u64 LE) || END_MAGIC(8)
+
+The header sits at the end, after the objects, so a writer streams objects without knowing their
+number in advance (restic does the same).  A reader fetches the 20-byte trailer, then the header.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+from ..errors import CorruptObjectError, FormatVersionError, LimitExceededError
+from . import msgpack_io
+from .ids import ID_BYTES, check_raw_id
+from .limits import MAX_CHAIN_DEPTH, MAX_CHUNK_BYTES, MAX_PACK_BYTES, MAX_PACK_HEADER_BYTES
+
+MAGIC = b"DCKPACK\x01"
+END_MAGIC = b"DCKPEND\x01"
+_TRAILER = struct.Struct("<IQ8s")
+TRAILER_BYTES = _TRAILER.size  # 20
+MIN_PACK_BYTES = len(MAGIC) + TRAILER_BYTES
+
+
+@dataclass(frozen=True)
+class PackEntry:
+    """Where one object lives and how to plan its decoding."""
+
+    chunk_id: bytes
+    offset: int
+    length: int
+    encoding: int
+    raw_len: int
+    base: bytes | None
+    depth: int
+
+    def to_list(self) -> list:
+        return [self.chunk_id, self.offset, self.length, self.encoding, self.raw_len, self.base, self.depth]
+
+    @classmethod
+    def from_list(cls, item: object, *, what: str, pack_len: int | None = None) -> "PackEntry":
+        if not isinstance(item, list) or len(item) != 7:
+            raise CorruptObjectError(f"{what}: an entry must be a 7-element array")
+        chunk_id = check_raw_id(item[0])
+        offset = msgpack_io.expect_int(item[1], f"{what} offset", 0, MAX_PACK_BYTES)
+        length = msgpack_io.expect_int(item[2], f"{what} length", 12, MAX_CHUNK_BYTES * 2)
+        encoding = msgpack_io.expect_int(item[3], f"{what} encoding", 0, 255)
+        raw_len = msgpack_io.expect_int(item[4], f"{what} raw length", 0, MAX_CHUNK_BYTES)
+        base = None if item[5] is None else check_raw_id(item[5])
+        depth = msgpack_io.expect_int(item[6], f"{what} depth", 0, MAX_CHAIN_DEPTH)
+        if (base is None) != (depth == 0):
+            raise CorruptObjectError(f"{what}: depth {depth} disagrees with base {base!r}")
+        if pack_len is not None and (offset < len(MAGIC) or offset + length > pack_len - TRAILER_BYTES):
+            raise CorruptObjectError(f"{what}: object range {offset}+{length} lies outside the pack")
+        return cls(chunk_id, offset, length, encoding, raw_len, base, depth)
+
+
+class PackBuilder:
+    """Accumulates objects in memory and produces the pack's bytes."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = [MAGIC]
+        self._size = len(MAGIC)
+        self.entries: list[PackEntry] = []
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, chunk_id: bytes, object_bytes: bytes, *, encoding: int, raw_len: int,
+            base: bytes | None, depth: int) -> PackEntry:
+        entry = PackEntry(chunk_id, self._size, len(object_bytes), encoding, raw_len, base, depth)
+        self._parts.append(object_bytes)
+        self._size += len(object_bytes)
+        self.entries.append(entry)
+        return entry
+
+    def finish(self) -> bytes:
+        header = msgpack_io.pack([e.to_list() for e in self.entries])
+        trailer = _TRAILER.pack(len(header), xxhash.xxh64_intdigest(header), END_MAGIC)
+        return b"".join(self._parts) + header + trailer
+
+
+def parse_trailer(trailer: bytes, pack_len: int, *, what: str) -> int:
+    """Return the header length from a pack's last 20 bytes, checked against the pack's size."""
+    if pack_len < MIN_PACK_BYTES or len(trailer) != TRAILER_BYTES:
+        raise CorruptObjectError(f"{what}: {pack_len} bytes is too short for a pack")
+    header_len, _checksum, end_magic = _TRAILER.unpack(trailer)
+    if end_magic != END_MAGIC:
+        if end_magic[:7] == END_MAGIC[:7]:
+            raise FormatVersionError(f"{what}: pack version {end_magic[7]} is not supported")
+        raise CorruptObjectError(f"{what}: bad pack trailer magic")
+    if header_len > MAX_PACK_HEADER_BYTES:
+        raise LimitExceededError(f"{what}: header of {header_len} bytes exceeds the limit")
+    if header_len + TRAILER_BYTES + len(MAGIC) > pack_len:
+        raise CorruptObjectError(f"{what}: header length {header_len} runs past the pack start")
+    return header_len
+
+
+def parse_header(header: bytes, trailer: bytes, pack_len: int, *, what: str) -> list[PackEntry]:
+    """Parse a pack header (the bytes just before the trailer) into bounds-checked entries."""
+    _len, checksum, _magic = _TRAILER.unpack(trailer)
+    if xxhash.xxh64_intdigest(header) != checksum:
+        raise CorruptObjectError(f"{what}: header checksum mismatch")
+    items = msgpack_io.unpack(header, what=f"{what} header", max_bytes=MAX_PACK_HEADER_BYTES)
+    if not isinstance(items, list):
+        raise CorruptObjectError(f"{what}: header is not an array")
+    entries = [PackEntry.from_list(item, what=f"{what} entry {i}", pack_len=pack_len) for i, item in enumerate(items)]
+    end = pack_len - TRAILER_BYTES - len(header)
+    prev_end = len(MAGIC)
+    for e in sorted(entries, key=lambda e: e.offset):
+        if e.offset < prev_end or e.offset + e.length > end:
+            raise CorruptObjectError(f"{what}: object {e.chunk_id.hex()} overlaps another or the header")
+        prev_end = e.offset + e.length
+    return entries
+
+
+def parse_pack(data: bytes, *, what: str = "pack") -> list[PackEntry]:
+    """Parse a whole pack held in memory."""
+    if len(data) < MIN_PACK_BYTES or data[:len(MAGIC)] != MAGIC:
+        if len(data) >= len(MAGIC) and data[:7] == MAGIC[:7]:
+            raise FormatVersionError(f"{what}: pack version {data[7]} is not supported")
+        raise CorruptObjectError(f"{what}: missing pack magic")
+    trailer = data[-TRAILER_BYTES:]
+    header_len = parse_trailer(trailer, len(data), what=what)
+    header = data[len(data) - TRAILER_BYTES - header_len:len(data) - TRAILER_BYTES]
+    return parse_header(header, trailer, len(data), what=what)
+
+
+assert ID_BYTES == 16

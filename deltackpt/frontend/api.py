@@ -1,0 +1,392 @@
+"""The public API: save, load, restore, gc and Repo.  torch is imported only by the functions
+that move tensors, so ``Repo(...).verify()``, ``log``, ``du`` and ``gc`` work without it."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
+
+from ..errors import DeltackptError, StateMismatchError, UnsupportedLeafError
+from ..format.manifest import TensorRef
+from ..progress import bar
+from ..repo import saver
+from ..repo.gc import DEFAULT_GRACE_SECONDS, GcReport, run_gc
+from ..repo.repository import DEFAULT_DELTA_CACHE_BYTES, Repository
+from ..repo.retention import Retention
+from ..repo.verify import VerifyReport, run_verify
+from ..repo.versions import Version
+from ..store.base import Store
+
+if TYPE_CHECKING:
+    import torch
+
+_OPEN: dict[str, Repository] = {}
+
+
+class Repo:
+    """A deltackpt repository.
+
+    Example::
+
+        repo = deltackpt.Repo("ckpt")              # created on first save
+        v = repo.save({"model": model.state_dict(), "step": 10}, step=10)
+        for version in repo.log():
+            print(version.short_id, version.step, version.metrics)
+        state = repo.load("latest~1", layers=["encoder"])
+
+    Opening the same path twice in a process shares one handle, so the delta cache (the last
+    saved bytes, used to store the next version as deltas) survives ``deltackpt.save(obj, path)``
+    calls.  ``delta_cache_bytes=0`` turns it off (every chunk that changed is then a keyframe).
+    """
+
+    def __init__(self, location: "str | os.PathLike | Store | Repo", *, create: bool = False,
+                 chunk_bytes: int | None = None, keyframe_interval: int | None = None,
+                 delta_cache_bytes: int | None = None, level: int | None = None) -> None:
+        if isinstance(location, Repo):
+            self.core = location.core
+            return
+        key = location.describe() if isinstance(location, Store) else os.path.abspath(os.fspath(location)) \
+            if "://" not in os.fspath(location) else os.fspath(location)
+        core = _OPEN.get(key)
+        if core is None or (create and not core.store.exists("config")):
+            core = Repository(location, create=create, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
+                              delta_cache_bytes=DEFAULT_DELTA_CACHE_BYTES if delta_cache_bytes is None
+                              else delta_cache_bytes, level=level or 1)
+            _OPEN[key] = core
+        else:
+            if chunk_bytes:
+                core.config.chunk_bytes = chunk_bytes
+            if keyframe_interval is not None:
+                core.config.keyframe_interval = keyframe_interval
+            if delta_cache_bytes is not None:
+                core.delta_cache.max_bytes = delta_cache_bytes
+            if level is not None:
+                core.level = level
+        self.core = core
+
+    @classmethod
+    def init(cls, location: "str | os.PathLike | Store", **kwargs: Any) -> "Repo":
+        """Create an empty repository (no error if it exists).  ``Repo.init("ckpt")``"""
+        return cls(location, create=True, **kwargs)
+
+    def close(self) -> None:
+        """Drop this process's handle and its delta cache."""
+        for k, v in list(_OPEN.items()):
+            if v is self.core:
+                del _OPEN[k]
+        self.core.delta_cache.clear()
+
+    @property
+    def location(self) -> str:
+        return self.core.location
+
+    def __repr__(self) -> str:
+        return f"Repo({self.location!r})"
+
+    # versions -------------------------------------------------------------------------------
+    def resolve(self, version: "str | Version" = "latest") -> Version:
+        """The Version a revision names: ``repo.resolve("latest~2")``."""
+        return self.core.version(self.core.resolve(version))
+
+    def log(self) -> list[Version]:
+        """Every version, newest first: ``[v.step for v in repo.log()]``."""
+        tags = self.core.tags_by_version()
+        return [self.core.version(v, tags) for v in self.core.history()]
+
+    def show(self, version: "str | Version" = "latest") -> dict[str, Any]:
+        """A version and its tensors (dtype, shape, logical and stored bytes, encoding, exactness).
+
+        ``repo.show("latest")["tensors"][0]["stored_bytes"]``"""
+        vid = self.core.resolve(version)
+        m = self.core.manifest(vid)
+        self.core.refresh_index()
+        tensors = []
+        for t in m.tensors:
+            blob = m.blobs[t.blob]
+            tensors.append({"name": t.name, "dtype": t.dtype, "shape": t.shape, "logical_bytes": t.nbytes,
+                            "stored_bytes": self.core.stored_size(c.chunk_id for c in blob.chunks),
+                            "chunks": len(blob.chunks), "encoding": t.encoding, "exact": t.exact,
+                            "max_abs_err": t.max_abs_err, "shared_blob": blob.nbytes != t.nbytes})
+        return {"version": self.core.version(vid).to_json(), "exact": m.exact, "tensors": tensors,
+                "written": m.extra.get("written", {})}
+
+    def tag(self, name: str, version: "str | Version" = "latest", *, force: bool = False) -> Version:
+        """Name a version: ``repo.tag("best", "latest~3")``.  Tags are kept by gc."""
+        vid = self.core.resolve(version)
+        saver.set_tag(self.core, name, vid, force=force)
+        return self.core.version(vid)
+
+    def untag(self, name: str) -> None:
+        """Remove a tag (the version stays until gc removes it)."""
+        saver.delete_tag(self.core, name)
+
+    def tags(self) -> dict[str, str]:
+        return self.core.tags()
+
+    def verify(self, *, read_data: bool = True) -> VerifyReport:
+        """Re-read and re-hash everything: ``assert repo.verify().ok``."""
+        with bar("verify", 1, unit_bytes=False) as update:
+            return run_verify(self.core, read_data=read_data, progress=update)
+
+    def du(self) -> dict[str, Any]:
+        """Logical and stored bytes per version and in total: ``repo.du()["total"]["stored_bytes"]``."""
+        core = self.core
+        core.refresh_index()
+        refs_by_version: dict[str, set[bytes]] = {}
+        counts: dict[bytes, int] = {}
+        for vid in core.history():
+            chunks = core.chunk_closure(c.chunk_id for b in core.manifest(vid).blobs for c in b.chunks)
+            refs_by_version[vid] = chunks
+            for c in chunks:
+                counts[c] = counts.get(c, 0) + 1
+        rows = []
+        for vid, chunks in refs_by_version.items():
+            v = core.version(vid)
+            rows.append({"id": vid, "short_id": vid[:10], "step": v.step, "logical_bytes": v.logical_bytes,
+                         "written_bytes": v.written_bytes,
+                         "referenced_bytes": core.stored_size(chunks),
+                         "unique_bytes": core.stored_size(c for c in chunks if counts[c] == 1)})
+        packs = sum(core.store.size(k) for k in core.store.list("packs/"))
+        meta = sum(core.store.size(k) for k in core.store.list("manifests/") + core.store.list("index/"))
+        return {"versions": rows, "total": {"versions": len(rows),
+                                            "logical_bytes": sum(r["logical_bytes"] for r in rows),
+                                            "stored_bytes": packs + meta, "pack_bytes": packs,
+                                            "metadata_bytes": meta}}
+
+    def diff(self, a: "str | Version", b: "str | Version" = "latest") -> list[dict[str, Any]]:
+        """Per tensor: fraction of elements changed, max abs and relative L2 difference, stored
+        bytes in each version.  ``repo.diff("latest~1", "latest")``"""
+        from .diff import diff_versions
+        return diff_versions(self, a, b)
+
+    # data -------------------------------------------------------------------------------------
+    def save(self, obj: Any, **kwargs: Any) -> Version:
+        """Same as :func:`deltackpt.save` with this repository."""
+        return save(obj, self, **kwargs)
+
+    def load(self, version: "str | Version" = "latest", **kwargs: Any) -> Any:
+        """Same as :func:`deltackpt.load` with this repository."""
+        return load(self, version, **kwargs)
+
+    def restore(self, model: Any, version: "str | Version" = "latest", **kwargs: Any) -> Version:
+        """Same as :func:`deltackpt.restore` with this repository."""
+        return restore(model, self, version, **kwargs)
+
+    def gc(self, **kwargs: Any) -> GcReport:
+        """Same as :func:`deltackpt.gc` with this repository."""
+        return gc(self, **kwargs)
+
+
+def _repo(repo: "str | os.PathLike | Repo | Store", create: bool = False) -> Repo:
+    if isinstance(repo, Repo):
+        return repo
+    return Repo(repo, create=create)
+
+
+def _plain(value: Any, what: str) -> Any:
+    from .flatten import flatten
+    tree, leaves = flatten(value)
+    if leaves:
+        raise UnsupportedLeafError(f"{what} may not hold tensors ({leaves[0].name or '<root>'}); use floats")
+    return tree
+
+
+def _metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in (metrics or {}).items():
+        if hasattr(v, "item") and callable(v.item):
+            v = v.item()  # 0-d tensors and numpy scalars, the usual way losses arrive
+        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise UnsupportedLeafError(f"metric {k!r}: metrics are str -> number, got {type(v).__name__}")
+        out[k] = v
+    return out
+
+
+def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None = None,
+         metrics: Mapping[str, Any] | None = None, meta: Any = None, tag: str | None = None,
+         encoding: Mapping[str, str] | str | None = None) -> Version:
+    """Save a module's state_dict, a state dict or a nested training state as a new version.
+
+    Unchanged chunks are not written again; changed ones are stored as deltas against the last
+    version this process saved, when that is smaller.  ``encoding`` opts tensors into lossy modes
+    by name pattern (``{"optimizer.*": "q8-delta"}``); the default is lossless.
+
+    Example::
+
+        v = deltackpt.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 100},
+                           "ckpt", step=100, metrics={"loss": 0.31}, tag="warmup-done")
+    """
+    import torch
+
+    from .flatten import flatten
+    from .planner import plan_blobs
+
+    if isinstance(obj, torch.nn.Module):
+        obj = obj.state_dict()
+    r = _repo(repo, create=True)
+    tree, leaves = flatten(obj)
+    blobs, entries = plan_blobs(leaves, encoding)
+    total = sum(len(b.data) for b in blobs)
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        raise UnsupportedLeafError(f"step must be an int, got {type(step).__name__}")
+    with bar("save", total) as update:
+        vid, _stats = saver.write_version(r.core, blobs, entries, tree, step=step, metrics=_metrics(metrics),
+                                          meta=_plain(meta, "meta"), tag=tag, progress=update)
+    return r.core.version(vid)
+
+
+def load(repo: "str | os.PathLike | Repo | Store", version: "str | Version" = "latest", *,
+         layers: Iterable[str] | str | None = None, map_location: "str | torch.device | None" = "cpu",
+         return_version: bool = False) -> Any:
+    """Load a version: the saved structure with bit-identical tensors.
+
+    ``layers=["encoder"]`` returns only tensors under that module path and reads only their
+    chunks.  ``return_version=True`` returns ``(state, Version)``; ``Version.exact`` says whether
+    any tensor was stored lossily.
+
+    Example::
+
+        state = deltackpt.load("ckpt", "latest~2")
+        model.load_state_dict(state["model"])
+    """
+    from .flatten import unflatten
+    from .materialize import build_tensors, read_blobs
+    from .planner import selected_tensors
+
+    r = _repo(repo)
+    vid = r.core.resolve(version)
+    m = r.core.manifest(vid)
+    r.core.refresh_index()
+    chosen = selected_tensors(m, layers)
+    with bar("load", sum(m.blobs[b].nbytes for b in {m.tensors[i].blob for i in chosen})):
+        buffers = read_blobs(r.core, vid, m, (m.tensors[i].blob for i in chosen))
+    tensors = build_tensors(m, chosen, buffers, map_location)
+    keep = None if layers is None else set(chosen).__contains__
+    state = unflatten(m.tree, tensors.__getitem__, keep)
+    return (state, r.core.version(vid)) if return_version else state
+
+
+def _model_prefix(m: Any, model_keys: set[str]) -> str:
+    names = {t.name for t in m.tensors}
+    best, best_hits = "", -1
+    for prefix in ("", "model."):
+        hits = sum(1 for k in model_keys if prefix + k in names)
+        if hits > best_hits:
+            best, best_hits = prefix, hits
+    return best
+
+
+def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Repo | Store", version: "str | Version" = "latest",
+            *, layers: Iterable[str] | str | None = None, optimizer: "torch.optim.Optimizer | None" = None,
+            strict: bool = True) -> Version:
+    """Copy a version into ``model``'s existing parameters and buffers, in place.
+
+    Chunks are decoded straight into the parameters' memory (no second full copy on the CPU).
+    With ``layers``, only those tensors are read and written; the rest of the model is untouched.
+    With ``optimizer``, its state is loaded from the version's ``optimizer`` entry.
+
+    Example::
+
+        deltackpt.restore(model, "ckpt", "latest~1", optimizer=opt)
+        deltackpt.restore(model, "ckpt", layers=["encoder"])   # one layer, nothing else read
+    """
+    import torch
+
+    from .materialize import build_tensors, is_own_blob, read_blobs
+    from .planner import layer_matcher
+    from .tensor_bytes import writable_bytes
+
+    r = _repo(repo)
+    core = r.core
+    vid = core.resolve(version)
+    m = core.manifest(vid)
+    core.refresh_index()
+    target = model.state_dict(keep_vars=True)
+    prefix = _model_prefix(m, set(target))
+    by_name = {t.name: i for i, t in enumerate(m.tensors)}
+    match = layer_matcher(layers)
+    wanted = [k for k in target if match is None or match(k) or match(prefix + k)]
+    if layers is not None and not wanted:
+        raise StateMismatchError(f"version {vid[:10]}: no tensor of the model is under {list(layers) if not isinstance(layers, str) else [layers]}")
+    missing = [k for k in wanted if prefix + k not in by_name]
+    saved_model = [t.name[len(prefix):] for t in m.tensors if t.name.startswith(prefix)]
+    unexpected = [k for k in saved_model if k not in target] if layers is None else []
+    if strict and (missing or unexpected):
+        raise StateMismatchError(f"version {vid[:10]} does not match the model: missing {missing[:5]}"
+                                 f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
+                                 f"{'...' if len(unexpected) > 5 else ''} (pass strict=False to skip them)")
+    pending: list[tuple[str, int]] = []
+    with torch.no_grad():
+        for k in wanted:
+            i = by_name.get(prefix + k)
+            if i is None:
+                continue
+            e, dst = m.tensors[i], target[k]
+            if not isinstance(dst, torch.Tensor):
+                raise StateMismatchError(f"{k}: the model holds a {type(dst).__name__}, the version a tensor")
+            if list(dst.shape) != e.shape or str(dst.dtype).removeprefix("torch.") != e.dtype:
+                raise StateMismatchError(f"version {vid[:10]}, tensor {k}: saved {e.dtype}{e.shape}, "
+                                         f"model has {str(dst.dtype).removeprefix('torch.')}{list(dst.shape)}")
+            out = writable_bytes(dst)
+            if out is not None and is_own_blob(m, e):
+                try:
+                    core.read_blob(m.blobs[e.blob], memoryview(out))
+                except DeltackptError as exc:
+                    raise type(exc)(f"version {vid[:10]}, tensor {e.name}: {exc}") from None
+            else:
+                pending.append((k, i))
+        if pending:
+            buffers = read_blobs(core, vid, m, (m.tensors[i].blob for _, i in pending))
+            built = build_tensors(m, [i for _, i in pending], buffers)
+            for k, i in pending:
+                target[k].copy_(built[i])
+    if optimizer is not None:
+        tree = m.tree
+        if not isinstance(tree, dict) or "optimizer" not in tree:
+            raise StateMismatchError(f"version {vid[:10]} holds no 'optimizer' entry to restore")
+        optimizer.load_state_dict(_load_subtree(core, vid, m, tree["optimizer"]))
+    return core.version(vid)
+
+
+def _load_subtree(core: Repository, vid: str, m: Any, subtree: Any) -> Any:
+    from .flatten import unflatten
+    from .materialize import build_tensors, read_blobs
+
+    indices: list[int] = []
+
+    def collect(v: Any) -> None:
+        if isinstance(v, TensorRef):
+            indices.append(v.index)
+        elif isinstance(v, dict):
+            for x in v.values():
+                collect(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                collect(x)
+
+    collect(subtree)
+    buffers = read_blobs(core, vid, m, (m.tensors[i].blob for i in indices))
+    tensors = build_tensors(m, indices, buffers)
+    return unflatten(subtree, tensors.__getitem__)
+
+
+def gc(repo: "str | os.PathLike | Repo | Store", *, keep_last: int | None = None, keep_tags: bool = True,
+       dry_run: bool = False, keep_best: "tuple[str, int, str] | str | None" = None, keep_every: int | None = None,
+       keep_within: float | None = None, rebase: bool = True,
+       grace_seconds: float = DEFAULT_GRACE_SECONDS) -> GcReport:
+    """Remove versions outside the retention rules, and the bytes only they held.
+
+    The union of the rules is kept, and ``latest`` always.  A kept version never loses a delta
+    base: its chunk is rewritten as a keyframe (``rebase=True``, reported as ``chunks_rebased``)
+    or the base is kept (``bases_kept``).
+
+    Example::
+
+        report = deltackpt.gc("ckpt", keep_last=3, keep_best="val_loss:2", dry_run=True)
+        print(report.removed, report.reclaimed_bytes)
+    """
+    if isinstance(keep_best, str):
+        keep_best = Retention.parse_best(keep_best)
+    policy = Retention(keep_last=keep_last, keep_best=keep_best, keep_every=keep_every,
+                       keep_within=keep_within, keep_tags=keep_tags)
+    return run_gc(_repo(repo).core, policy, dry_run=dry_run, rebase=rebase, grace_seconds=grace_seconds)

@@ -1,0 +1,146 @@
+"""Saved state <-> (tree of plain values with TensorRef placeholders, tensor leaves).
+
+Plain leaves are msgpack values: None, bool, int (64-bit), float, str, bytes, and lists, tuples
+and dicts (str or int keys) of them.  Anything else is refused with its path and a hint.
+Tensors that share storage (tied weights, views) are grouped so they come back sharing it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import UnsupportedLeafError
+from ..format.limits import MAX_MSGPACK_DEPTH
+from ..format.manifest import TensorRef
+
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
+
+
+@dataclass
+class TensorLeaf:
+    index: int
+    key: tuple
+    name: str
+    tensor: torch.Tensor
+
+
+def dotted(key: tuple) -> str:
+    return ".".join(str(k) for k in key)
+
+
+def _path(key: tuple) -> str:
+    return dotted(key) or "<root>"
+
+
+def _check_tensor(t: torch.Tensor, key: tuple) -> torch.Tensor:
+    path = _path(key)
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(t, torch.nn.parameter.Buffer):
+        raise UnsupportedLeafError(f"{path}: tensor subclass {type(t).__name__} is not supported; save "
+                                   "t.as_subclass(torch.Tensor) (for DTensor use deltackpt.dcp)")
+    if t.layout != torch.strided:
+        raise UnsupportedLeafError(f"{path}: {t.layout} tensors are not supported; save t.to_dense() "
+                                   "(or its indices and values)")
+    if t.is_quantized:
+        raise UnsupportedLeafError(f"{path}: quantized tensors are not supported; save t.int_repr(), "
+                                   "t.q_scale() and t.q_zero_point() instead")
+    if t.device.type == "meta":
+        raise UnsupportedLeafError(f"{path}: tensor on the meta device has no data; materialize it first")
+    if t.is_nested:
+        raise UnsupportedLeafError(f"{path}: nested tensors are not supported; save t.unbind() as a list")
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t
+
+
+def flatten(obj: Any) -> tuple[Any, list[TensorLeaf]]:
+    """Replace every tensor in ``obj`` with a TensorRef; return (tree, leaves in order)."""
+    leaves: list[TensorLeaf] = []
+    seen_names: dict[str, int] = {}
+
+    def walk(value: Any, key: tuple, depth: int) -> Any:
+        if depth > MAX_MSGPACK_DEPTH:
+            raise UnsupportedLeafError(f"{_path(key)}: nested deeper than {MAX_MSGPACK_DEPTH} levels")
+        if isinstance(value, torch.Tensor):
+            t = _check_tensor(value, key)
+            name = dotted(key)
+            if name in seen_names:
+                # same dotted name from different key paths ({"a.b": x, "a": {"b": y}}): keep both,
+                # disambiguated so layer selection and deltas still tell them apart
+                name = f"{name}#{len(leaves)}"
+            seen_names[name] = len(leaves)
+            leaves.append(TensorLeaf(len(leaves), key, name, t))
+            return TensorRef(len(leaves) - 1)
+        if value is None or isinstance(value, (bool, str, bytes)):
+            return value
+        if isinstance(value, int):
+            if not _INT_MIN <= value <= _INT_MAX:
+                raise UnsupportedLeafError(f"{_path(key)}: integer {value} does not fit in 64 bits; store it as a str")
+            return int(value)
+        if isinstance(value, float):
+            return float(value)
+        if isinstance(value, Mapping):
+            out = {}
+            for k, v in value.items():
+                if isinstance(k, bool) or not isinstance(k, (str, int)):
+                    raise UnsupportedLeafError(f"{_path(key)}: dict key {k!r:.40} of type {type(k).__name__} "
+                                               "is not supported; use str or int keys")
+                out[k] = walk(v, key + (k,), depth + 1)
+            return out
+        if isinstance(value, list):
+            return [walk(v, key + (i,), depth + 1) for i, v in enumerate(value)]
+        if type(value) is tuple or type(value) is torch.Size:
+            return tuple(walk(v, key + (i,), depth + 1) for i, v in enumerate(value))
+        if isinstance(value, bytearray):
+            return bytes(value)
+        if isinstance(value, torch.nn.Module):
+            raise UnsupportedLeafError(f"{_path(key)}: an nn.Module inside the state; save module.state_dict()")
+        if isinstance(value, (torch.dtype, torch.device)):
+            raise UnsupportedLeafError(f"{_path(key)}: {type(value).__name__} values are not supported; store str(value)")
+        hint = "convert it to plain types (numbers, strings, lists, dicts) or a tensor"
+        if type(value).__module__ == "numpy":
+            hint = "convert numpy values with torch.from_numpy(x) or x.tolist() / x.item()"
+        raise UnsupportedLeafError(f"{_path(key)}: {type(value).__module__}.{type(value).__qualname__} cannot be "
+                                   f"saved without pickle; {hint}")
+
+    tree = walk(obj, (), 0)
+    return tree, leaves
+
+
+def unflatten(tree: Any, make: Any, keep: Any = None) -> Any:
+    """Rebuild the saved object: TensorRef(i) -> make(i); tensors with ``keep(i)`` False are dropped
+    from dicts (and become None in lists), so a layer load returns only what was asked for."""
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, TensorRef):
+            return make(value.index)
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()
+                    if not (keep is not None and isinstance(v, TensorRef) and not keep(v.index))}
+        if isinstance(value, list):
+            return [None if keep is not None and isinstance(v, TensorRef) and not keep(v.index) else walk(v)
+                    for v in value]
+        if isinstance(value, tuple):
+            return tuple(None if keep is not None and isinstance(v, TensorRef) and not keep(v.index) else walk(v)
+                         for v in value)
+        return value
+
+    return walk(tree)
+
+
+def contiguous_strides(shape: list[int]) -> list[int]:
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * max(shape[i + 1], 1)
+    return strides
+
+
+def numel(shape: list[int]) -> int:
+    return math.prod(shape)

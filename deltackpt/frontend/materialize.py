@@ -1,0 +1,70 @@
+"""Manifest entries -> tensors: read only the blobs asked for, rebuild storage sharing."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable
+
+import torch
+
+from ..errors import CorruptObjectError
+from ..format.manifest import Manifest, TensorEntry
+from ..repo.repository import Repository
+from .dtypes import dtype_of
+from .flatten import contiguous_strides
+from .tensor_bytes import from_bytes
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="deltackpt-read")
+    return _pool
+
+
+def is_own_blob(m: Manifest, e: TensorEntry) -> bool:
+    """True when the tensor is the whole of its blob, contiguous (no sharing to rebuild)."""
+    return e.offset == 0 and m.blobs[e.blob].nbytes == e.nbytes and (
+        e.numel == 0 or e.stride == contiguous_strides(e.shape))
+
+
+def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int]) -> dict[int, bytearray]:
+    out: dict[int, bytearray] = {}
+    for b in sorted(set(blob_ids)):
+        buf = bytearray(m.blobs[b].nbytes)
+        try:
+            core.read_blob(m.blobs[b], memoryview(buf), pool())
+        except CorruptObjectError as exc:
+            names = [t.name for t in m.tensors if t.blob == b][:3]
+            raise CorruptObjectError(f"version {vid[:10]}, tensor {', '.join(names)}: {exc}") from None
+        out[b] = buf
+    return out
+
+
+def build_tensors(m: Manifest, indices: Iterable[int], buffers: dict[int, bytearray],
+                  device: torch.device | str | None = None) -> dict[int, torch.Tensor]:
+    """Tensors for ``indices``; tensors sharing a blob share one storage (moved to ``device`` once)."""
+    storages: dict[int, torch.Tensor] = {}
+    out: dict[int, torch.Tensor] = {}
+    for i in indices:
+        e = m.tensors[i]
+        dtype = dtype_of(e.dtype, e.name)
+        buf = buffers[e.blob]
+        if is_own_blob(m, e):
+            t = from_bytes(buf, dtype, e.shape)
+            out[i] = t.to(device) if device is not None and torch.device(device) != t.device else t
+            continue
+        if e.blob not in storages:
+            base = torch.frombuffer(buf, dtype=torch.uint8) if len(buf) else torch.empty(0, dtype=torch.uint8)
+            if device is not None and torch.device(device) != base.device:
+                base = base.to(device)
+            storages[e.blob] = base
+        base = storages[e.blob]
+        isz = torch.empty(0, dtype=dtype).element_size()
+        t = torch.empty(0, dtype=dtype, device=base.device)
+        t.set_(base.untyped_storage(), e.offset // isz, e.shape, e.stride)
+        out[i] = t
+    return out

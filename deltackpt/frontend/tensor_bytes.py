@@ -1,0 +1,43 @@
+"""Raw bytes of tensors, without copies where the tensor is already contiguous on the CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def byte_view(t: torch.Tensor) -> np.ndarray:
+    """A flat uint8 numpy array over ``t``'s elements in row-major order (copies only when
+    ``t`` is non-contiguous or not on the CPU)."""
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.numel() == 0:
+        return np.empty(0, dtype=np.uint8)
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def storage_view(t: torch.Tensor) -> np.ndarray:
+    """A flat uint8 numpy array over ``t``'s whole untyped storage (for sharing groups)."""
+    storage = t.untyped_storage()
+    if storage.device.type != "cpu":
+        storage = storage.cpu()
+    if storage.nbytes() == 0:
+        return np.empty(0, dtype=np.uint8)
+    return torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+
+
+def from_bytes(buf: bytearray | memoryview, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    """A tensor over ``buf`` (no copy) with the given dtype and shape."""
+    if len(buf) == 0:
+        return torch.empty(shape, dtype=dtype)
+    flat = torch.frombuffer(buf, dtype=torch.uint8)
+    return flat.view(dtype).reshape(shape)
+
+
+def writable_bytes(t: torch.Tensor) -> np.ndarray | None:
+    """A uint8 numpy array aliasing ``t``'s memory, when ``t`` is a contiguous CPU tensor."""
+    if t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
+        return None
+    return t.detach().reshape(-1).view(torch.uint8).numpy()

@@ -1,0 +1,1 @@
+"""Repository semantics, torch-free: open/init, saving chunks, revisions, gc, verify."""

@@ -1,0 +1,210 @@
+"""Garbage collection: remove versions outside the retention policy and the bytes only they held.
+
+Order (each step leaves every kept version restorable if the process dies right after it):
+1. take the exclusive gc lock (waits for running saves; new saves wait for gc);
+2. delete tags of removed versions (only with keep_tags=False), then their manifests;
+3. rewrite packs that are mostly dead into new packs (live objects copied byte for byte, or
+   re-encoded as keyframes where their delta base is no longer needed: "rebased");
+4. write one consolidated index, then delete the old index files;
+5. delete packs no index refers to, and temp files, older than the grace period.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..codecs import registry
+from ..codecs.base import ChunkContext
+from ..format import index as index_fmt
+from ..format.ids import hex_id
+from ..format.objects import EncodedObject
+from ..format.pack import PackBuilder, PackEntry
+from . import locks
+from .repository import INDEX, MANIFESTS, PACKS, TAGS, Repository, pack_key
+from .retention import Retention
+
+DEFAULT_GRACE_SECONDS = 600.0
+REPACK_DEAD_FRACTION = 0.2
+PACK_TARGET_BYTES = 64 << 20
+
+
+@dataclass
+class GcReport:
+    """What gc removed (or would remove, with ``dry_run``)."""
+
+    dry_run: bool
+    kept: dict[str, list[str]] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
+    reclaimed_bytes: int = 0
+    packs_deleted: int = 0
+    packs_rewritten: int = 0
+    chunks_rebased: int = 0
+    bases_kept: int = 0
+    temps_deleted: int = 0
+    tags_deleted: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dry_run": self.dry_run, "kept": self.kept, "removed": self.removed,
+                "reclaimed_bytes": self.reclaimed_bytes, "packs_deleted": self.packs_deleted,
+                "packs_rewritten": self.packs_rewritten, "chunks_rebased": self.chunks_rebased,
+                "bases_kept": self.bases_kept, "temps_deleted": self.temps_deleted,
+                "tags_deleted": self.tags_deleted}
+
+
+def _pack_files(repo: Repository) -> dict[str, int]:
+    out = {}
+    for key in repo.store.list(PACKS):
+        pid = key.rsplit("/", 1)[-1]
+        if len(pid) == 32:
+            try:
+                out[pid] = repo.store.size(key)
+            except FileNotFoundError:
+                pass
+    return out
+
+
+def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase: bool = True,
+           grace_seconds: float = DEFAULT_GRACE_SECONDS) -> GcReport:
+    report = GcReport(dry_run=dry_run)
+    with locks.gc_lock(repo.store):
+        repo.refresh_index()
+        kept = policy.select(repo)
+        all_versions = repo.version_ids()
+        removed = [v for v in all_versions if v not in kept]
+        report.kept, report.removed = kept, removed
+
+        direct: set[bytes] = set()
+        widths: dict[bytes, int] = {}
+        for vid in kept:
+            for blob in repo.manifest(vid).blobs:
+                for c in blob.chunks:
+                    direct.add(c.chunk_id)
+                    widths[c.chunk_id] = blob.itemsize
+        to_rebase: set[bytes] = set()
+        if rebase:
+            for cid in direct:
+                entry = repo._index.get(cid)
+                if entry and entry[1].base is not None and entry[1].base not in direct:
+                    to_rebase.add(cid)
+        live = set(direct) if rebase else repo.chunk_closure(direct)
+        if not rebase:
+            report.bases_kept = len(live - direct)
+        report.chunks_rebased = len(to_rebase)
+
+        packs_on_disk = _pack_files(repo)
+        by_pack: dict[str, list[PackEntry]] = {}
+        for cid, pid, e in repo.index_items():
+            by_pack.setdefault(pid, []).append(e)
+        # entries for the same chunk may exist in several packs (concurrent saves); keep one
+        chosen = {cid: pid for cid, pid, _ in repo.index_items()}
+        keep_packs: dict[str, tuple[int, list[PackEntry]]] = {}
+        rewrite: list[tuple[str, list[PackEntry]]] = []
+        for pid, entries in by_pack.items():
+            if pid not in packs_on_disk:
+                continue
+            live_entries = [e for e in entries if e.chunk_id in live and chosen.get(e.chunk_id) == pid]
+            live_bytes = sum(e.length for e in live_entries)
+            dead_bytes = packs_on_disk[pid] - live_bytes
+            needs_rebase = any(e.chunk_id in to_rebase for e in live_entries)
+            if not live_entries:
+                continue
+            if needs_rebase or dead_bytes > REPACK_DEAD_FRACTION * packs_on_disk[pid]:
+                rewrite.append((pid, live_entries))
+            else:
+                keep_packs[pid] = (packs_on_disk[pid], live_entries)
+        delete_packs = [pid for pid in packs_on_disk if pid not in keep_packs]
+        old_bytes = sum(packs_on_disk.values())
+        for vid in removed:
+            try:
+                old_bytes += repo.store.size(MANIFESTS + vid)
+            except FileNotFoundError:
+                pass
+        report.tags_deleted = [] if policy.keep_tags else [n for n, v in repo.tags().items() if v in removed]
+
+        if dry_run:
+            new_bytes = sum(size for size, _ in keep_packs.values())
+            new_bytes += sum(sum(e.length for e in entries) for _, entries in rewrite)
+            report.reclaimed_bytes = max(0, old_bytes - new_bytes)
+            report.packs_deleted = len(delete_packs) - len(rewrite)
+            report.packs_rewritten = len(rewrite)
+            return report
+
+        for name in report.tags_deleted:
+            repo.store.delete(TAGS + name, site="gc.tag")
+        for vid in removed:
+            repo.store.delete(MANIFESTS + vid, site="gc.manifest")
+            repo.forget_manifest(vid)
+
+        new_packs: dict[str, tuple[int, list[PackEntry]]] = {}
+        builder = PackBuilder()
+
+        def flush() -> None:
+            nonlocal builder
+            if len(builder):
+                data = builder.finish()
+                pid = hex_id(data)
+                repo.store.put_atomic(pack_key(pid), data, site="gc.pack")
+                new_packs[pid] = (len(data), list(builder.entries))
+                builder = PackBuilder()
+
+        for pid, entries in rewrite:
+            for e in entries:
+                if e.chunk_id in to_rebase:
+                    raw = repo.read_chunk(e.chunk_id)
+                    enc = registry.get(registry.BG_ZSTD).encode(raw, ChunkContext("uint8", widths.get(e.chunk_id, 1), 0, repo.level))
+                    codec_id, params, payload = registry.BG_ZSTD, enc.params, enc.payload
+                    if len(payload) >= len(raw):
+                        codec_id, params, payload = registry.RAW, {}, raw
+                    obj = EncodedObject(codec_id, e.raw_len, params, payload).to_bytes()
+                    builder.add(e.chunk_id, obj, encoding=codec_id, raw_len=e.raw_len, base=None, depth=0)
+                else:
+                    obj = repo.store.get(pack_key(pid), e.offset, e.length)
+                    builder.add(e.chunk_id, obj, encoding=e.encoding, raw_len=e.raw_len, base=e.base, depth=e.depth)
+                if builder.size >= PACK_TARGET_BYTES:
+                    flush()
+        flush()
+        report.packs_rewritten = len(rewrite)
+
+        old_index_files = repo.store.list(INDEX)
+        index_data = index_fmt.encode({**keep_packs, **new_packs})
+        index_key = INDEX + hex_id(index_data)
+        repo.store.put_atomic(index_key, index_data, site="gc.index")
+        for key in old_index_files:
+            if key != index_key:
+                repo.store.delete(key, site="gc.index.delete")
+
+        now = time.time()
+        deleted_bytes = 0
+        for pid in delete_packs:
+            key = pack_key(pid)
+            if pid in new_packs:
+                continue
+            try:
+                unindexed = pid not in by_pack
+                if unindexed and now - repo.store.mtime(key) < grace_seconds:
+                    continue  # a pack from a save that may still be indexing it
+                repo.store.delete(key, site="gc.delete")
+                deleted_bytes += packs_on_disk[pid]
+                report.packs_deleted += 1
+            except FileNotFoundError:
+                pass
+        temp_lister = getattr(repo.store, "temp_files", None)
+        if temp_lister is not None:
+            for key, mtime in temp_lister():
+                if now - mtime >= grace_seconds:
+                    repo.store.delete(key, site="gc.temp")
+                    report.temps_deleted += 1
+        sync = getattr(repo.store, "sync_dir", None)
+        if sync is not None:
+            sync(MANIFESTS, site="gc.dir")
+            sync(INDEX, site="gc.dir")
+        new_bytes = sum(size for size, _ in new_packs.values())
+        report.reclaimed_bytes = max(0, deleted_bytes - new_bytes) + (old_bytes - sum(packs_on_disk.values()))
+        repo._index.clear()
+        repo._index_files.clear()
+        repo.refresh_index()
+        repo.decoded = type(repo.decoded)(repo.decoded.max_bytes)
+    return report
+

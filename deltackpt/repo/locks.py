@@ -1,0 +1,148 @@
+"""Locks in the store: shared locks for saves, an exclusive lock for gc's delete phase, a mutex
+for ref updates.  A lock is a small object created with put_if_absent holding host, pid and time;
+it is stale when its process is gone (same host) or it is older than ``STALE_SECONDS``.
+Protocol: spec/FORMAT.md, "Locks"."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from ..errors import ObjectNotFoundError, RepositoryLockedError
+from ..format import msgpack_io
+from ..store.base import Store
+
+LOCKS = "locks/"
+GC_LOCK = "locks/gc"
+REFS_LOCK = "locks/refs"
+STALE_SECONDS = 6 * 3600.0
+HOST = socket.gethostname()
+
+
+def _body(kind: str) -> bytes:
+    return msgpack_io.pack({"host": HOST, "pid": os.getpid(), "time": time.time(), "kind": kind})
+
+
+def _holder(store: Store, key: str) -> dict | None:
+    try:
+        data = store.get(key)
+    except (ObjectNotFoundError, FileNotFoundError):
+        return None
+    try:
+        info = msgpack_io.unpack(data, what=f"lock {key}", max_bytes=4096)
+        return info if isinstance(info, dict) else {}
+    except Exception:
+        return {}  # a torn lock file: judged by age only
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie (killed child not yet reaped) still answers kill(0): look at its state
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def is_stale(store: Store, key: str, info: dict | None) -> bool:
+    if info is None:
+        return True
+    if info.get("host") == HOST and isinstance(info.get("pid"), int) and info["pid"] != os.getpid():
+        if not _pid_alive(info["pid"]):
+            return True
+    try:
+        age = time.time() - store.mtime(key)
+    except FileNotFoundError:
+        return True
+    return age > STALE_SECONDS
+
+
+def describe(info: dict | None) -> str:
+    if not info:
+        return "an unknown process"
+    return f"pid {info.get('pid')} on {info.get('host')} since {time.ctime(info.get('time', 0))}"
+
+
+def _acquire(store: Store, key: str, kind: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    delay = 0.002
+    while True:
+        if store.put_if_absent(key, _body(kind), site=f"lock.{kind}"):
+            return
+        info = _holder(store, key)
+        if is_stale(store, key, info):
+            store.delete(key, site=f"lock.{kind}.break")
+            continue
+        if time.monotonic() > deadline:
+            raise RepositoryLockedError(f"{kind} lock {key!r} is held by {describe(info)}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+def live_save_locks(store: Store) -> list[tuple[str, dict | None]]:
+    out = []
+    for key in store.list(LOCKS):
+        if key.startswith(LOCKS + "save-"):
+            info = _holder(store, key)
+            if is_stale(store, key, info):
+                store.delete(key, site="lock.save.break")
+            else:
+                out.append((key, info))
+    return out
+
+
+@contextmanager
+def refs_lock(store: Store, timeout: float = 60.0) -> Iterator[None]:
+    _acquire(store, REFS_LOCK, "refs", timeout)
+    try:
+        yield
+    finally:
+        store.delete(REFS_LOCK, site="lock.refs.release")
+
+
+@contextmanager
+def save_lock(store: Store, timeout: float = 600.0) -> Iterator[None]:
+    """Shared: many saves at once, none while gc deletes."""
+    key = f"{LOCKS}save-{HOST}-{os.getpid()}-{secrets.token_hex(4)}"
+    deadline = time.monotonic() + timeout
+    while True:
+        store.put_atomic(key, _body("save"), site="lock.save")
+        gc_info = _holder(store, GC_LOCK)
+        if gc_info is None or is_stale(store, GC_LOCK, gc_info):
+            break
+        store.delete(key, site="lock.save.backoff")
+        if time.monotonic() > deadline:
+            raise RepositoryLockedError(f"gc holds the repository ({describe(gc_info)})")
+        time.sleep(0.05)
+    try:
+        yield
+    finally:
+        store.delete(key, site="lock.save.release")
+
+
+@contextmanager
+def gc_lock(store: Store, timeout: float = 600.0) -> Iterator[None]:
+    """Exclusive: waits for running saves to finish, keeps new ones out."""
+    _acquire(store, GC_LOCK, "gc", timeout)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            saves = live_save_locks(store)
+            if not saves:
+                break
+            if time.monotonic() > deadline:
+                raise RepositoryLockedError(f"a save is running ({describe(saves[0][1])}); gc gave up waiting")
+            time.sleep(0.05)
+        yield
+    finally:
+        store.delete(GC_LOCK, site="lock.gc.release")

@@ -1,0 +1,394 @@
+"""A deltackpt repository over any Store: config, index, manifests, refs and chunk reads.
+
+Layout (keys in the store)::
+
+    config                     format name and version (read first, refused if unknown)
+    packs/<2 hex>/<pack id>    objects; pack id = xxh3-128 of the pack's bytes
+    index/<index id>           chunk id -> pack location; union of all files is the index
+    manifests/<version id>     one per version; version id = xxh3-128 of the manifest's bytes
+    refs/latest                the newest version (branch head)
+    refs/tags/<name>           tags
+    locks/                     save (shared), gc (exclusive), refs (mutex)
+    tmp/                       temp files of writes in flight (local stores)
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Iterable
+
+from ..codecs import registry
+from ..errors import (AmbiguousVersionError, CorruptObjectError, DeltackptError, NotARepositoryError,
+                      ObjectNotFoundError, UnknownVersionError)
+from ..format import config as config_fmt
+from ..format import index as index_fmt
+from ..format import manifest as manifest_fmt
+from ..format import objects, refs
+from ..format.ids import digest, is_hex_prefix
+from ..format.limits import MAX_CHAIN_DEPTH
+from ..format.manifest import Blob, Manifest
+from ..format.pack import PackEntry
+from ..store.base import Store
+from ..store.local import LocalStore
+from .delta_cache import DeltaCache
+from .versions import Version
+
+CONFIG = "config"
+PACKS = "packs/"
+INDEX = "index/"
+MANIFESTS = "manifests/"
+LATEST_REF = "refs/latest"
+TAGS = "refs/tags/"
+DEFAULT_DELTA_CACHE_BYTES = 4 << 30
+DEFAULT_DECODED_CACHE_BYTES = 256 << 20
+
+
+def pack_key(pack_id: str) -> str:
+    return f"{PACKS}{pack_id[:2]}/{pack_id}"
+
+
+def open_store(location: "str | os.PathLike | Store") -> Store:
+    if isinstance(location, Store):
+        return location
+    text = os.fspath(location)
+    if "://" in text and not text.startswith("file://"):
+        from ..store.fsspec_store import FsspecStore  # optional dependency
+        return FsspecStore(text)
+    return LocalStore(text[7:] if text.startswith("file://") else text)
+
+
+class _DecodedCache:
+    """A small LRU of decoded chunks, so delta bases shared by reads are decoded once."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[bytes, bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, cid: bytes) -> bytes | None:
+        with self._lock:
+            data = self._items.get(cid)
+            if data is not None:
+                self._items.move_to_end(cid)
+            return data
+
+    def put(self, cid: bytes, data: bytes) -> None:
+        if len(data) > self.max_bytes // 4:
+            return
+        with self._lock:
+            if cid in self._items:
+                return
+            self._items[cid] = data
+            self._bytes += len(data)
+            while self._bytes > self.max_bytes:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= len(old)
+
+
+class Repository:
+    """Torch-free access to a repository.  The public :class:`deltackpt.Repo` wraps this."""
+
+    def __init__(self, location: "str | os.PathLike | Store", *, create: bool = False,
+                 chunk_bytes: int | None = None, keyframe_interval: int | None = None,
+                 delta_cache_bytes: int = DEFAULT_DELTA_CACHE_BYTES, level: int = 1) -> None:
+        self.store = open_store(location)
+        self.location = self.store.describe()
+        self.level = level
+        try:
+            raw = self.store.get(CONFIG)
+        except (ObjectNotFoundError, FileNotFoundError):
+            if not create:
+                raise NotARepositoryError(f"{self.location}: not a deltackpt repository (no config); "
+                                          "create one with `deltackpt init` or by saving to it") from None
+            self._init(chunk_bytes, keyframe_interval)
+            raw = self.store.get(CONFIG)
+        self.config = config_fmt.decode(raw, where=self.location)
+        if chunk_bytes:
+            self.config.chunk_bytes = chunk_bytes
+        if keyframe_interval is not None:
+            self.config.keyframe_interval = keyframe_interval
+        self.delta_cache = DeltaCache(delta_cache_bytes)
+        self.decoded = _DecodedCache(DEFAULT_DECODED_CACHE_BYTES)
+        self._index: dict[bytes, tuple[str, PackEntry]] = {}
+        self._index_files: set[str] = set()
+        self._manifests: dict[str, Manifest] = {}
+        self._lock = threading.RLock()
+        self.refresh_index()
+
+    def _init(self, chunk_bytes: int | None, keyframe_interval: int | None) -> None:
+        cfg = config_fmt.Config(repo_id=secrets.token_hex(16), created=time.time())
+        if chunk_bytes:
+            cfg.chunk_bytes = chunk_bytes
+        if keyframe_interval is not None:
+            cfg.keyframe_interval = keyframe_interval
+        self.store.put_if_absent(CONFIG, cfg.to_bytes(), site="config")
+
+    # index ---------------------------------------------------------------------------------
+    def refresh_index(self) -> None:
+        """Load index files written since the last refresh (by this or another process)."""
+        with self._lock:
+            for attempt in range(5):
+                keys = self.store.list(INDEX)
+                current = set(keys)
+                if not self._index_files <= current:
+                    # gc replaced index files: rebuild from scratch
+                    self._index.clear()
+                    self._index_files.clear()
+                try:
+                    for key in keys:
+                        if key in self._index_files:
+                            continue
+                        for pid, (_plen, entries) in index_fmt.decode(self.store.get(key), what=key).items():
+                            for e in entries:
+                                self._index.setdefault(e.chunk_id, (pid, e))
+                        self._index_files.add(key)
+                    return
+                except (ObjectNotFoundError, FileNotFoundError):
+                    continue  # an index file vanished under us (gc): list again
+            raise DeltackptError(f"{self.location}: index kept changing while loading; retry")
+
+    def has_chunk(self, cid: bytes) -> bool:
+        return cid in self._index
+
+    def entry(self, cid: bytes) -> tuple[str, PackEntry]:
+        try:
+            return self._index[cid]
+        except KeyError:
+            raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file)") from None
+
+    def add_index_entries(self, pack_id: str, entries: Iterable[PackEntry]) -> None:
+        with self._lock:
+            for e in entries:
+                self._index.setdefault(e.chunk_id, (pack_id, e))
+
+    def note_index_file(self, key: str) -> None:
+        self._index_files.add(key)
+
+    def index_items(self) -> list[tuple[bytes, str, PackEntry]]:
+        return [(cid, pid, e) for cid, (pid, e) in self._index.items()]
+
+    # manifests and versions -----------------------------------------------------------------
+    def version_ids(self) -> list[str]:
+        out = []
+        for key in self.store.list(MANIFESTS):
+            name = key[len(MANIFESTS):]
+            if len(name) == 32 and is_hex_prefix(name):
+                out.append(name)
+        return out
+
+    def manifest(self, vid: str) -> Manifest:
+        m = self._manifests.get(vid)
+        if m is None:
+            try:
+                data = self.store.get(MANIFESTS + vid)
+            except (ObjectNotFoundError, FileNotFoundError):
+                raise UnknownVersionError(f"version {vid} has no manifest in {self.location}") from None
+            m = manifest_fmt.decode(data, version_id=vid)
+            self._manifests[vid] = m
+        return m
+
+    def forget_manifest(self, vid: str) -> None:
+        self._manifests.pop(vid, None)
+
+    def version(self, vid: str, tags_by_version: dict[str, list[str]] | None = None) -> Version:
+        m = self.manifest(vid)
+        if tags_by_version is None:
+            tags_by_version = self.tags_by_version()
+        written = m.extra.get("written", {}) if isinstance(m.extra.get("written"), dict) else {}
+        return Version(id=vid, parent=m.parent, time=m.time, step=m.step, metrics=dict(m.metrics), meta=m.meta,
+                       tags=tuple(sorted(tags_by_version.get(vid, []))), exact=m.exact,
+                       logical_bytes=sum(b.nbytes for b in m.blobs), written_bytes=int(written.get("bytes", 0)))
+
+    # refs and tags --------------------------------------------------------------------------
+    def read_ref(self, key: str) -> str | None:
+        try:
+            data = self.store.get(key)
+        except (ObjectNotFoundError, FileNotFoundError):
+            return None
+        return refs.decode_ref(data, what=key)
+
+    def latest(self) -> str | None:
+        return self.read_ref(LATEST_REF)
+
+    def tags(self) -> dict[str, str]:
+        out = {}
+        for key in self.store.list(TAGS):
+            name = key[len(TAGS):]
+            try:
+                refs.check_name(name)
+            except DeltackptError:
+                continue  # not a tag we would have written; ignored (verify reports it)
+            vid = self.read_ref(key)
+            if vid:
+                out[name] = vid
+        return out
+
+    def tags_by_version(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for name, vid in self.tags().items():
+            out.setdefault(vid, []).append(name)
+        return out
+
+    def resolve(self, revision: "str | Version") -> str:
+        """Full version id for an id, an id prefix (>= 4 hex), a tag, ``latest``, ``X~N`` or
+        ``best:METRIC[:min|max]``."""
+        if isinstance(revision, Version):
+            return revision.id
+        rev = refs.parse_revision(revision)
+        base = rev.base
+        vid: str | None
+        if base == refs.LATEST or base == "HEAD":
+            vid = self.latest()
+            if vid is None:
+                raise UnknownVersionError(f"{self.location} has no versions yet")
+        elif base.startswith("best:"):
+            vid = self._best(base)
+        else:
+            vid = None
+            try:
+                refs.check_name(base)
+                vid = self.read_ref(TAGS + base)
+            except DeltackptError:
+                pass
+            if vid is None:
+                if not (4 <= len(base) <= 32 and is_hex_prefix(base)):
+                    raise UnknownVersionError(f"no tag or version {base!r} in {self.location}")
+                matches = [v for v in self.version_ids() if v.startswith(base)]
+                if not matches:
+                    raise UnknownVersionError(f"no version with id prefix {base!r} in {self.location}")
+                if len(matches) > 1:
+                    raise AmbiguousVersionError(f"version prefix {base!r} matches {len(matches)} versions; "
+                                                "type more characters")
+                vid = matches[0]
+        for i in range(rev.back):
+            parent = self.manifest(vid).parent
+            if parent is None:
+                raise UnknownVersionError(f"{revision!r}: version {vid[:10]} has only {i} ancestors")
+            if not self.store.exists(MANIFESTS + parent):
+                raise UnknownVersionError(f"{revision!r}: ancestor {parent[:10]} was removed by gc")
+            vid = parent
+        return vid
+
+    def _best(self, base: str) -> str:
+        parts = base.split(":")
+        if len(parts) not in (2, 3) or not parts[1] or (len(parts) == 3 and parts[2] not in ("min", "max")):
+            raise UnknownVersionError(f"{base!r}: use best:METRIC or best:METRIC:max")
+        metric, sign = parts[1], (-1 if len(parts) == 3 and parts[2] == "max" else 1)
+        best: tuple[float, float, str] | None = None
+        for vid in self.version_ids():
+            value = self.manifest(vid).metrics.get(metric)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
+                cand = (sign * float(value), -self.manifest(vid).time, vid)
+                if best is None or cand < best:
+                    best = cand
+        if best is None:
+            raise UnknownVersionError(f"no version records the metric {metric!r}")
+        return best[2]
+
+    def history(self) -> list[str]:
+        """All versions, newest first."""
+        return sorted(self.version_ids(), key=lambda v: (self.manifest(v).time, v), reverse=True)
+
+    # chunk reads ----------------------------------------------------------------------------
+    def read_object(self, pack_id: str, e: PackEntry) -> objects.EncodedObject:
+        what = f"chunk {e.chunk_id.hex()} in pack {pack_id}"
+        try:
+            data = self.store.get(pack_key(pack_id), e.offset, e.length)
+        except (ObjectNotFoundError, FileNotFoundError):
+            raise CorruptObjectError(f"{what}: pack file is missing") from None
+        if len(data) != e.length:
+            raise CorruptObjectError(f"{what}: pack is truncated")
+        obj = objects.parse(data, what=what)
+        if obj.encoding != e.encoding or obj.raw_len != e.raw_len:
+            raise CorruptObjectError(f"{what}: object header disagrees with the index")
+        base = obj.params.get("base")
+        if (base if isinstance(base, bytes) else None) != e.base:
+            raise CorruptObjectError(f"{what}: object base disagrees with the index")
+        return obj
+
+    def read_chunk(self, cid: bytes) -> bytes:
+        """Decoded bytes of a chunk, walking its delta chain; hash-checked against its id."""
+        cached = self.decoded.get(cid)
+        if cached is not None:
+            return cached
+        chain: list[tuple[bytes, str, PackEntry]] = []
+        cur: bytes | None = cid
+        base_data: bytes | None = None
+        seen: set[bytes] = set()
+        while cur is not None:
+            if cur in seen or len(chain) > MAX_CHAIN_DEPTH:
+                raise CorruptObjectError(f"chunk {cid.hex()}: delta chain loops or exceeds {MAX_CHAIN_DEPTH}")
+            seen.add(cur)
+            if chain:
+                base_data = self.decoded.get(cur)
+                if base_data is not None:
+                    break
+            pid, e = self.entry(cur)
+            chain.append((cur, pid, e))
+            cur = e.base
+        for i, (c, pid, e) in enumerate(reversed(chain)):
+            obj = self.read_object(pid, e)
+            codec = registry.get(obj.encoding)
+            what = f"chunk {c.hex()} in pack {pid}"
+            try:
+                out = codec.decode(obj.params, obj.payload, obj.raw_len, base_data)
+            except CorruptObjectError as exc:
+                raise CorruptObjectError(f"{what}: {exc}") from None
+            except (ValueError, TypeError, IndexError, OverflowError, MemoryError) as exc:
+                raise CorruptObjectError(f"{what}: undecodable ({type(exc).__name__}: {exc})") from None
+            if len(out) != e.raw_len or digest(out) != c:
+                raise CorruptObjectError(f"{what}: decoded bytes do not match the chunk id (data corrupted)")
+            if i < len(chain) - 1:
+                self.decoded.put(c, out)
+            base_data = out
+        assert base_data is not None
+        return base_data
+
+    def read_blob(self, blob: Blob, out: memoryview | None = None, pool=None) -> memoryview:
+        """Assemble a blob's bytes into ``out`` (allocated when None), reading only its chunks."""
+        if out is None:
+            out = memoryview(bytearray(blob.nbytes))
+        if len(out) != blob.nbytes:
+            raise ValueError(f"destination holds {len(out)} bytes, blob {blob.nbytes}")
+        offsets = []
+        pos = 0
+        for c in blob.chunks:
+            offsets.append(pos)
+            pos += c.raw_len
+
+        def one(i: int) -> None:
+            c = blob.chunks[i]
+            data = self.read_chunk(c.chunk_id)
+            if len(data) != c.raw_len:
+                raise CorruptObjectError(f"chunk {c.chunk_id.hex()} has {len(data)} bytes, manifest says {c.raw_len}")
+            out[offsets[i]:offsets[i] + c.raw_len] = data
+
+        if pool is not None and len(blob.chunks) > 1:
+            list(pool.map(one, range(len(blob.chunks))))
+        else:
+            for i in range(len(blob.chunks)):
+                one(i)
+        return out
+
+    def chunk_closure(self, chunk_ids: Iterable[bytes]) -> set[bytes]:
+        """The chunks and every delta base they need."""
+        out: set[bytes] = set()
+        for cid in chunk_ids:
+            cur: bytes | None = cid
+            while cur is not None and cur not in out:
+                out.add(cur)
+                entry = self._index.get(cur)
+                cur = entry[1].base if entry else None
+        return out
+
+    def stored_size(self, chunk_ids: Iterable[bytes]) -> int:
+        return sum(self._index[c][1].length for c in chunk_ids if c in self._index)
+
+    def info(self) -> dict[str, Any]:
+        return {"location": self.location, "format_version": self.config.version, "repo_id": self.config.repo_id,
+                "chunk_bytes": self.config.chunk_bytes, "keyframe_interval": self.config.keyframe_interval}

@@ -1,0 +1,265 @@
+"""The write path: chunk, hash, dedup, encode, pack, then index, manifest and ref, in that order.
+
+Nothing a reader can see changes until the ref moves: packs and the index only add chunks, and a
+manifest is invisible until a ref (or a revision by id) names it.  Each file is written by the
+store atomically and durably (temp, fsync, rename, directory fsync).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..codecs.base import ChunkContext
+from ..codecs.pipeline import BaseChunk, encode_chunk
+from ..errors import ConflictError
+from ..format import index as index_fmt
+from ..format import refs
+from ..format.ids import digest, hex_id
+from ..format.manifest import Blob, ChunkRef, Manifest, TensorEntry
+from ..format.objects import EncodedObject
+from ..format.pack import PackBuilder
+from . import locks
+from .chunking import chunk_bounds
+from .delta_cache import ChunkMemo
+from .repository import INDEX, LATEST_REF, MANIFESTS, TAGS, Repository, pack_key
+
+PACK_TARGET_BYTES = 64 << 20
+WINDOW = 16  # chunks in flight per worker pool: bounds memory held by encoded results
+
+
+@dataclass
+class BlobInput:
+    """Raw bytes to store as one blob, and how to match them with the parent's (``key``)."""
+
+    key: tuple
+    data: Any                 # bytes-like, contiguous, len == nbytes
+    dtype: str
+    itemsize: int
+    row_bytes: int
+    mode: str = "lossless"
+    max_abs_err: float = 0.0  # filled in by the saver for lossy blobs
+    exact: bool = True
+
+
+@dataclass
+class SaveStats:
+    logical_bytes: int = 0
+    chunks_total: int = 0
+    chunks_new: int = 0
+    chunks_reused: int = 0
+    objects_bytes: int = 0
+    packs: int = 0
+    manifest_bytes: int = 0
+    encodings: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def written_bytes(self) -> int:
+        return self.objects_bytes + self.manifest_bytes
+
+
+@dataclass
+class _ChunkResult:
+    cid: bytes
+    raw_len: int
+    obj: bytes | None
+    encoding: int
+    base: bytes | None
+    depth: int
+    err: float
+    lossy: bool
+
+
+def default_workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+class _Packer:
+    def __init__(self, repo: Repository, stats: SaveStats) -> None:
+        self.repo = repo
+        self.stats = stats
+        self.builder = PackBuilder()
+        self.written: dict[str, tuple[int, list]] = {}
+        self.pending: set[bytes] = set()
+
+    def add(self, r: _ChunkResult) -> None:
+        assert r.obj is not None
+        self.builder.add(r.cid, r.obj, encoding=r.encoding, raw_len=r.raw_len, base=r.base, depth=r.depth)
+        self.pending.add(r.cid)
+        if self.builder.size >= PACK_TARGET_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not len(self.builder):
+            return
+        data = self.builder.finish()
+        pid = hex_id(data)
+        self.repo.store.put_atomic(pack_key(pid), data, site="pack")
+        self.written[pid] = (len(data), list(self.builder.entries))
+        self.stats.packs += 1
+        self.stats.objects_bytes += len(data)
+        self.builder = PackBuilder()
+
+    def finish(self) -> None:
+        self.flush()
+        if not self.written:
+            return
+        data = index_fmt.encode(self.written)
+        key = INDEX + hex_id(data)
+        self.repo.store.put_atomic(key, data, site="index")
+        for pid, (_plen, entries) in self.written.items():
+            self.repo.add_index_entries(pid, entries)
+        self.repo.note_index_file(key)
+
+
+def _encode_one(repo: Repository, raw: memoryview, ctx: ChunkContext, memo: ChunkMemo | None, mode: str,
+                known: Callable[[bytes], bool]) -> tuple[_ChunkResult, ChunkMemo]:
+    src = digest(raw)
+    depth_of = lambda cid: repo.entry(cid)[1].depth  # noqa: E731
+    if mode == "lossless":
+        if known(src):
+            r = _ChunkResult(src, len(raw), None, 0, None, depth_of(src) if repo.has_chunk(src) else 0, 0.0, False)
+            return r, ChunkMemo(src, memo.data if memo and memo.chunk_id == src else bytes(raw), r.depth, src)
+    elif memo is not None and memo.source_id == src and known(memo.chunk_id):
+        # unchanged since the last lossy save: reuse the stored approximation as is
+        r = _ChunkResult(memo.chunk_id, len(raw), None, 0, None, memo.depth, 0.0, True)
+        return r, memo
+    base = None
+    if memo is not None and repo.has_chunk(memo.chunk_id) and len(memo.data) == len(raw):
+        base = BaseChunk(memo.chunk_id, memo.data, repo.entry(memo.chunk_id)[1].depth)
+    raw_bytes = bytes(raw)
+    choice = encode_chunk(raw_bytes, ctx, mode=mode, base=base, keyframe_interval=repo.config.keyframe_interval)
+    recon = choice.encoded.recon
+    cid = src if recon is None else digest(recon)
+    data = raw_bytes if recon is None else recon
+    if known(cid):
+        r = _ChunkResult(cid, len(raw), None, 0, None, depth_of(cid) if repo.has_chunk(cid) else 0,
+                         choice.encoded.max_abs_err, recon is not None)
+        return r, ChunkMemo(cid, data, r.depth, src)
+    params = dict(choice.encoded.params)
+    base_id = choice.base.chunk_id if choice.base else None
+    if base_id is not None:
+        params["base"] = base_id
+    obj = EncodedObject(choice.encoding, len(raw), params, choice.encoded.payload).to_bytes()
+    r = _ChunkResult(cid, len(raw), obj, choice.encoding, base_id, choice.depth, choice.encoded.max_abs_err,
+                     recon is not None)
+    return r, ChunkMemo(cid, data, choice.depth, src)
+
+
+def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[TensorEntry], tree: Any, *,
+                  step: int | None = None, metrics: dict | None = None, meta: Any = None,
+                  tag: str | None = None, extra: dict | None = None, workers: int | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> tuple[str, SaveStats]:
+    """Store ``blobs``, then commit a manifest naming ``tensors`` and ``tree``; returns (version id, stats)."""
+    from ..codecs.registry import get as codec_of
+
+    t0 = time.perf_counter()
+    if tag is not None:
+        refs.check_name(tag)
+    stats = SaveStats()
+    with locks.save_lock(repo.store):
+        repo.refresh_index()
+        packer = _Packer(repo, stats)
+        known = lambda cid: repo.has_chunk(cid) or cid in packer.pending  # noqa: E731
+        manifest_blobs: list[Blob] = []
+        total = sum(len(b.data) for b in blobs)
+        done = 0
+        with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
+            for b in blobs:
+                bounds = chunk_bounds(len(b.data), b.row_bytes, b.itemsize, repo.config.chunk_bytes)
+                view = memoryview(b.data).cast("B") if not isinstance(b.data, memoryview) else b.data.cast("B")
+                ctx = ChunkContext(b.dtype, b.itemsize, b.row_bytes, repo.level)
+                chunks: list[ChunkRef] = []
+                futures = []
+                # chunks are hashed and encoded in parallel; results are packed in order
+                for i, (s, e) in enumerate(bounds):
+                    memo = repo.delta_cache.get((b.key, i))
+                    futures.append(pool.submit(_encode_one, repo, view[s:e], ctx, memo, b.mode, known))
+                    if len(futures) >= WINDOW:
+                        _drain(futures[:WINDOW // 2], b, chunks, packer, repo, stats, codec_of)
+                        del futures[:WINDOW // 2]
+                _drain(futures, b, chunks, packer, repo, stats, codec_of)
+                manifest_blobs.append(Blob(len(b.data), b.itemsize, b.row_bytes, chunks))
+                stats.logical_bytes += len(b.data)
+                done += len(b.data)
+                if progress:
+                    progress(done, total)
+        packer.finish()
+        for t in tensors:
+            src = blobs[t.blob]
+            t.exact, t.max_abs_err = src.exact, src.max_abs_err
+            if src.mode != "lossless":
+                t.encoding = src.mode
+        stats.seconds = time.perf_counter() - t0
+        written = {"bytes": stats.objects_bytes, "chunks_new": stats.chunks_new,
+                   "chunks_reused": stats.chunks_reused, "encodings": stats.encodings}
+        vid = _commit(repo, Manifest(parent=None, time=time.time(), tree=tree, tensors=tensors,
+                                     blobs=manifest_blobs, step=step, metrics=dict(metrics or {}), meta=meta,
+                                     writer=_writer(), extra={**(extra or {}), "written": written}), stats, tag)
+    stats.seconds = time.perf_counter() - t0
+    return vid, stats
+
+
+def _drain(futures, b: BlobInput, chunks: list[ChunkRef], packer: _Packer, repo: Repository,
+           stats: SaveStats, codec_of) -> None:
+    for i, fut in enumerate(futures, start=len(chunks)):
+        r, memo = fut.result()
+        chunks.append(ChunkRef(r.cid, r.raw_len))
+        repo.delta_cache.put((b.key, i), memo)
+        stats.chunks_total += 1
+        if r.lossy:
+            b.exact = False
+            b.max_abs_err = max(b.max_abs_err, r.err)
+        if r.obj is None or r.cid in packer.pending or repo.has_chunk(r.cid):
+            stats.chunks_reused += 1
+            continue
+        stats.chunks_new += 1
+        name = codec_of(r.encoding).name
+        stats.encodings[name] = stats.encodings.get(name, 0) + 1
+        packer.add(r)
+
+
+def _writer() -> str:
+    from .. import __version__
+    return f"deltackpt {__version__}"
+
+
+def _commit(repo: Repository, manifest: Manifest, stats: SaveStats, tag: str | None) -> str:
+    """Manifest, then ref.  Racing writers are serialized by the refs lock and re-parented onto
+    whatever ``latest`` is when they get it, so history stays linear and no save is lost."""
+    with locks.refs_lock(repo.store):
+        if tag is not None and repo.store.exists(TAGS + tag):
+            raise ConflictError(f"tag {tag!r} already names version {repo.read_ref(TAGS + tag)}; nothing was "
+                                "committed (the chunks written are reused by the next save)")
+        manifest.parent = repo.latest()
+        data = manifest.to_bytes()
+        vid = hex_id(data)
+        repo.store.put_if_absent(MANIFESTS + vid, data, site="manifest")
+        stats.manifest_bytes = len(data)
+        repo.store.put_atomic(LATEST_REF, refs.encode_ref(vid), site="ref")
+        if tag is not None:
+            repo.store.put_atomic(TAGS + tag, refs.encode_ref(vid), site="tag")
+    return vid
+
+
+def set_tag(repo: Repository, name: str, vid: str, *, force: bool = False) -> None:
+    refs.check_name(name)
+    with locks.refs_lock(repo.store):
+        if force:
+            repo.store.put_atomic(TAGS + name, refs.encode_ref(vid), site="tag")
+        elif not repo.store.put_if_absent(TAGS + name, refs.encode_ref(vid), site="tag"):
+            raise ConflictError(f"tag {name!r} already names version {repo.read_ref(TAGS + name)}; "
+                                "delete it first or pass force=True")
+
+
+def delete_tag(repo: Repository, name: str) -> None:
+    refs.check_name(name)
+    with locks.refs_lock(repo.store):
+        if not repo.store.exists(TAGS + name):
+            from ..errors import UnknownVersionError
+            raise UnknownVersionError(f"no tag {name!r}")
+        repo.store.delete(TAGS + name, site="tag.delete")

@@ -1,0 +1,146 @@
+"""``verify``: re-read everything and check it, naming every version a bad object belongs to.
+
+Checks: config; every ref and tag parses and names an existing manifest; every manifest's bytes
+hash to its id and pass the schema; every pack's bytes hash to its name and its header parses and
+agrees with the index; every chunk any version needs (and each delta base) decodes to bytes that
+hash to its id.  Leftover temp files and unreferenced packs are warnings, not errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import DeltackptError
+from ..format import pack as pack_fmt
+from ..format import refs
+from ..format.ids import hex_id
+from .repository import LATEST_REF, MANIFESTS, PACKS, TAGS, Repository, pack_key
+
+
+@dataclass
+class Problem:
+    object: str
+    problem: str
+    versions: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"object": self.object, "problem": self.problem, "versions": self.versions}
+
+
+@dataclass
+class VerifyReport:
+    """``ok`` is False when any committed version cannot be restored exactly."""
+
+    errors: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    versions_checked: int = 0
+    chunks_checked: int = 0
+    packs_checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def bad_versions(self) -> list[str]:
+        return sorted({v for p in self.errors for v in p.versions})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "errors": [p.to_json() for p in self.errors],
+                "warnings": [p.to_json() for p in self.warnings], "bad_versions": self.bad_versions,
+                "versions_checked": self.versions_checked, "chunks_checked": self.chunks_checked,
+                "packs_checked": self.packs_checked}
+
+
+def run_verify(repo: Repository, *, read_data: bool = True,
+               progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    report = VerifyReport()
+    repo.refresh_index()
+    repo.decoded = type(repo.decoded)(repo.decoded.max_bytes)  # decode everything afresh
+    version_ids = repo.version_ids()
+    manifests = {}
+    for vid in version_ids:
+        repo.forget_manifest(vid)
+        try:
+            manifests[vid] = repo.manifest(vid)
+        except DeltackptError as exc:
+            report.errors.append(Problem(MANIFESTS + vid, str(exc), [vid]))
+    report.versions_checked = len(version_ids)
+
+    ref_keys = [LATEST_REF] if repo.store.exists(LATEST_REF) else []
+    ref_keys += repo.store.list(TAGS)
+    for key in ref_keys:
+        try:
+            if key.startswith(TAGS):
+                refs.check_name(key[len(TAGS):])
+            vid = repo.read_ref(key)
+            if vid is not None and vid not in manifests:
+                report.errors.append(Problem(key, f"names version {vid[:10]}, which has no valid manifest", [vid]))
+        except DeltackptError as exc:
+            report.errors.append(Problem(key, str(exc)))
+
+    # which versions need which chunk (through delta chains too)
+    users: dict[bytes, set[str]] = {}
+    for vid, m in manifests.items():
+        for blob in m.blobs:
+            for c in blob.chunks:
+                cur: bytes | None = c.chunk_id
+                hops = 0
+                while cur is not None and hops <= 1024:
+                    s = users.setdefault(cur, set())
+                    if vid in s:
+                        break
+                    s.add(vid)
+                    entry = repo._index.get(cur)
+                    cur = entry[1].base if entry else None
+                    hops += 1
+
+    bad_packs: dict[str, str] = {}
+    packs_on_disk = {k.rsplit("/", 1)[-1] for k in repo.store.list(PACKS)}
+    indexed_packs = {pid for _, pid, _ in repo.index_items()}
+    for pid in sorted(packs_on_disk | indexed_packs):
+        try:
+            data = repo.store.get(pack_key(pid))
+        except FileNotFoundError:
+            bad_packs[pid] = "pack file is missing"
+            continue
+        except DeltackptError as exc:
+            bad_packs[pid] = str(exc)
+            continue
+        report.packs_checked += 1
+        if hex_id(data) != pid:
+            bad_packs[pid] = "pack bytes do not hash to the pack's name"
+            continue
+        try:
+            pack_fmt.parse_pack(data, what=f"pack {pid}")
+        except DeltackptError as exc:
+            bad_packs[pid] = str(exc)
+        if pid not in indexed_packs:
+            report.warnings.append(Problem(pack_key(pid), "no index refers to this pack (gc reclaims it)"))
+    for pid, why in bad_packs.items():
+        affected = sorted({v for cid, p, _ in repo.index_items() if p == pid for v in users.get(cid, ())})
+        if affected or pid in indexed_packs:
+            report.errors.append(Problem(pack_key(pid), why, affected))
+        else:
+            report.warnings.append(Problem(pack_key(pid), why))
+
+    needed = sorted(users)
+    for i, cid in enumerate(needed):
+        if progress:
+            progress(i, len(needed))
+        if not repo.has_chunk(cid):
+            report.errors.append(Problem(f"chunk {cid.hex()}", "not in the index", sorted(users[cid])))
+            continue
+        if not read_data:
+            continue
+        try:
+            repo.read_chunk(cid)
+            report.chunks_checked += 1
+        except DeltackptError as exc:
+            report.errors.append(Problem(f"chunk {cid.hex()}", str(exc), sorted(users[cid])))
+    temp_lister = getattr(repo.store, "temp_files", None)
+    if temp_lister is not None:
+        for key, _ in temp_lister():
+            report.warnings.append(Problem(key, "leftover temp file of an interrupted write (gc removes it)"))
+    return report

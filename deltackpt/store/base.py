@@ -1,0 +1,69 @@
+"""The Store interface every backend implements (tests/store/test_conformance.py checks each)."""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+
+from ..errors import StoreError
+
+_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*$")
+
+
+def check_key(key: str) -> str:
+    """Keys are relative '/'-joined names of [A-Za-z0-9._-], no empty, '.' or '..' parts."""
+    if not isinstance(key, str) or not _KEY.match(key) or any(p in (".", "..") or ".." in p for p in key.split("/")):
+        raise StoreError(f"invalid store key {key!r:.100}")
+    return key
+
+
+class Store(ABC):
+    """A flat key -> bytes map with the few guarantees the repository needs.
+
+    - ``put_atomic`` makes the whole value visible at once, durably, or not at all.
+    - ``put_if_absent`` is a compare-and-swap on absence: exactly one of several racing callers wins.
+    - ``get`` with ``start``/``length`` reads only that byte range.
+    """
+
+    #: put_if_absent is atomic against other processes (O_EXCL, If-None-Match)
+    atomic_create: bool = True
+    #: keys written by put_atomic survive power loss once it returns
+    durable: bool = True
+
+    @abstractmethod
+    def get(self, key: str, start: int = 0, length: int | None = None) -> bytes:
+        """Bytes of ``key`` (a range when ``length`` is given); ObjectNotFoundError when absent."""
+
+    @abstractmethod
+    def size(self, key: str) -> int:
+        """Length of the value; ObjectNotFoundError when absent."""
+
+    @abstractmethod
+    def mtime(self, key: str) -> float:
+        """Last modification time (unix seconds); used for grace periods."""
+
+    @abstractmethod
+    def put_atomic(self, key: str, data: bytes, *, site: str = "object") -> None:
+        """Create or replace ``key`` atomically and durably."""
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes, *, site: str = "object") -> bool:
+        """Create ``key`` unless it exists; True when this call created it."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Keys under ``prefix`` (a folder-like prefix ending in '/'), sorted."""
+
+    @abstractmethod
+    def delete(self, key: str, *, site: str = "delete") -> None:
+        """Remove ``key``; absent keys are not an error."""
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.size(key)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def describe(self) -> str:
+        return type(self).__name__

@@ -1,0 +1,225 @@
+"""A repository on a local filesystem.
+
+Every write goes to ``tmp/`` under the repository, is fsynced, then renamed (or hard-linked, for
+create-if-absent) into place, and the target directory is fsynced, so a crash leaves either the
+old state or the whole new file.  Reads never follow symbolic links: a repository from a stranger
+cannot make us read or write outside it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+
+from .. import faults
+from ..errors import ObjectNotFoundError, StoreError
+from .base import Store, check_key
+
+TMP_DIR = "tmp"
+
+
+def _os_error(exc: OSError, action: str, key: str) -> StoreError:
+    if isinstance(exc, FileNotFoundError):
+        return ObjectNotFoundError(f"{action} {key!r}: no such object")
+    hint = " (disk full: free space and retry; committed versions are intact)" if exc.errno == errno.ENOSPC else ""
+    err = StoreError(exc.errno, f"{action} {key!r} failed: {exc.strerror or exc}{hint}")
+    return err
+
+
+class LocalStore(Store):
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        self._dirs_ok: set[str] = set()
+
+    def describe(self) -> str:
+        return self.root
+
+    # paths -------------------------------------------------------------------------------
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *check_key(key).split("/"))
+
+    def _check_dirs(self, path: str) -> None:
+        """Refuse a key whose parent folders inside the repository are symlinks."""
+        parent = os.path.dirname(path)
+        if parent in self._dirs_ok:
+            return
+        rel = os.path.relpath(parent, self.root)
+        cur = self.root
+        for part in ([] if rel == "." else rel.split(os.sep)):
+            cur = os.path.join(cur, part)
+            try:
+                st = os.lstat(cur)
+            except FileNotFoundError:
+                return
+            if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+                raise StoreError(errno.ELOOP, f"{os.path.relpath(cur, self.root)!r} inside the repository is not a "
+                                              "plain directory (symbolic links are refused)")
+        self._dirs_ok.add(parent)
+
+    def _open_read(self, key: str) -> int:
+        path = self._path(key)
+        self._check_dirs(path)
+        try:
+            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StoreError(errno.ELOOP, f"{key!r} is a symbolic link; refused") from None
+            raise _os_error(exc, "read", key) from None
+
+    # reads -------------------------------------------------------------------------------
+    def get(self, key: str, start: int = 0, length: int | None = None) -> bytes:
+        fd = self._open_read(key)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise StoreError(errno.EINVAL, f"{key!r} is not a regular file")
+            if length is None:
+                length = max(st.st_size - start, 0)
+            out = bytearray()
+            while len(out) < length:
+                part = os.pread(fd, length - len(out), start + len(out))
+                if not part:
+                    break
+                out += part
+            return bytes(out)
+        except OSError as exc:
+            raise _os_error(exc, "read", key) from None
+        finally:
+            os.close(fd)
+
+    def _stat(self, key: str) -> os.stat_result:
+        path = self._path(key)
+        self._check_dirs(path)
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            raise _os_error(exc, "stat", key) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreError(errno.EINVAL, f"{key!r} is not a regular file (symbolic links are refused)")
+        return st
+
+    def size(self, key: str) -> int:
+        return self._stat(key).st_size
+
+    def mtime(self, key: str) -> float:
+        return self._stat(key).st_mtime
+
+    def list(self, prefix: str) -> list[str]:
+        base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
+        out: list[str] = []
+        if not os.path.isdir(base) or os.path.islink(base):
+            return out
+        for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
+            rel = os.path.relpath(dirpath, self.root)
+            for name in filenames:
+                key = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
+                if key.startswith(prefix) and not os.path.islink(os.path.join(dirpath, name)):
+                    out.append(key)
+        return sorted(out)
+
+    # writes ------------------------------------------------------------------------------
+    def _fsync_dir(self, path: str, site: str) -> None:
+        faults.hit(f"{site}.dirsync")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write_temp(self, key: str, data: bytes, site: str) -> str:
+        tmp_dir = os.path.join(self.root, TMP_DIR)
+        os.makedirs(tmp_dir, exist_ok=True)
+        tmp = os.path.join(tmp_dir, f"{key.replace('/', '_')}.{secrets.token_hex(6)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            short = faults.hit(f"{site}.write")
+            view = memoryview(data)
+            if short:
+                os.write(fd, view[: len(view) // 2])
+                raise OSError(errno.EIO, f"injected short write at {site}.write")
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            faults.hit(f"{site}.fsync")
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _unlink_quiet(tmp)
+            raise
+        os.close(fd)
+        return tmp
+
+    def put_atomic(self, key: str, data: bytes, *, site: str = "object") -> None:
+        path = self._path(key)
+        self._check_dirs(path)
+        tmp = None
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = self._write_temp(key, data, site)
+            faults.hit(f"{site}.rename")
+            os.replace(tmp, path)
+            tmp = None
+            self._fsync_dir(os.path.dirname(path), site)
+        except OSError as exc:
+            raise _os_error(exc, "write", key) from None
+        finally:
+            if tmp:
+                _unlink_quiet(tmp)
+
+    def put_if_absent(self, key: str, data: bytes, *, site: str = "object") -> bool:
+        path = self._path(key)
+        self._check_dirs(path)
+        tmp = None
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if os.path.lexists(path):
+                return False
+            tmp = self._write_temp(key, data, site)
+            faults.hit(f"{site}.link")
+            try:
+                os.link(tmp, path)  # atomic create-if-absent with the full content in place
+            except FileExistsError:
+                return False
+            self._fsync_dir(os.path.dirname(path), site)
+            return True
+        except OSError as exc:
+            raise _os_error(exc, "write", key) from None
+        finally:
+            if tmp:
+                _unlink_quiet(tmp)
+
+    def delete(self, key: str, *, site: str = "delete") -> None:
+        path = self._path(key)
+        self._check_dirs(path)
+        try:
+            faults.hit(site)
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise _os_error(exc, "delete", key) from None
+
+    def sync_dir(self, prefix: str, *, site: str = "dir") -> None:
+        """fsync a folder after deletes in it (gc)."""
+        path = self._path(prefix.rstrip("/"))
+        if os.path.isdir(path):
+            self._fsync_dir(path, site)
+
+    def temp_files(self) -> list[tuple[str, float]]:
+        """Leftover temp files from interrupted writes: (key, mtime)."""
+        out = []
+        for key in self.list(TMP_DIR + "/"):
+            try:
+                out.append((key, self.mtime(key)))
+            except FileNotFoundError:
+                pass
+        return out
+
+
+def _unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
