@@ -1,0 +1,1 @@
+"""The ``deltackpt`` command: parse, call the public API, render text or --json."""

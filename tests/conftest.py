@@ -1,0 +1,44 @@
+"""Shared fixtures.  Hypothesis profile: DELTACKPT_HYPOTHESIS=default|ci|nightly (CI sets ci)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("default", max_examples=60, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("nightly", max_examples=2000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("DELTACKPT_HYPOTHESIS", "ci" if os.environ.get("CI") else "default"))
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def repo_path(tmp_path):
+    """A path for a fresh repository (created on first save)."""
+    return str(tmp_path / "repo")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_handles():
+    """Each test starts with no cached repository handles (and so no delta cache)."""
+    from deltackpt.frontend import api
+    api._OPEN.clear()
+    yield
+    api._OPEN.clear()
+
+
+def run_cli(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real ``deltackpt`` command in a subprocess."""
+    proc = subprocess.run([sys.executable, "-m", "deltackpt.cli.main", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, cwd=ROOT, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"deltackpt {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
