@@ -36,12 +36,11 @@ def storage_view(t: torch.Tensor) -> np.ndarray:
     return torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
 
 
-def from_bytes(buf: bytearray | memoryview, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
-    """A tensor over ``buf`` (no copy) with the given dtype and shape."""
+def from_bytes(buf: np.ndarray, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    """A tensor over the uint8 array ``buf`` (no copy) with the given dtype and shape."""
     if len(buf) == 0:
         return torch.empty(shape, dtype=dtype)
-    flat = torch.frombuffer(buf, dtype=torch.uint8)
-    return flat.view(dtype).reshape(shape)
+    return torch.from_numpy(buf).view(dtype).reshape(shape)
 
 
 def writable_bytes(t: torch.Tensor) -> np.ndarray | None:
