@@ -61,6 +61,10 @@ def open_store(location: "str | os.PathLike | Store") -> Store:
     return LocalStore(text[7:] if text.startswith("file://") else text)
 
 
+class _PackGone(CorruptObjectError):
+    """A pack named by the index is missing (gc repacked it, or it was lost)."""
+
+
 class _DecodedCache:
     """A small LRU of decoded chunks, so delta bases shared by reads are decoded once."""
 
@@ -300,7 +304,7 @@ class Repository:
         try:
             data = self.store.get(pack_key(pack_id), e.offset, e.length)
         except (ObjectNotFoundError, FileNotFoundError):
-            raise CorruptObjectError(f"{what}: pack file is missing") from None
+            raise _PackGone(f"{what}: pack file is missing") from None
         if len(data) != e.length:
             raise CorruptObjectError(f"{what}: pack is truncated")
         obj = objects.parse(data, what=what)
@@ -337,7 +341,16 @@ class Repository:
             cur = e.base
         for i, (c, pid, e) in enumerate(reversed(chain)):
             last = i == len(chain) - 1
-            obj = self.read_object(pid, e)
+            try:
+                obj = self.read_object(pid, e)
+            except _PackGone:
+                # gc may have repacked this chunk since our index was loaded: look again, once
+                self.refresh_index()
+                pid, e = self.entry(c)
+                try:
+                    obj = self.read_object(pid, e)
+                except _PackGone:
+                    raise CorruptObjectError(f"chunk {c.hex()} in pack {pid}: pack file is missing") from None
             codec = registry.get(obj.encoding)
             what = f"chunk {c.hex()} in pack {pid}"
             try:

@@ -121,3 +121,14 @@ def test_gc_retention_rules_union(repo_path):
     assert series[4][0].id in kept           # step 4 starts the second bucket of 4
     assert series[5][0].id in kept           # last
     assert len(kept) == 3
+
+
+def test_a_reader_with_a_stale_index_survives_gc_repacking(repo_path, tmp_path):
+    """A handle whose index predates a gc in another handle still loads the kept version (re-reads the index)."""
+    import deltackpt.repo.repository as repository
+    series = _save_series(repo_path, 4)
+    stale = repository.Repository(repo_path)  # loads the index now
+    deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)  # repacks: old packs are deleted
+    m = stale.manifest(series[-1][0].id)
+    out = stale.read_blob(m.blobs[0])
+    assert bytes(out) == series[-1][1]["w"].numpy().tobytes()
