@@ -318,6 +318,14 @@ class Repository:
     def read_chunk(self, cid: bytes, out: memoryview | None = None) -> bytes | memoryview:
         """Decoded bytes of a chunk, walking its delta chain; hash-checked against its id.
         With ``out``, the last link decodes straight into it (and ``out`` is returned)."""
+        try:
+            return self._read_chunk(cid, out)
+        except _PackGone:
+            # gc may have repacked (and rebased) this chunk since our index was loaded: look again
+            self.refresh_index()
+            return self._read_chunk(cid, out)
+
+    def _read_chunk(self, cid: bytes, out: memoryview | None) -> bytes | memoryview:
         cached = self.decoded.get(cid)
         if cached is not None:
             if out is None:
@@ -341,16 +349,7 @@ class Repository:
             cur = e.base
         for i, (c, pid, e) in enumerate(reversed(chain)):
             last = i == len(chain) - 1
-            try:
-                obj = self.read_object(pid, e)
-            except _PackGone:
-                # gc may have repacked this chunk since our index was loaded: look again, once
-                self.refresh_index()
-                pid, e = self.entry(c)
-                try:
-                    obj = self.read_object(pid, e)
-                except _PackGone:
-                    raise CorruptObjectError(f"chunk {c.hex()} in pack {pid}: pack file is missing") from None
+            obj = self.read_object(pid, e)
             codec = registry.get(obj.encoding)
             what = f"chunk {c.hex()} in pack {pid}"
             try:
