@@ -91,21 +91,41 @@ def codec_vectors() -> dict[str, list[dict]]:
     qbase = (rng.standard_normal(300) * 0.05).astype("<f4")
     qnew = (qbase + rng.standard_normal(300).astype("<f4") * 0.01).astype("<f4")
     casts = np.array([1.0, 1.00048828125, 1.0009765625, 3.140625, -0.333333, 65504.0, 1e-8, 0.0], dtype="<f4")
+    ties = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 2 ** -126, 3.3895313892515355e38], dtype="<f4")
+    f64 = np.array([1 + 2 ** -8 + 2 ** -30, 0.1, -1e300 * 0 - 2.5], dtype="<f8")
+    bf_base = (rng.standard_normal(40) * 0.1).astype("<f4")
+    bf_base16 = (bf_base.view("<u4") >> 16).astype("<u2")
+    bf_new16 = ((bf_base + rng.standard_normal(40).astype("<f4") * 0.01).view("<u4") >> 16).astype("<u2")
+    h_base = (rng.standard_normal(40) * 0.1).astype("<f2")
+    h_new = (h_base + (rng.standard_normal(40) * 0.01).astype("<f2")).astype("<f2")
+    f32_base = (rng.standard_normal(16)).astype("<f4")
+    f32_new = np.nextafter(f32_base, np.float32(np.inf)).astype("<f4")
     return {
         "raw": [codec_case("raw", specials, "float32", 4, 4, note="-0.0, a subnormal and a NaN with payload 0x7fc01234 kept bit for bit")],
         "bg-zstd": [codec_case("bg-zstd", smooth.tobytes(), "float32", 4, 4,
                                note="64 float32: high planes compress (mode 1), low mantissa plane stays raw (mode 0)")],
         "xor-delta": [codec_case("xor-delta", moved.tobytes(), "float32", 4, 4, base32.tobytes())],
         "sub-delta": [codec_case("sub-delta", ints_new.tobytes(), "int64", 8, 8, ints.tobytes(),
-                                 note="deltas -4..4 zigzag to 0..8")],
+                                 note="deltas -4..4 zigzag to 0..8"),
+                      codec_case("sub-delta", f32_new.tobytes(), "float32", 4, 4, f32_base.tobytes(),
+                                 note="each float32 moved to its next value up: bit-pattern delta +1 or -1")],
         "sparse": [codec_case("sparse", table_new.tobytes(), "float32", 4, 16, table.tobytes(),
                               note="8 rows of 16 bytes, row 5 changed")],
         "q8-delta": [codec_case("q8-delta", qnew.tobytes(), "float32", 4, 4, qbase.tobytes(),
-                                note="300 elements: two blocks of 256, the second padded")],
+                                note="300 elements: two blocks of 256, the second padded"),
+                     codec_case("q8-delta", bf_new16.tobytes(), "bfloat16", 2, 2, bf_base16.tobytes(),
+                                note="bfloat16: float32 arithmetic, result rounded to bfloat16 (nearest even)")],
         "q4-delta": [codec_case("q4-delta", qnew.tobytes(), "float32", 4, 4, qbase.tobytes(),
-                                note="300 elements: two blocks of 256, nibbles low-first")],
-        "fp16": [codec_case("fp16", casts.tobytes(), "float32", 4, 4, note="round to nearest even; 65504 is fp16 max")],
-        "bf16": [codec_case("bf16", casts.tobytes(), "float32", 4, 4, note="round to nearest even on the upper 16 bits")],
+                                note="300 elements: two blocks of 256, nibbles low-first"),
+                     codec_case("q4-delta", h_new.tobytes(), "float16", 2, 2, h_base.tobytes(),
+                                note="float16: float32 arithmetic, result rounded to float16 (nearest even)")],
+        "fp16": [codec_case("fp16", casts.tobytes(), "float32", 4, 4, note="round to nearest even; 65504 is fp16 max"),
+                 codec_case("fp16", f64.tobytes(), "float64", 8, 8, note="float64 source: one rounding to float16")],
+        "bf16": [codec_case("bf16", casts.tobytes(), "float32", 4, 4, note="round to nearest even on the upper 16 bits"),
+                 codec_case("bf16", ties.tobytes(), "float32", 4, 4,
+                            note="ties: 1+2^-8 -> 1.0 (even), 1+3*2^-8 -> 1+2^-6 (even), the smallest normal and the largest finite bfloat16 stay"),
+                 codec_case("bf16", f64.tobytes(), "float64", 8, 8,
+                            note="float64 source: rounded to float32 first, then to bfloat16: 1+2^-8+2^-30 -> 1+2^-8 (float32) -> 1.0 (tie to even); one rounding would give 1+2^-7")],
     }
 
 
