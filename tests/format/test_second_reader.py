@@ -55,6 +55,21 @@ class SpecReader:
         finally:
             os.close(fd)
 
+    def index_from_packs(self) -> dict[bytes, tuple[str, list]]:                   # "Pack files": self-describing
+        out = {}
+        for sub in sorted(os.listdir(os.path.join(self.root, "packs"))):
+            for pack_id in sorted(os.listdir(os.path.join(self.root, "packs", sub))):
+                key = f"packs/{sub}/{pack_id}"
+                data = self.get(key)
+                assert xxhash.xxh3_128_hexdigest(data) == pack_id and data[:8] == b"DCKPACK\x01"
+                header_len, checksum, end = struct.unpack("<IQ8s", data[-20:])
+                assert end == b"DCKPEND\x01" and header_len + 28 <= len(data)
+                header = data[len(data) - 20 - header_len:len(data) - 20]
+                assert xxhash.xxh64_intdigest(header) == checksum
+                for e in msgpack.unpackb(header, raw=False):
+                    out.setdefault(e[0], (pack_id, e))
+        return out
+
     def resolve_latest(self) -> str:                                                # "Refs, tags and revisions"
         vid = self.get("refs/latest").decode("ascii").strip()
         assert HEX32.match(vid)
@@ -217,7 +232,8 @@ def _train_and_save(path: str) -> None:
 
 def test_second_reader_matches_deltackpt(tmp_path):
     """An independent reader written from the spec loads every tensor bit-identical to deltackpt.load,
-    through raw, bg-zstd, xor-delta, sub-delta and sparse objects, with tied storage kept shared."""
+    through raw, bg-zstd, xor-delta, sub-delta and sparse objects, with tied storage kept shared,
+    and rebuilds the index from the pack headers alone."""
     path = str(tmp_path / "repo")
     _train_and_save(path)
     reader = SpecReader(path)
@@ -231,6 +247,7 @@ def test_second_reader_matches_deltackpt(tmp_path):
     assert ours["ema_bf16"]["norm.weight"].dtype == torch.bfloat16
     # the parent too: it is all keyframes, the head all deltas against it
     assert_same(reader.load(m["parent"])[0], deltackpt.load(path, m["parent"]))
+    assert reader.index_from_packs() == reader.index  # the index can be rebuilt from the packs alone
     missing = {0, 1, 2, 3, 4} - reader.encodings_seen
     if missing:
         pytest.fail(f"the saved repository used no object of encodings {sorted(missing)}: the test lost coverage")
