@@ -20,11 +20,12 @@ LOCKS = "locks/"
 GC_LOCK = "locks/gc"
 REFS_LOCK = "locks/refs"
 STALE_SECONDS = 6 * 3600.0
+BREAK_SETTLE_SECONDS = 0.05
 HOST = socket.gethostname()
 
 
-def _body(kind: str) -> bytes:
-    return msgpack_io.pack({"host": HOST, "pid": os.getpid(), "time": time.time(), "kind": kind})
+def _body(kind: str, token: str = "") -> bytes:
+    return msgpack_io.pack({"host": HOST, "pid": os.getpid(), "time": time.time(), "kind": kind, "token": token})
 
 
 def _holder(store: Store, key: str) -> dict | None:
@@ -76,12 +77,25 @@ def describe(info: dict | None) -> str:
 def _acquire(store: Store, key: str, kind: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     delay = 0.002
+    broke = False
     while True:
-        if store.put_if_absent(key, _body(kind), site=f"lock.{kind}"):
-            return
+        token = secrets.token_hex(8)
+        if store.put_if_absent(key, _body(kind, token), site=f"lock.{kind}"):
+            if not broke:
+                return
+            # Breaking a stale lock is delete-then-create, so a second process that judged the
+            # same stale lock may delete ours and create its own: after a settle time exactly
+            # one token is in the lock, and only its owner goes on.
+            time.sleep(BREAK_SETTLE_SECONDS)
+            info = _holder(store, key)
+            if info is not None and info.get("token") == token:
+                return
+            broke = False
+            continue
         info = _holder(store, key)
         if is_stale(store, key, info):
             store.delete(key, site=f"lock.{kind}.break")
+            broke = True
             continue
         if time.monotonic() > deadline:
             raise RepositoryLockedError(f"{kind} lock {key!r} is held by {describe(info)}")

@@ -119,6 +119,8 @@ class Repository:
         self.delta_cache = DeltaCache(delta_cache_bytes)
         self.decoded = _DecodedCache(DEFAULT_DECODED_CACHE_BYTES)
         self._index: dict[bytes, tuple[str, PackEntry]] = {}
+        # other copies of a chunk (concurrent saves, an interrupted gc): tried when a pack is gone
+        self._alternates: dict[bytes, list[tuple[str, PackEntry]]] = {}
         self._index_files: set[str] = set()
         self._manifests: dict[str, Manifest] = {}
         self._lock = threading.RLock()
@@ -142,14 +144,14 @@ class Repository:
                 if not self._index_files <= current:
                     # gc replaced index files: rebuild from scratch
                     self._index.clear()
+                    self._alternates.clear()
                     self._index_files.clear()
                 try:
                     for key in keys:
                         if key in self._index_files:
                             continue
                         for pid, (_plen, entries) in index_fmt.decode(self.store.get(key), what=key).items():
-                            for e in entries:
-                                self._index.setdefault(e.chunk_id, (pid, e))
+                            self.add_index_entries(pid, entries)
                         self._index_files.add(key)
                     return
                 except (ObjectNotFoundError, FileNotFoundError):
@@ -168,13 +170,23 @@ class Repository:
     def add_index_entries(self, pack_id: str, entries: Iterable[PackEntry]) -> None:
         with self._lock:
             for e in entries:
-                self._index.setdefault(e.chunk_id, (pack_id, e))
+                first = self._index.setdefault(e.chunk_id, (pack_id, e))
+                if first[0] != pack_id:
+                    self._alternates.setdefault(e.chunk_id, []).append((pack_id, e))
+
+    def entries_for(self, cid: bytes) -> list[tuple[str, PackEntry]]:
+        """Every known copy of a chunk, the preferred one first."""
+        first = self._index.get(cid)
+        return ([first] if first else []) + self._alternates.get(cid, [])
 
     def note_index_file(self, key: str) -> None:
         self._index_files.add(key)
 
-    def index_items(self) -> list[tuple[bytes, str, PackEntry]]:
-        return [(cid, pid, e) for cid, (pid, e) in self._index.items()]
+    def index_items(self, *, all_copies: bool = False) -> list[tuple[bytes, str, PackEntry]]:
+        items = [(cid, pid, e) for cid, (pid, e) in self._index.items()]
+        if all_copies:
+            items += [(cid, pid, e) for cid, alts in self._alternates.items() for pid, e in alts]
+        return items
 
     # manifests and versions -----------------------------------------------------------------
     def version_ids(self) -> list[str]:
@@ -325,6 +337,18 @@ class Repository:
             self.refresh_index()
             return self._read_chunk(cid, out)
 
+    def _fetch(self, cid: bytes) -> tuple[str, PackEntry, objects.EncodedObject]:
+        """Read one stored copy of a chunk's object, trying other copies when a pack is gone."""
+        copies = self.entries_for(cid)
+        if not copies:
+            raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file)")
+        for pid, e in copies:
+            try:
+                return pid, e, self.read_object(pid, e)
+            except _PackGone:
+                continue
+        raise _PackGone(f"chunk {cid.hex()}: every pack holding it ({', '.join(p for p, _ in copies)}) is missing")
+
     def _read_chunk(self, cid: bytes, out: memoryview | None) -> bytes | memoryview:
         cached = self.decoded.get(cid)
         if cached is not None:
@@ -332,7 +356,8 @@ class Repository:
                 return cached
             out[:] = memoryview(cached).cast("B")
             return out
-        chain: list[tuple[bytes, str, PackEntry]] = []
+        # walk to a keyframe (or a decoded base), reading the copy that exists of each link
+        chain: list[tuple[bytes, str, PackEntry, objects.EncodedObject]] = []
         cur: bytes | None = cid
         base_data: bytes | None = None
         seen: set[bytes] = set()
@@ -344,12 +369,11 @@ class Repository:
                 base_data = self.decoded.get(cur)
                 if base_data is not None:
                     break
-            pid, e = self.entry(cur)
-            chain.append((cur, pid, e))
+            pid, e, obj = self._fetch(cur)
+            chain.append((cur, pid, e, obj))
             cur = e.base
-        for i, (c, pid, e) in enumerate(reversed(chain)):
+        for i, (c, pid, e, obj) in enumerate(reversed(chain)):
             last = i == len(chain) - 1
-            obj = self.read_object(pid, e)
             codec = registry.get(obj.encoding)
             what = f"chunk {c.hex()} in pack {pid}"
             try:

@@ -21,13 +21,13 @@ from ..format import refs
 from ..format.ids import digest, hex_id
 from ..format.manifest import Blob, ChunkRef, Manifest, TensorEntry
 from ..format.objects import EncodedObject
+from ..format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
 from ..format.pack import PackStream
 from . import locks
 from .chunking import chunk_bounds
 from .delta_cache import ChunkMemo
 from .repository import INDEX, LATEST_REF, MANIFESTS, TAGS, Repository, pack_key
 
-PACK_TARGET_BYTES = 64 << 20
 WINDOW = 16  # chunks in flight per worker pool: bounds memory held by encoded results
 
 
@@ -97,7 +97,7 @@ class _Packer:
             self.stream = PackStream(self.writer.write)
         self.stream.add(r.cid, r.parts, encoding=r.encoding, raw_len=r.raw_len, base=r.base, depth=r.depth)
         self.pending.add(r.cid)
-        if self.stream.size >= PACK_TARGET_BYTES:
+        if self.stream.size >= PACK_TARGET_BYTES or len(self.stream) >= PACK_MAX_OBJECTS:
             self.flush()
 
     def flush(self) -> None:

@@ -64,7 +64,7 @@ class _LocalWriter(AtomicWriter):
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._local._makedirs(os.path.dirname(path))
             faults.hit(f"{self._site}.rename")
             os.replace(self._tmp, path)
             self._local._fsync_dir(os.path.dirname(path), self._site)
@@ -179,6 +179,24 @@ class LocalStore(Store):
         return sorted(out)
 
     # writes ------------------------------------------------------------------------------
+    def _makedirs(self, path: str) -> None:
+        """Create missing folders and fsync each new folder's parent: a file renamed into a new
+        folder is durable only once the folder's own entry is."""
+        if not os.path.isdir(self.root):
+            os.makedirs(self.root, exist_ok=True)
+            self._fsync_dir(os.path.dirname(self.root), "mkdir")
+        missing = []
+        cur = path
+        while cur.startswith(self.root + os.sep) and not os.path.isdir(cur):
+            missing.append(cur)
+            cur = os.path.dirname(cur)
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                continue
+            self._fsync_dir(os.path.dirname(d), "mkdir")
+
     def _fsync_dir(self, path: str, site: str) -> None:
         faults.hit(f"{site}.dirsync")
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -221,7 +239,7 @@ class LocalStore(Store):
         self._check_dirs(path)
         tmp = None
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._makedirs(os.path.dirname(path))
             tmp = self._write_temp(key, data, site)
             faults.hit(f"{site}.rename")
             os.replace(tmp, path)
@@ -238,7 +256,7 @@ class LocalStore(Store):
         self._check_dirs(path)
         tmp = None
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._makedirs(os.path.dirname(path))
             if os.path.lexists(path):
                 return False
             tmp = self._write_temp(key, data, site)
