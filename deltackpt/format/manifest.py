@@ -225,7 +225,7 @@ def decode(data: bytes, *, version_id: str | None = None) -> Manifest:
     what = f"manifest {version_id}" if version_id else "manifest"
     if len(data) > MAX_MANIFEST_BYTES:
         raise LimitExceededError(f"{what}: {len(data)} bytes exceeds the limit")
-    if data[:6] != MAGIC[:6]:
+    if len(data) < len(MAGIC) or data[:6] != MAGIC[:6]:
         raise CorruptObjectError(f"{what}: missing manifest magic")
     if data[:8] != MAGIC:
         raise FormatVersionError(f"{what}: manifest version {data[6]} is not supported by this reader (version 1)")

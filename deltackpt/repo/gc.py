@@ -17,6 +17,7 @@ from typing import Any
 
 from ..codecs import registry
 from ..codecs.base import ChunkContext
+from ..errors import CorruptObjectError
 from ..format import index as index_fmt
 from ..format.ids import hex_id
 from ..format.objects import EncodedObject
@@ -70,6 +71,10 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
     report = GcReport(dry_run=dry_run)
     with locks.gc_lock(repo.store):
         repo.refresh_index()
+        if repo.bad_index_files:
+            # the damaged files' packs would look unreferenced and be deleted: refuse instead
+            raise CorruptObjectError(f"{repo.location}: damaged index files {sorted(repo.bad_index_files)}; "
+                                     "run rebuild_index before gc")
         kept = policy.select(repo)
         all_versions = repo.version_ids()
         removed = [v for v in all_versions if v not in kept]
@@ -82,6 +87,11 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
                 for c in blob.chunks:
                     direct.add(c.chunk_id)
                     widths[c.chunk_id] = blob.itemsize
+        unindexed = [c for c in direct if not repo.has_chunk(c)]
+        if unindexed:
+            # a deleted index file: the packs holding these chunks would look unreferenced
+            raise CorruptObjectError(f"{repo.location}: {len(unindexed)} chunks of kept versions are not in the "
+                                     "index (deleted index file?); run rebuild_index before gc")
         to_rebase: set[bytes] = set()
         if rebase:
             for cid in direct:

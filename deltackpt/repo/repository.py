@@ -22,8 +22,8 @@ from collections import OrderedDict
 from typing import Any, Iterable
 
 from ..codecs import registry
-from ..errors import (AmbiguousVersionError, CorruptObjectError, DeltackptError, NotARepositoryError,
-                      ObjectNotFoundError, UnknownVersionError)
+from ..errors import (AmbiguousVersionError, CorruptObjectError, DeltackptError, FormatVersionError,
+                      NotARepositoryError, ObjectNotFoundError, UnknownVersionError)
 from ..format import config as config_fmt
 from ..format import index as index_fmt
 from ..format import manifest as manifest_fmt
@@ -116,6 +116,7 @@ class Repository:
         self.decoded = _DecodedCache(DEFAULT_DECODED_CACHE_BYTES)
         self._index: dict[bytes, tuple[str, PackEntry]] = {}
         self._index_files: set[str] = set()
+        self.bad_index_files: dict[str, str] = {}  # index key -> why it was skipped
         self._manifests: dict[str, Manifest] = {}
         self._lock = threading.RLock()
         self.refresh_index()
@@ -139,11 +140,21 @@ class Repository:
                     # gc replaced index files: rebuild from scratch
                     self._index.clear()
                     self._index_files.clear()
+                    self.bad_index_files.clear()
                 try:
                     for key in keys:
                         if key in self._index_files:
                             continue
-                        for pid, (_plen, entries) in index_fmt.decode(self.store.get(key), what=key).items():
+                        try:
+                            packs = index_fmt.decode(self.store.get(key), what=key)
+                        except (CorruptObjectError, FormatVersionError) as exc:
+                            # one damaged index file must not make every version unreadable: its
+                            # chunks read as missing (typed errors), verify names the versions, and
+                            # rebuild_index() restores the entries from the packs
+                            self.bad_index_files[key] = str(exc)
+                            self._index_files.add(key)
+                            continue
+                        for pid, (_plen, entries) in packs.items():
                             for e in entries:
                                 self._index.setdefault(e.chunk_id, (pid, e))
                         self._index_files.add(key)
@@ -159,7 +170,8 @@ class Repository:
         try:
             return self._index[cid]
         except KeyError:
-            raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file)") from None
+            hint = f"; damaged index files: {sorted(self.bad_index_files)} (run rebuild_index)" if self.bad_index_files else ""
+            raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file){hint}") from None
 
     def add_index_entries(self, pack_id: str, entries: Iterable[PackEntry]) -> None:
         with self._lock:
