@@ -31,7 +31,7 @@ def _base(flags: int, seed: bytes, raw_len: int) -> bytes | None:
 
 def _decode(codec, obj, base):
     out = codec.decode(obj.params, obj.payload, obj.raw_len, base)
-    assert isinstance(out, bytes) and len(out) == obj.raw_len, (codec.name, len(out), obj.raw_len)
+    assert memoryview(out).nbytes == obj.raw_len, (codec.name, memoryview(out).nbytes, obj.raw_len)
     return out
 
 
