@@ -28,7 +28,7 @@ import shutil
 import pytest
 
 import deltackpt
-from deltackpt.errors import CorruptObjectError, DeltackptError, UnknownVersionError
+from deltackpt.errors import CorruptObjectError, DeltackptError, FormatVersionError, UnknownVersionError
 
 from . import _cases
 from ._model import Pristine, build, state_digest, survey
@@ -103,13 +103,16 @@ def test_damage_is_flagged_and_contained(case, pristine, tmp_path):
     for vid in pristine.versions:
         if vid in affected:
             want = UnknownVersionError if case.kind == "delete" and case.category == "manifest" else CorruptObjectError
+            if case.category == "pack":
+                # a flipped object version byte above 1 reads as "written by a newer deltackpt"
+                want = (CorruptObjectError, FormatVersionError)
             try:
                 deltackpt.load(root, vid)
             except want:
                 continue
             except DeltackptError as exc:
                 TALLY["untyped_errors"] += 1
-                raise AssertionError(f"{vid[:10]}: expected {want.__name__}, got {type(exc).__name__}: {exc}")
+                raise AssertionError(f"{vid[:10]}: expected {want}, got {type(exc).__name__}: {exc}")
             TALLY["wrong_restores"] += 1
             raise AssertionError(f"{case.id}: affected version {vid[:10]} loaded without an error")
         got = state_digest(deltackpt.load(root, vid))
