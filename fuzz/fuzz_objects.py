@@ -3,7 +3,8 @@
 Input layout: FLAGS(u8) || object bytes.  FLAGS bit 0: give delta codecs a base chunk of exactly
 ``raw_len`` bytes (derived from the input, so the fuzzer controls it); bit 1: decode the payload
 with every registered codec, not only the one the header names (reaches each decoder's checks
-with any parameters).  Bits 2-3 pick the base's byte pattern.
+with any parameters).  Bits 2-3 pick the base's byte pattern.  Bit 4: also decode straight into
+a destination buffer (``decode_into``, the path restores take).
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ def _decode(codec, obj, base):
     return out
 
 
+def _decode_into(codec, obj, base):
+    out = bytearray(obj.raw_len)
+    codec.decode_into(memoryview(out), obj.params, obj.payload, base)
+
+
 def TestOneInput(data: bytes) -> None:
     if not data:
         return
@@ -42,11 +48,13 @@ def TestOneInput(data: bytes) -> None:
     obj = _harness.expect_typed(objects.parse, body)
     if obj is None:
         return
-    base = _base(flags, obj.payload[:64], obj.raw_len)
+    base = _base(flags, bytes(obj.payload[:64]), obj.raw_len)
     codecs = registry.all_codecs() if flags & 2 else [_harness.expect_typed(registry.get, obj.encoding)]
     for codec in codecs:
         if codec is not None:
             _harness.expect_typed(_decode, codec, obj, base)
+            if flags & 0x10 and obj.raw_len <= _MAX_BASE:
+                _harness.expect_typed(_decode_into, codec, obj, base)
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ def main() -> None:
                 obj = data[e.offset:e.offset + e.length]
                 if len(obj) < 64 * 1024:
                     # every object with and without a base; the other base patterns once per codec
-                    extra = (0x05, 0x0B, 0x0D) if e.encoding not in seen_enc else ()
+                    extra = (0x05, 0x0B, 0x0D, 0x13, 0x17) if e.encoding not in seen_enc else ()
                     for flags in (0x01, 0x03) + extra:
                         _write("objects", bytes([flags]) + obj)
                 seen_enc.add(e.encoding)
