@@ -35,8 +35,9 @@ def is_own_blob(m: Manifest, e: TensorEntry) -> bool:
 def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int]) -> dict[int, np.ndarray]:
     out: dict[int, np.ndarray] = {}
     for b in sorted(set(blob_ids)):
-        buf = np.empty(m.blobs[b].nbytes, dtype=np.uint8)  # uninitialized: every byte is decoded into it
         try:
+            core.check_blob(m.blobs[b])  # sizes backed by the index before allocating them
+            buf = np.empty(m.blobs[b].nbytes, dtype=np.uint8)  # uninitialized: every byte is decoded into it
             core.read_blob(m.blobs[b], memoryview(buf), pool())
         except CorruptObjectError as exc:
             names = [t.name for t in m.tensors if t.blob == b][:3]

@@ -372,6 +372,15 @@ class Repository:
         assert base_data is not None
         return base_data
 
+    def check_blob(self, blob: Blob) -> None:
+        """Refuse a blob whose chunks the index does not back with the same lengths, before anyone
+        allocates ``blob.nbytes`` (a hostile manifest may declare a terabyte over tiny chunks)."""
+        for c in blob.chunks:
+            _pid, e = self.entry(c.chunk_id)
+            if e.raw_len != c.raw_len:
+                raise CorruptObjectError(f"chunk {c.chunk_id.hex()}: manifest says {c.raw_len} bytes, "
+                                         f"the index {e.raw_len}")
+
     def read_blob(self, blob: Blob, out: memoryview | None = None, pool=None) -> memoryview:
         """Assemble a blob's bytes into ``out`` (allocated when None), reading only its chunks."""
         if out is None:

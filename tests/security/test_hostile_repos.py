@@ -451,3 +451,19 @@ def test_ext_types_in_index_and_config_are_refused(env):
     data = index_fmt.MAGIC + body + struct.pack("<Q", xxhash.xxh64_intdigest(body))
     with pytest.raises(CorruptObjectError):
         index_fmt.decode(data)
+
+
+def test_terabyte_blob_over_tiny_chunks_is_refused_before_allocation(env):
+    """A manifest declaring a 1 TiB tensor as 16384 references to a small chunk claiming 64 MiB each passes
+    the schema, but is refused (CorruptObjectError) before the 1 TiB buffer is allocated."""
+    root, _ = env
+    body = _manifest_body(root)
+    blob = body["blobs"][0]
+    cid = blob["chunks"][0][0]
+    blob["chunks"] = [[cid, 64 << 20]] * 16384
+    blob["nbytes"] = 1 << 40
+    t = next(t for t in body["tensors"] if t["blob"] == 0)
+    t.update(shape=[1 << 38], stride=[1], dtype="float32", offset=0)
+    _add_manifest(root, body)
+    with pytest.raises(CorruptObjectError, match="manifest says 67108864 bytes"):
+        deltackpt.load(root, "crafted")
