@@ -131,6 +131,12 @@ class Repo:
         with bar("verify", 1, unit_bytes=False) as update:
             return run_verify(self.core, read_data=read_data, progress=update)
 
+    def rebuild_index(self) -> Any:
+        """Re-derive the index from the pack headers (after verify reports a lost or damaged
+        index file): ``repo.rebuild_index().packs_indexed``"""
+        from ..repo.rebuild import rebuild_index
+        return rebuild_index(self.core)
+
     def du(self) -> dict[str, Any]:
         """Logical and stored bytes per version and in total: ``repo.du()["total"]["stored_bytes"]``."""
         core = self.core

@@ -36,6 +36,11 @@ def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int])
     out: dict[int, np.ndarray] = {}
     for b in sorted(set(blob_ids)):
         try:
+            core.check_blob(m.blobs[b])  # sizes backed by the index before allocating them
+        except CorruptObjectError as exc:
+            names = [t.name for t in m.tensors if t.blob == b][:3]
+            raise CorruptObjectError(f"version {vid[:10]}, tensor {', '.join(names)}: {exc}") from None
+        try:
             buf = np.empty(m.blobs[b].nbytes, dtype=np.uint8)  # uninitialized: every byte is decoded into it
         except (MemoryError, ValueError):
             names = [t.name for t in m.tensors if t.blob == b][:3]

@@ -18,6 +18,7 @@ from typing import Any
 from ..codecs import registry
 from ..errors import CorruptObjectError
 from ..codecs.base import ChunkContext
+from ..errors import CorruptObjectError
 from ..format import index as index_fmt
 from ..format.ids import hex_id
 from ..format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
@@ -71,6 +72,10 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
     report = GcReport(dry_run=dry_run)
     with locks.gc_lock(repo.store):
         repo.refresh_index()
+        if repo.bad_index_files:
+            # the damaged files' packs would look unreferenced and be deleted: refuse instead
+            raise CorruptObjectError(f"{repo.location}: damaged index files {sorted(repo.bad_index_files)}; "
+                                     "run rebuild_index before gc")
         kept = policy.select(repo)
         all_versions = repo.version_ids()
         removed = [v for v in all_versions if v not in kept]
@@ -104,7 +109,7 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
                 users = [v[:10] for v in kept if any(c.chunk_id == cid for b in repo.manifest(v).blobs for c in b.chunks)]
                 raise CorruptObjectError(f"gc stopped before deleting anything: chunk {cid.hex()} "
                                          f"(needed by {', '.join(users) or 'a delta chain'}) is in no pack; "
-                                         "run `deltackpt verify`")
+                                         "run `deltackpt verify`; after a lost index file, rebuild_index (`deltackpt rebuild-index`)")
             base = chosen[cid][1].base
             if base is not None and base not in direct and rebase:
                 to_rebase.add(cid)

@@ -22,8 +22,8 @@ from collections import OrderedDict
 from typing import Any, Iterable
 
 from ..codecs import registry
-from ..errors import (AmbiguousVersionError, CorruptObjectError, DeltackptError, NotARepositoryError,
-                      ObjectNotFoundError, UnknownVersionError)
+from ..errors import (AmbiguousVersionError, CorruptObjectError, DeltackptError, FormatVersionError,
+                      NotARepositoryError, ObjectNotFoundError, UnknownVersionError)
 from ..format import config as config_fmt
 from ..format import index as index_fmt
 from ..format import manifest as manifest_fmt
@@ -122,6 +122,7 @@ class Repository:
         # other copies of a chunk (concurrent saves, an interrupted gc): tried when a pack is gone
         self._alternates: dict[bytes, list[tuple[str, PackEntry]]] = {}
         self._index_files: set[str] = set()
+        self.bad_index_files: dict[str, str] = {}  # index key -> why it was skipped
         self._manifests: dict[str, Manifest] = {}
         self._lock = threading.RLock()
         self.refresh_index()
@@ -146,11 +147,21 @@ class Repository:
                     self._index.clear()
                     self._alternates.clear()
                     self._index_files.clear()
+                    self.bad_index_files.clear()
                 try:
                     for key in keys:
                         if key in self._index_files:
                             continue
-                        for pid, (_plen, entries) in index_fmt.decode(self.store.get(key), what=key).items():
+                        try:
+                            packs = index_fmt.decode(self.store.get(key), what=key)
+                        except (CorruptObjectError, FormatVersionError) as exc:
+                            # one damaged index file must not make every version unreadable: its
+                            # chunks read as missing (typed errors), verify names the versions, and
+                            # rebuild_index() restores the entries from the packs
+                            self.bad_index_files[key] = str(exc)
+                            self._index_files.add(key)
+                            continue
+                        for pid, (_plen, entries) in packs.items():
                             self.add_index_entries(pid, entries)
                         self._index_files.add(key)
                     return
@@ -165,7 +176,8 @@ class Repository:
         try:
             return self._index[cid]
         except KeyError:
-            raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file)") from None
+            hint = f"; damaged index files: {sorted(self.bad_index_files)} (run rebuild_index)" if self.bad_index_files else ""
+            raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file){hint}") from None
 
     def add_index_entries(self, pack_id: str, entries: Iterable[PackEntry]) -> None:
         with self._lock:
@@ -395,6 +407,15 @@ class Repository:
             base_data = result
         assert base_data is not None
         return base_data
+
+    def check_blob(self, blob: Blob) -> None:
+        """Refuse a blob whose chunks the index does not back with the same lengths, before anyone
+        allocates ``blob.nbytes`` (a hostile manifest may declare a terabyte over tiny chunks)."""
+        for c in blob.chunks:
+            _pid, e = self.entry(c.chunk_id)
+            if e.raw_len != c.raw_len:
+                raise CorruptObjectError(f"chunk {c.chunk_id.hex()}: manifest says {c.raw_len} bytes, "
+                                         f"the index {e.raw_len}")
 
     def read_blob(self, blob: Blob, out: memoryview | None = None, pool=None) -> memoryview:
         """Assemble a blob's bytes into ``out`` (allocated when None), reading only its chunks."""
