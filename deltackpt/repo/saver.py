@@ -243,14 +243,19 @@ def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stat
     with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
         for b in blobs:
             bounds = chunk_bounds(len(b.data), b.row_bytes, b.itemsize, repo.config.chunk_bytes)
-            view = memoryview(b.data).cast("B") if not isinstance(b.data, memoryview) else b.data.cast("B")
+            # a source with read_range (a GPU tensor staged through a host buffer) is read a chunk
+            # at a time, so no host copy of the whole tensor ever exists
+            staged = getattr(b.data, "read_range", None)
+            view = None if staged else memoryview(b.data).cast("B") if not isinstance(b.data, memoryview) \
+                else b.data.cast("B")
             ctx = ChunkContext(b.dtype, b.itemsize, b.row_bytes, repo.level)
             chunks: list[ChunkRef] = []
             futures = []
             # chunks are hashed and encoded in parallel; results are packed in order
             for i, (s, e) in enumerate(bounds):
                 memo = repo.delta_cache.get((b.key, i))
-                futures.append(pool.submit(_encode_one, repo, view[s:e], ctx, memo, b.mode, known))
+                raw = memoryview(staged(s, e)) if staged else view[s:e]
+                futures.append(pool.submit(_encode_one, repo, raw, ctx, memo, b.mode, known))
                 if len(futures) >= WINDOW:
                     _drain(futures[:WINDOW // 2], b, chunks, packer, repo, stats, codec_of)
                     del futures[:WINDOW // 2]
