@@ -303,7 +303,7 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Repo | Store", 
 
     from .materialize import build_tensors, is_own_blob, read_blobs
     from .planner import layer_matcher
-    from .tensor_bytes import writable_bytes
+    from .tensor_bytes import copy_blob_to_device, writable_bytes
 
     r = _repo(repo)
     core = r.core
@@ -337,6 +337,9 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Repo | Store", 
                 raise StateMismatchError(f"version {vid[:10]}, tensor {k}: saved {e.dtype}{e.shape}, "
                                          f"model has {str(dst.dtype).removeprefix('torch.')}{list(dst.shape)}")
             out = writable_bytes(dst)
+            if out is None and dst.device.type != "cpu" and dst.is_contiguous() and is_own_blob(m, e):
+                copy_blob_to_device(core, m.blobs[e.blob], dst)  # staged a chunk at a time
+                continue
             if out is not None and is_own_blob(m, e):
                 try:
                     core.read_blob(m.blobs[e.blob], memoryview(out))
