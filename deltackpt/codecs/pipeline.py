@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from ..errors import CodecError
 from .base import ChunkContext, Encoded
-from .registry import BG_ZSTD, CAST_BF16, CAST_FP16, Q4_DELTA, Q8_DELTA, RAW, SPARSE, SUB_DELTA, XOR_DELTA, get
+from .registry import (BG_ZSTD, CAST_BF16, CAST_FP16, Q4_DELTA, Q8_DELTA, RAW, SCALED_DELTA, SPARSE, SUB_DELTA,
+                       XOR_DELTA, get)
 
 MODES = ("lossless", "q8-delta", "q4-delta", "fp16", "bf16")
 _LOSSY = {"q8-delta": Q8_DELTA, "q4-delta": Q4_DELTA, "fp16": CAST_FP16, "bf16": CAST_BF16}
@@ -71,7 +72,7 @@ def encode_chunk(raw: bytes, ctx: ChunkContext, *, mode: str = "lossless", base:
             enc = codec.encode(raw, ctx, base.data if codec.needs_base and base else None)
             if enc is not None:
                 return ChunkEncoding(codec.encoding_id, enc, base if codec.needs_base else None)
-    allowed = candidates or (BG_ZSTD, XOR_DELTA, SUB_DELTA, SPARSE)
+    allowed = candidates or (BG_ZSTD, XOR_DELTA, SUB_DELTA, SCALED_DELTA, SPARSE)
     best: ChunkEncoding | None = None
     if base is not None and SPARSE in allowed:
         enc = get(SPARSE).encode(raw, ctx, base.data)

@@ -16,6 +16,8 @@ from .bytegroup import zstd_compress, zstd_decompress
 from .floats import LOSSY_DTYPES, from_float, max_abs_err, to_float
 
 BLOCK = 256
+REL_STEP = 2.0 ** -8
+"""Coarsest step, relative to a block's rms value, that the encoder may use for signed tensors."""
 _ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -44,10 +46,32 @@ class QuantizedDelta(Codec):
         d = np.zeros(nblocks * BLOCK, dtype=base_f.dtype)
         d[:n] = new_f - base_f
         blocks = d.reshape(nblocks, BLOCK)
-        scales = (np.abs(blocks).max(axis=1) / self.qmax).astype(np.float32)
+        peak = np.abs(blocks).max(axis=1)
+        scales = (peak / self.qmax).astype(np.float32)
+        nonneg = bool((new_f >= 0).all())
+        if REL_STEP and not nonneg:
+            # signed tensors (weights, first moments): a step below rms(block)/2**8 buys precision
+            # nobody can use (bf16 keeps 8 bits), so small deltas round to zero and cost ~nothing;
+            # the error still never accumulates because the delta is against the decoded base
+            v = np.zeros(nblocks * BLOCK, dtype=np.float64)
+            v[:n] = new_f
+            rms = np.sqrt(np.mean(np.square(v.reshape(nblocks, BLOCK)), axis=1))
+            scales = np.where(peak > 0, np.maximum(scales, (rms * REL_STEP).astype(np.float32)), 0).astype(np.float32)
         safe = np.where(scales > 0, scales, 1).astype(base_f.dtype)
         q = np.clip(np.rint(blocks / safe[:, None]), -self.qmax, self.qmax).astype(np.int8).reshape(-1)
-        recon = from_float(self._reconstruct(base_f, q, scales, n), ctx.dtype)
+        rec_f = self._reconstruct(base_f, q, scales, n)
+        # a value that was >= 0 (Adam's second moment) must not come back negative, and a positive
+        # one not as zero: sqrt(v) + eps would blow the update up.  One step up fixes it.
+        bad = ((new_f > 0) & (rec_f <= 0)) | ((new_f == 0) & (rec_f < 0)) if nonneg else None
+        if bad is not None and bad.any():
+            idx = np.nonzero(bad)[0]
+            if (q[idx] >= self.qmax).any():
+                return None
+            q[idx] += 1
+            rec_f = self._reconstruct(base_f, q, scales, n)
+            if (((new_f > 0) & (rec_f <= 0)) | ((new_f == 0) & (rec_f < 0))).any():
+                return None
+        recon = from_float(rec_f, ctx.dtype)
         packed = q if self.bits == 8 else _pack4(q)
         payload = zstd_compress(scales.tobytes() + packed.tobytes(), ctx.level)
         return Encoded({"dt": ctx.dtype, "n": n}, payload, recon, max_abs_err(recon, raw, ctx.dtype))
@@ -58,7 +82,7 @@ class QuantizedDelta(Codec):
         if dtype not in LOSSY_DTYPES or not isinstance(n, int) or n < 0:
             raise CorruptObjectError(f"{self.name}: parameters are malformed")
         if raw_len % _ITEMSIZE[dtype]:
-            raise CorruptObjectError(f"{self.name}: raw length {raw_len} is not a multiple of the {dtype} size")
+            raise CorruptObjectError(f"{self.name}: {raw_len} bytes is not a whole number of {dtype} elements")
         base_f = to_float(base, dtype)
         if len(base_f) != n:
             raise CorruptObjectError(f"{self.name}: {n} elements declared, base holds {len(base_f)}")

@@ -7,17 +7,18 @@ from .base import Codec
 from .cast import Cast
 from .quantize import QuantizedDelta
 from .raw import Raw
+from .scaled_delta import ScaledDelta
 from .sparse import SparseRows
 from .sub_delta import SubDelta
 from .xor_delta import XorDelta
 from .zstd import ByteGroupZstd
 
-RAW, BG_ZSTD, XOR_DELTA, SUB_DELTA, SPARSE, Q8_DELTA, Q4_DELTA, CAST_FP16, CAST_BF16 = range(9)
+RAW, BG_ZSTD, XOR_DELTA, SUB_DELTA, SPARSE, Q8_DELTA, Q4_DELTA, CAST_FP16, CAST_BF16, SCALED_DELTA = range(10)
 
 _CODECS: dict[int, Codec] = {c.encoding_id: c for c in (
     Raw(), ByteGroupZstd(), XorDelta(), SubDelta(), SparseRows(),
     QuantizedDelta(Q8_DELTA, 8), QuantizedDelta(Q4_DELTA, 4),
-    Cast(CAST_FP16, "float16"), Cast(CAST_BF16, "bfloat16"),
+    Cast(CAST_FP16, "float16"), Cast(CAST_BF16, "bfloat16"), ScaledDelta(),
 )}
 _BY_NAME = {c.name: c for c in _CODECS.values()}
 

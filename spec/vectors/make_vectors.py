@@ -100,6 +100,9 @@ def codec_vectors() -> dict[str, list[dict]]:
     h_new = (h_base + (rng.standard_normal(40) * 0.01).astype("<f2")).astype("<f2")
     f32_base = (rng.standard_normal(16)).astype("<f4")
     f32_new = np.nextafter(f32_base, np.float32(np.inf)).astype("<f4")
+    adam_base = (np.abs(rng.standard_normal(256)) * 1e-3).astype("<f4")
+    adam_new = (adam_base.astype(np.float64) * 0.9).astype("<f4")
+    adam_new[::7] += np.float32(1e-6)  # a few elements also got a gradient
     return {
         "raw": [codec_case("raw", specials, "float32", 4, 4, note="-0.0, a subnormal and a NaN with payload 0x7fc01234 kept bit for bit")],
         "bg-zstd": [codec_case("bg-zstd", smooth.tobytes(), "float32", 4, 4,
@@ -109,6 +112,8 @@ def codec_vectors() -> dict[str, list[dict]]:
                                  note="deltas -4..4 zigzag to 0..8"),
                       codec_case("sub-delta", f32_new.tobytes(), "float32", 4, 4, f32_base.tobytes(),
                                  note="each float32 moved to its next value up: bit-pattern delta +1 or -1")],
+        "scaled-delta": [codec_case("scaled-delta", adam_new.tobytes(), "float32", 4, 4, adam_base.tobytes(),
+                                    note="256 float32 that decayed by 0.9 (an Adam moment with no gradient), every 7th also moved: residuals 0 except those")],
         "sparse": [codec_case("sparse", table_new.tobytes(), "float32", 4, 16, table.tobytes(),
                               note="8 rows of 16 bytes, row 5 changed")],
         "q8-delta": [codec_case("q8-delta", qnew.tobytes(), "float32", 4, 4, qbase.tobytes(),

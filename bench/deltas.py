@@ -1,0 +1,331 @@
+"""How many bytes each new version costs, per codec, per tensor kind, lossy or not, by chunk size and
+keyframe interval, and how long restoring the deepest version of a chain takes.
+
+    PYTHONPATH=. python bench/deltas.py --workloads full,frozen,recsys --versions 7 --out bench/deltas.json
+
+States come from real training runs (bench/workloads.py when present, else bench/_proto_workloads.py)
+and are cached as .npz under --cache, so the codec passes can be re-run without training again.
+Every ratio is bytes / torch.save bytes of the same state; "median" is over versions after the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import io
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from deltackpt.codecs.base import ChunkContext  # noqa: E402
+from deltackpt.codecs.pipeline import BaseChunk, encode_chunk  # noqa: E402
+from deltackpt.codecs.registry import (BG_ZSTD, SCALED_DELTA, SPARSE, SUB_DELTA, XOR_DELTA,  # noqa: E402
+                                       get)
+
+MIB = 1 << 20
+SETS = {"keyframe": (BG_ZSTD,), "xor": (XOR_DELTA,), "sub": (SUB_DELTA,), "scaled": (SCALED_DELTA,),
+        "sparse": (SPARSE,), "pipeline": None}
+DTYPES = {"float32": "float32", "float64": "float64", "float16": "float16", "int16": "bfloat16",
+          "int64": "int64", "int32": "int32", "uint8": "uint8", "bool": "bool"}
+
+
+def kind(name: str) -> str:
+    if name.endswith("exp_avg"):
+        return "exp_avg"
+    if name.endswith("exp_avg_sq"):
+        return "exp_avg_sq"
+    return "weights" if name.startswith("model") else "other"
+
+
+def generate(name: str, versions: int, cache: str) -> list[str]:
+    """Train the workload and cache each version's tensors (bf16 stored as int16 bit patterns)."""
+    out = os.path.join(cache, name)
+    files = sorted(glob.glob(os.path.join(out, "v*.npz")))
+    if len(files) >= versions:
+        return files[:versions]
+    import torch
+    try:
+        from bench import workloads as wl  # the shared workloads, when they have landed
+        gen = {"full": lambda: wl.minilm_full(versions), "frozen": lambda: wl.minilm_frozen(versions),
+               "recsys": lambda: wl.recsys(versions)}[name]()
+    except (ImportError, AttributeError):
+        from bench import _proto_workloads as pw
+        gen = {"full": lambda: pw.minilm(versions), "frozen": lambda: pw.minilm(versions, frozen=True),
+               "recsys": lambda: pw.recsys(versions)}[name]()
+    os.makedirs(out, exist_ok=True)
+
+    def flat(prefix, obj, d):
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach().contiguous()
+            d[prefix] = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().copy()
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                flat(f"{prefix}.{k}" if prefix else str(k), v, d)
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                flat(f"{prefix}.{i}", v, d)
+    for step, state in gen:
+        d: dict = {}
+        flat("", state, d)
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        np.savez(os.path.join(out, f"v{step:06d}.npz"), **d)
+        with open(os.path.join(out, f"v{step:06d}.tsize"), "w") as f:
+            f.write(str(len(buf.getvalue())))
+    return sorted(glob.glob(os.path.join(out, "v*.npz")))[:versions]
+
+
+def tensors(path: str) -> tuple[dict[str, np.ndarray], int]:
+    z = np.load(path)
+    return {k: z[k] for k in z.files}, int(open(path[:-4] + ".tsize").read())
+
+
+def chunks(arr: np.ndarray, chunk_bytes: int):
+    raw = arr.reshape(-1).view(np.uint8)
+    row = arr.strides[0] if arr.ndim > 1 else arr.itemsize
+    step = max(row, chunk_bytes // row * row) if row else chunk_bytes
+    for s in range(0, max(len(raw), 1), step):
+        yield s, raw[s:s + step].tobytes(), row
+
+
+def ctx_of(arr: np.ndarray, row: int) -> ChunkContext:
+    return ChunkContext(DTYPES.get(str(arr.dtype), "uint8"), arr.itemsize, row)
+
+
+def lossless_pass(prev: dict, cur: dict, chunk_bytes: int, sets=SETS) -> dict:
+    """Bytes per codec set and tensor kind for one version against its parent (lossless)."""
+    out: dict = {}
+    secs: dict = {}
+    for name, arr in cur.items():
+        base_arr = prev.get(name)
+        k = kind(name)
+        for s, raw, row in chunks(arr, chunk_bytes):
+            ctx = ctx_of(arr, row)
+            base = None
+            if base_arr is not None and base_arr.shape == arr.shape:
+                b = base_arr.reshape(-1).view(np.uint8)[s:s + len(raw)].tobytes()
+                base = BaseChunk(b"\0" * 16, b, 0) if b != raw else "same"
+            for label, cands in sets.items():
+                t0 = time.perf_counter()
+                if base == "same":
+                    n = 0
+                else:
+                    n = len(encode_chunk(raw, ctx, base=base, candidates=cands).encoded.payload) + 40
+                secs[label] = secs.get(label, 0.0) + time.perf_counter() - t0
+                out[(label, k)] = out.get((label, k), 0) + n
+                out[(label, "all")] = out.get((label, "all"), 0) + n
+        out[("raw", k)] = out.get(("raw", k), 0) + arr.nbytes
+        out[("raw", "all")] = out.get(("raw", "all"), 0) + arr.nbytes
+    return {"bytes": out, "seconds": secs}
+
+
+def lossy_chain(files: list[str], modes: dict[str, str], chunk_bytes: int, keyframe_interval: int) -> list[dict]:
+    """Encode a chain where ``modes`` maps tensor kind -> lossy mode; bases are the DECODED previous versions."""
+    decoded: dict[str, list] = {}
+    depth: dict = {}
+    per_version = []
+    for f in files:
+        cur, tsize = tensors(f)
+        total, maxerr = 0, 0.0
+        for name, arr in cur.items():
+            mode = modes.get(kind(name), "lossless")
+            new_dec = []
+            for i, (s, raw, row) in enumerate(chunks(arr, chunk_bytes)):
+                prev = decoded.get(name)
+                base = None
+                if prev is not None and i < len(prev) and len(prev[i]) == len(raw):
+                    base = BaseChunk(b"\0" * 16, prev[i], depth[(name, i)])
+                if mode == "lossless" and base is not None and base.data == raw:
+                    new_dec.append(raw)
+                    continue
+                ch = encode_chunk(raw, ctx_of(arr, row), mode=mode, base=base, keyframe_interval=keyframe_interval)
+                total += len(ch.encoded.payload) + 40
+                maxerr = max(maxerr, ch.encoded.max_abs_err)
+                new_dec.append(ch.encoded.recon if ch.encoded.recon is not None else raw)
+                depth[(name, i)] = ch.depth
+            decoded[name] = new_dec
+        per_version.append({"ratio": total / tsize, "max_abs_err": maxerr})
+    return per_version
+
+
+def _plane_entropy_bytes(u8: np.ndarray, width: int) -> float:
+    """Sum over byte planes of n * H0(plane) / 8: what an ideal memoryless coder per plane would need."""
+    planes = u8.reshape(-1, width).T
+    total = 0.0
+    for p in planes:
+        counts = np.bincount(p, minlength=256).astype(np.float64)
+        prob = counts[counts > 0] / len(p)
+        total += -(prob * np.log2(prob)).sum() * len(p) / 8
+    return total
+
+
+def _h2(p: float) -> float:
+    return 0.0 if p <= 0 or p >= 1 else float(-(p * np.log2(p) + (1 - p) * np.log2(1 - p)))
+
+
+def entropy_pass(prev: dict, cur: dict) -> dict:
+    """Per tensor kind: order-0 byte-plane entropy of the value itself, of the XOR and of the zigzag
+    integer delta (the smallest per tensor is what a per-plane entropy coder could reach), and the
+    fraction of rows that changed at all."""
+    from deltackpt.codecs.sub_delta import _zigzag
+    out: dict = {}
+    for name, arr in cur.items():
+        base = prev.get(name)
+        if arr.dtype != np.float32 or base is None or base.shape != arr.shape or arr.size < 1024:
+            continue
+        k = kind(name)
+        a, b = arr.reshape(-1).view(np.uint32), base.reshape(-1).view(np.uint32)
+        if np.array_equal(a, b):
+            out[(k, "raw")] = out.get((k, "raw"), 0) + arr.nbytes
+            continue
+        with np.errstate(over="ignore"):
+            cands = {"value": a, "xor": a ^ b, "sub": _zigzag(a - b, 32)}
+        h = {c: _plane_entropy_bytes(v.view(np.uint8), 4) for c, v in cands.items()}
+        h["best"] = min(h.values())
+        rows = arr.reshape(arr.shape[0], -1) if arr.ndim > 1 else arr.reshape(-1, 1)
+        changed_rows = (rows != base.reshape(rows.shape)).any(axis=1)
+        mask = np.repeat(changed_rows, rows.shape[1])
+        if not mask.all():  # sparse update: the entropy of the changed rows alone, plus a row bitmap
+            bitmap = len(changed_rows) / 8 * _h2(changed_rows.mean())
+            h["changed_rows_best"] = bitmap + min(_plane_entropy_bytes(np.ascontiguousarray(v[mask]).view(np.uint8), 4)
+                                                  for v in cands.values())
+        else:
+            h["changed_rows_best"] = h["best"]
+        for c, v in h.items():
+            out[(k, c)] = out.get((k, c), 0) + v
+        out[(k, "raw")] = out.get((k, "raw"), 0) + arr.nbytes
+        out[(k, "changed_row_bytes")] = out.get((k, "changed_row_bytes"), 0) + int(changed_rows.sum()) * rows.shape[1] * 4
+    return out
+
+
+def median_after_first(xs: list[float]) -> float:
+    return statistics.median(xs[1:]) if len(xs) > 1 else float("nan")
+
+
+def restore_times(files: list[str], k: int, chunk_bytes: int) -> list[dict]:
+    """Save every version into a real repository with keyframe interval k; time loading each one."""
+    import torch
+
+    import deltackpt
+    from deltackpt.frontend import api
+    res = []
+    with tempfile.TemporaryDirectory(dir=os.environ.get("DELTAS_TMP")) as tmp:
+        repo = os.path.join(tmp, "repo")
+        deltackpt.Repo.init(repo, keyframe_interval=k, chunk_bytes=chunk_bytes)
+        vids = []
+        for f in files:
+            cur, tsize = tensors(f)
+            state = {n: torch.from_numpy(a) for n, a in cur.items()}
+            t0 = time.perf_counter()
+            v = deltackpt.save(state, repo)
+            vids.append((v, time.perf_counter() - t0, tsize))
+        api._OPEN.clear()
+        r = deltackpt.Repo(repo)
+        index = r.core
+        for (v, save_s, tsize) in vids:
+            m = index.manifest(v.id)
+            depth = max(index.entry(c.id)[1].depth for b in m.blobs for c in b.chunks)
+            best = float("inf")
+            for _ in range(2):
+                t0 = time.perf_counter()
+                deltackpt.load(repo, v.id)
+                best = min(best, time.perf_counter() - t0)
+            res.append({"version": v.id[:10], "depth": depth, "load_s": best, "save_s": save_s,
+                        "written_ratio": v.written_bytes / tsize})
+        api._OPEN.clear()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workloads", default="full,frozen,recsys")
+    ap.add_argument("--versions", type=int, default=7)
+    ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "deltas_states"))
+    ap.add_argument("--sections", default="codecs,chunks,lossy,keyframes,restore")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    report: dict = {}
+    for w in a.workloads.split(","):
+        files = generate(w, a.versions, a.cache)
+        rep = report[w] = {}
+        secs = a.sections.split(",")
+        if "codecs" in secs or "keyframes" in secs:
+            per = []
+            prev, _ = tensors(files[0])
+            for f in files[1:]:
+                cur, tsize = tensors(f)
+                r = lossless_pass(prev, cur, 2 * MIB)
+                per.append((r, tsize))
+                prev = cur
+            table = {}
+            for label in SETS:
+                for k in ("all", "weights", "exp_avg", "exp_avg_sq"):
+                    denom = [(r["bytes"].get(("raw", k), 0) if k != "all" else t) for r, t in per]
+                    if not denom[0]:
+                        continue
+                    vals = [r["bytes"].get((label, k), 0) / d for (r, _), d in zip(per, denom)]
+                    table[f"{label}/{k}"] = statistics.median(vals)
+            raw_total = sum(per[0][0]["bytes"][("raw", "all")] for _ in [0])
+            table["encode_MBps"] = {label: raw_total / 1e6 / statistics.median(r["seconds"][label] for r, _ in per)
+                                    for label in SETS}
+            table["torch_save_bytes"] = per[0][1]
+            table["per_version_pipeline"] = [r["bytes"][("pipeline", "all")] / t for r, t in per]
+            rep["codecs"] = table
+            print(w, json.dumps(table, indent=1), flush=True)
+            if "keyframes" in secs:
+                # a cycle is one keyframe of the chunks that changed, then K deltas (depth <= K);
+                # unchanged chunks are reused whatever K is
+                delta = statistics.median(r["bytes"][("pipeline", "all")] for r, _ in per)
+                kf = statistics.median(r["bytes"][("keyframe", "all")] for r, _ in per)
+                tsize = per[0][1]
+                rep["keyframes_bytes"] = {K: (kf + K * delta) / (K + 1) / tsize for K in (4, 8, 16, 32)}
+                print(w, "amortized bytes by K", rep["keyframes_bytes"], flush=True)
+        if "entropy" in secs:
+            a0, _ = tensors(files[-2])
+            a1, tsize = tensors(files[-1])
+            e = entropy_pass(a0, a1)
+            res = {f"{k}/{c}": v / tsize for (k, c), v in e.items()}
+            res["all/best"] = sum(v for (k, c), v in e.items() if c == "best") / tsize
+            res["all/changed_rows_best"] = sum(v for (k, c), v in e.items() if c == "changed_rows_best") / tsize
+            rep["entropy"] = res
+            print(w, "entropy (fraction of torch.save)", json.dumps(res, indent=1), flush=True)
+        if "chunks" in secs:
+            res = {}
+            a0, _ = tensors(files[-2])
+            a1, tsize = tensors(files[-1])
+            for cb in (1, 2, 4):
+                r = lossless_pass(a0, a1, cb * MIB, {"pipeline": None})
+                res[f"{cb}MiB"] = {"ratio": r["bytes"][("pipeline", "all")] / tsize,
+                                   "MBps": r["bytes"][("raw", "all")] / 1e6 / r["seconds"]["pipeline"]}
+            rep["chunks"] = res
+            print(w, "chunk sizes", res, flush=True)
+        if "lossy" in secs:
+            res = {}
+            for label, modes in {"q8-optimizer": {"exp_avg": "q8-delta", "exp_avg_sq": "q8-delta"},
+                                 "q8-all": {"exp_avg": "q8-delta", "exp_avg_sq": "q8-delta", "weights": "q8-delta"},
+                                 "q4-optimizer": {"exp_avg": "q4-delta", "exp_avg_sq": "q4-delta"},
+                                 "q4-all": {"exp_avg": "q4-delta", "exp_avg_sq": "q4-delta", "weights": "q4-delta"},
+                                 "q8-weights-q4-optimizer": {"exp_avg": "q4-delta", "exp_avg_sq": "q4-delta",
+                                                             "weights": "q8-delta"}}.items():
+                chain = lossy_chain(files, modes, 2 * MIB, 64)
+                res[label] = {"median": median_after_first([c["ratio"] for c in chain]),
+                              "max_abs_err": max(c["max_abs_err"] for c in chain)}
+            rep["lossy"] = res
+            print(w, "lossy", res, flush=True)
+        if "restore" in secs:
+            rep["restore"] = {K: restore_times(files, K, 2 * MIB) for K in (4, 8)}
+            print(w, "restore", rep["restore"], flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

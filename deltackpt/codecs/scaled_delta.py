@@ -1,0 +1,86 @@
+"""Encoding 9: integer (zigzag) difference against a SCALED base, ``new - round(alpha * base)``.
+
+Adam's moments decay geometrically wherever a gradient is zero: between two checkpoints an
+untouched embedding row has ``exp_avg`` multiplied by beta1**k (0.9**20 = 0.12) and ``exp_avg_sq``
+by beta2**k.  A plain delta sees those elements change completely; against ``alpha * base`` they
+are a few ulps off.  ``alpha`` is the most common ratio new/base in the chunk (measured on a
+sample, then refined to the median of the ratios in that bucket) and is stored in the params, so
+the decoder recomputes the same prediction bit for bit (IEEE multiply in float64, one rounding).
+The residual is exact integer arithmetic on the bit patterns, so NaN/inf/-0.0 round-trip too.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..errors import CorruptObjectError
+from ._delta_util import base_array
+from .base import ChunkContext, Codec, Encoded
+from .bytegroup import decode_planes, encode_planes
+from .sub_delta import _unzigzag, _zigzag
+
+_FLOATS = {"float32": (np.float32, np.uint32), "float64": (np.float64, np.uint64)}
+_FIT_SAMPLE = 1 << 15
+
+
+def fit_alpha(new: np.ndarray, base: np.ndarray) -> float | None:
+    """The dominant ratio new/base (a bucket holding at least a tenth of the sample), else None."""
+    step = max(1, len(new) // _FIT_SAMPLE)
+    n, b = new[::step].astype(np.float64), base[::step].astype(np.float64)
+    ok = np.isfinite(n) & np.isfinite(b) & (b != 0) & (n != 0)
+    if ok.sum() < 64:
+        return None
+    with np.errstate(all="ignore"):
+        r = n[ok] / b[ok]
+    buckets = np.round(r, 4)
+    vals, counts = np.unique(buckets, return_counts=True)
+    top = counts.argmax()
+    if counts[top] < 0.1 * len(r) or vals[top] == 1.0 or vals[top] == 0.0:
+        return None  # no shared decay (or none at all: plain sub-delta is as good)
+    alpha = float(np.median(r[buckets == vals[top]]))
+    return alpha if math.isfinite(alpha) and 0 < abs(alpha) < 1e6 else None
+
+
+def _predict(base: np.ndarray, alpha: float, ftype: type) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return (base.astype(np.float64) * alpha).astype(ftype)
+
+
+class ScaledDelta(Codec):
+    encoding_id = 9
+    name = "scaled-delta"
+    needs_base = True
+
+    def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded | None:
+        if ctx.dtype not in _FLOATS or base is None or len(base) != len(raw) or not raw:
+            return None
+        ftype, utype = _FLOATS[ctx.dtype]
+        if len(raw) % np.dtype(ftype).itemsize:
+            return None
+        new, old = np.frombuffer(raw, dtype=ftype), np.frombuffer(base, dtype=ftype)
+        alpha = fit_alpha(new, old)
+        if alpha is None:
+            return None
+        pred = _predict(old, alpha, ftype)
+        with np.errstate(over="ignore"):
+            z = _zigzag(new.view(utype) - pred.view(utype), np.dtype(utype).itemsize * 8)
+        params, payload = encode_planes(z.view(np.uint8), np.dtype(utype).itemsize, ctx.level)
+        params.update({"dt": ctx.dtype, "a": alpha})
+        return Encoded(params, payload)
+
+    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
+        b = base_array(base, raw_len, self.name)
+        dtype, alpha = params.get("dt"), params.get("a")
+        if not isinstance(dtype, str) or dtype not in _FLOATS or not isinstance(alpha, float) or not math.isfinite(alpha):
+            raise CorruptObjectError(f"{self.name}: parameters are malformed")
+        ftype, utype = _FLOATS[dtype]
+        size = np.dtype(ftype).itemsize
+        if raw_len % size or params.get("w") != size:
+            raise CorruptObjectError(f"{self.name}: {raw_len} bytes is not a whole number of {dtype} elements")
+        z = decode_planes(params, payload, raw_len, what=self.name)
+        pred = _predict(b.view(ftype), alpha, ftype)
+        with np.errstate(over="ignore"):
+            return (_unzigzag(z.view(utype)) + pred.view(utype)).tobytes()

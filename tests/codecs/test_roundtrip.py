@@ -1,0 +1,251 @@
+"""Every codec against arbitrary bytes: lossless ones round-trip bit-exactly, lossy ones stay within
+the error they record and decode to exactly the bytes they promised, and hostile parameters or
+payloads only ever raise CorruptObjectError."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from deltackpt.codecs.base import ChunkContext
+from deltackpt.codecs.floats import to_float
+from deltackpt.codecs.pipeline import BaseChunk, encode_chunk
+from deltackpt.codecs.registry import RAW, all_codecs
+from deltackpt.errors import CorruptObjectError
+
+LOSSLESS = [c for c in all_codecs() if c.lossless]
+LOSSY = [c for c in all_codecs() if not c.lossless]
+DTYPE_OF = {1: "uint8", 2: "bfloat16", 4: "float32", 8: "float64", 16: "complex128"}
+FLOAT_DTYPES = ["float32", "float64", "float16", "bfloat16"]
+
+# bit patterns float codecs must survive: NaN with payloads, -0.0, subnormals, infinities
+SPECIAL32 = [0x7FC00001, 0xFFC12345, 0x7F800001, 0x80000000, 0x00000001, 0x807FFFFF, 0x7F800000, 0xFF800000]
+
+
+@st.composite
+def chunk_pairs(draw, itemsize=None):
+    """(raw, base-or-None, itemsize, row_bytes) where base, when present, is a perturbed copy of raw."""
+    w = draw(st.sampled_from([1, 2, 4, 8, 16])) if itemsize is None else itemsize
+    n = draw(st.integers(0, 200))
+    kind = draw(st.sampled_from(["bytes", "floats", "special"]))
+    if kind == "bytes":
+        raw = bytearray(draw(st.binary(min_size=n * w, max_size=n * w)))
+    elif kind == "floats":
+        vals = np.asarray(draw(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True),
+                                        min_size=n * w // 4 + 1, max_size=n * w // 4 + 1)), dtype=np.float32)
+        raw = bytearray(vals.tobytes()[: n * w].ljust(n * w, b"\0"))
+    else:
+        words = draw(st.lists(st.sampled_from(SPECIAL32), min_size=n * w // 4 + 1, max_size=n * w // 4 + 1))
+        raw = bytearray(struct.pack(f"<{len(words)}I", *words)[: n * w].ljust(n * w, b"\0"))
+    base = None
+    if draw(st.booleans()):
+        base = bytearray(raw)
+        for _ in range(draw(st.integers(0, 20))):
+            if base:
+                base[draw(st.integers(0, len(base) - 1))] = draw(st.integers(0, 255))
+        if draw(st.booleans()):
+            base = bytearray(draw(st.binary(min_size=len(raw), max_size=len(raw))))
+    row = draw(st.sampled_from([0, w, 4 * w, 64 * w]))
+    return bytes(raw), None if base is None else bytes(base), w, row
+
+
+@given(chunk_pairs())
+def test_lossless_codecs_round_trip_bit_exactly(case):
+    """Each lossless codec reproduces arbitrary bytes (NaN payloads, -0.0, subnormals) bit for bit."""
+    raw, base, w, row = case
+    ctx = ChunkContext(DTYPE_OF[w], w, row)
+    for codec in LOSSLESS:
+        if codec.needs_base and base is None:
+            continue
+        enc = codec.encode(raw, ctx, base)
+        if enc is None:
+            continue
+        assert enc.recon is None
+        assert bytes(codec.decode(enc.params, enc.payload, len(raw), base)) == raw, codec.name
+
+
+@st.composite
+def float_pairs(draw):
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
+    size = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}[dtype]
+    n = draw(st.integers(1, 300))
+    finite = draw(st.booleans())
+    floats = st.floats(-1e4, 1e4, width=32) if finite else st.floats(width=32)
+    base = np.asarray(draw(st.lists(floats, min_size=n, max_size=n)), dtype=np.float32)
+    step = draw(st.sampled_from([0.0, 1e-6, 1e-3, 1.0]))
+    new = base + np.asarray(draw(st.lists(st.floats(-1, 1, width=32), min_size=n, max_size=n)),
+                            dtype=np.float32) * np.float32(step)
+    if draw(st.booleans()):
+        k = draw(st.integers(0, n))
+        new[:k] = base[:k]  # unchanged elements, as in a sparse update
+
+    def enc(v):
+        if dtype == "float32":
+            return v.astype(np.float32).tobytes()
+        if dtype == "float64":
+            return v.astype(np.float64).tobytes()
+        if dtype == "float16":
+            with np.errstate(over="ignore"):
+                return v.astype(np.float16).tobytes()
+        return (v.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+    return dtype, size, enc(new), enc(base)
+
+
+@given(float_pairs())
+def test_lossy_codecs_stay_within_recorded_error(case):
+    """A lossy codec decodes to exactly its promised ``recon`` and no element is off by more than max_abs_err."""
+    dtype, size, raw, base = case
+    ctx = ChunkContext(dtype, size, size)
+    for codec in LOSSY:
+        enc = codec.encode(raw, ctx, base if codec.needs_base else None)
+        if enc is None:
+            continue
+        out = bytes(codec.decode(enc.params, enc.payload, len(raw), base if codec.needs_base else None))
+        assert out == enc.recon, codec.name
+        a = to_float(out, dtype).astype(np.float64)
+        b = to_float(raw, dtype).astype(np.float64)
+        assert np.array_equal(np.isnan(a), np.isnan(b)), codec.name
+        fin = np.isfinite(b)
+        assert np.array_equal(a[~fin & ~np.isnan(b)], b[~fin & ~np.isnan(b)]), codec.name
+        assert np.isfinite(enc.max_abs_err) and enc.max_abs_err >= 0, codec.name
+        if fin.any():
+            assert np.max(np.abs(a[fin] - b[fin])) <= enc.max_abs_err, codec.name
+
+
+def test_q8_delta_error_is_bounded_by_the_block_step():
+    """q8 against the decoded base stays within half a block step (max(peak/127, rms/256)) of the
+    truth after 10 versions: the error does not accumulate along the chain."""
+    from deltackpt.codecs.quantize import BLOCK, REL_STEP
+    from deltackpt.codecs.registry import Q8_DELTA, get
+    rng = np.random.default_rng(0)
+    truth = rng.standard_normal(4096).astype(np.float32)
+    ctx = ChunkContext("float32", 4, 4)
+    decoded = truth.tobytes()
+    for _ in range(10):
+        prev = np.frombuffer(decoded, np.float32)
+        truth = truth + rng.standard_normal(4096).astype(np.float32) * 1e-2
+        enc = get(Q8_DELTA).encode(truth.tobytes(), ctx, decoded)
+        decoded = get(Q8_DELTA).decode(enc.params, enc.payload, len(decoded), decoded)
+        err = np.abs(np.frombuffer(decoded, np.float32) - truth).reshape(-1, BLOCK).max(axis=1)
+        peak = np.abs(truth - prev).reshape(-1, BLOCK).max(axis=1)
+        rms = np.sqrt(np.mean(np.square(truth.astype(np.float64)).reshape(-1, BLOCK), axis=1))
+        assert (err <= np.maximum(peak / 127, rms * REL_STEP) * 0.5 * (1 + 1e-5)).all()
+        assert err.max() == pytest.approx(enc.max_abs_err)
+
+
+@pytest.mark.parametrize("eid", [5, 6])
+def test_quantized_deltas_keep_second_moments_positive(eid):
+    """Tiny positive values next to large ones in a block (Adam's exp_avg_sq) never decode to <= 0."""
+    from deltackpt.codecs.registry import get
+    rng = np.random.default_rng(4)
+    base = (rng.standard_normal(8192) ** 2 * 10.0 ** rng.uniform(-12, 0, 8192)).astype(np.float32)
+    new = (base * 0.98 + (rng.standard_normal(8192) ** 2) * 1e-3 * 10.0 ** rng.uniform(-12, 0, 8192)).astype(np.float32)
+    ctx = ChunkContext("float32", 4, 4)
+    enc = get(eid).encode(new.tobytes(), ctx, base.tobytes())
+    assert enc is not None
+    out = np.frombuffer(get(eid).decode(enc.params, enc.payload, new.nbytes, base.tobytes()), np.float32)
+    assert (out > 0).all()
+
+
+params_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8) | st.binary(max_size=8),
+    lambda inner: st.lists(inner, max_size=20) | st.dictionaries(st.text(max_size=3), inner, max_size=5),
+    max_leaves=30)
+
+
+@st.composite
+def hostile(draw):
+    codec = draw(st.sampled_from(all_codecs()))
+    raw, base, w, row = draw(chunk_pairs())
+    ctx = ChunkContext(DTYPE_OF[w] if codec.lossless else "float32", w if codec.lossless else 4, row)
+    if not codec.lossless:
+        raw = raw[: len(raw) // 4 * 4]
+        base = None if base is None else base[: len(raw)]
+    enc = codec.encode(raw, ctx, base if codec.needs_base else None) if (base is not None or not codec.needs_base) else None
+    params = dict(enc.params) if enc is not None else {}
+    payload = enc.payload if enc is not None else b""
+    how = draw(st.sampled_from(["params", "payload", "both", "raw_len", "base"]))
+    if how in ("params", "both"):
+        keys = list(params) + ["w", "m", "s", "dt", "n", "rb", "bm", "x"]
+        for _ in range(draw(st.integers(1, 4))):
+            params[draw(st.sampled_from(keys))] = draw(params_values)
+    if how in ("payload", "both"):
+        b = bytearray(payload)
+        op = draw(st.sampled_from(["flip", "cut", "extend", "random"]))
+        if op == "flip" and b:
+            b[draw(st.integers(0, len(b) - 1))] ^= 1 << draw(st.integers(0, 7))
+        elif op == "cut":
+            b = b[: draw(st.integers(0, len(b)))]
+        elif op == "extend":
+            b += draw(st.binary(min_size=1, max_size=64))
+        else:
+            b = bytearray(draw(st.binary(max_size=256)))
+        payload = bytes(b)
+    raw_len = len(raw)
+    if how == "raw_len":
+        raw_len = draw(st.integers(0, 1 << 20))
+    if how == "base":
+        base = draw(st.none() | st.binary(max_size=64))
+        if base is not None and draw(st.booleans()):
+            raw_len = len(base)  # a base that matches raw_len but not the element size
+    return codec, params, payload, raw_len, base
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], deadline=None)
+@given(hostile())
+def test_malformed_objects_raise_only_corrupt_object_error(case):
+    """Decoders fed mangled params, payloads, lengths or bases raise CorruptObjectError or return raw_len bytes."""
+    codec, params, payload, raw_len, base = case
+    try:
+        out = codec.decode(params, payload, raw_len, base)
+    except CorruptObjectError:
+        return
+    assert len(out) == raw_len
+
+
+@pytest.mark.parametrize("eid,params,raw_len", [
+    (5, {"dt": "float16", "n": 1}, 3), (5, {"dt": "float32", "n": 0}, 3), (6, {"dt": "bfloat16", "n": 2}, 5),
+    (7, {"dt": "float64", "w": 2, "m": [0, 0], "s": [1, 1]}, 12), (3, {"w": 3, "m": [0, 0, 0], "s": [1, 1, 1]}, 3),
+    (4, {"rb": True, "n": 0, "bm": 0}, 1), (5, {"dt": ["float32"], "n": 1}, 4), (2, {"w": 16, "m": [0] * 16, "s": [0] * 16}, 16),
+])
+def test_decoders_check_element_sizes_before_viewing(eid, params, raw_len):
+    """Lengths that are not whole elements of the declared dtype are corrupt, not a numpy ValueError."""
+    from deltackpt.codecs.registry import get
+    with pytest.raises(CorruptObjectError):
+        get(eid).decode(params, b"", raw_len, bytes(raw_len))
+
+
+def test_pipeline_stores_incompressible_chunks_raw():
+    """Random bytes with an unrelated base: no candidate pays, so the pipeline picks raw."""
+    rng = np.random.default_rng(1)
+    raw = rng.integers(0, 256, 1 << 18, dtype=np.uint8).tobytes()
+    base = rng.integers(0, 256, 1 << 18, dtype=np.uint8).tobytes()
+    ctx = ChunkContext("float32", 4, 4 * 64)
+    choice = encode_chunk(raw, ctx, base=BaseChunk(b"\0" * 16, base, 0))
+    assert choice.encoding == RAW and choice.base is None and choice.encoded.payload == raw
+
+
+def test_pipeline_uses_a_delta_when_it_pays():
+    """A slightly perturbed float chunk with its base is stored as a delta, smaller than a keyframe."""
+    rng = np.random.default_rng(2)
+    base = rng.standard_normal(1 << 16).astype(np.float32)
+    new = base + rng.standard_normal(1 << 16).astype(np.float32) * 1e-5
+    ctx = ChunkContext("float32", 4, 4 * 256)
+    key = encode_chunk(new.tobytes(), ctx)
+    delta = encode_chunk(new.tobytes(), ctx, base=BaseChunk(b"\1" * 16, base.tobytes(), 0))
+    assert delta.base is not None and delta.depth == 1
+    assert len(delta.encoded.payload) < 0.8 * len(key.encoded.payload)
+
+
+def test_pipeline_respects_the_keyframe_interval():
+    """A base already K deep is ignored: the chunk becomes a keyframe, so chains stay <= K."""
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal(1 << 14).astype(np.float32)
+    new = base + np.float32(1e-6)
+    ctx = ChunkContext("float32", 4, 4)
+    choice = encode_chunk(new.tobytes(), ctx, base=BaseChunk(b"\1" * 16, base.tobytes(), 4), keyframe_interval=4)
+    assert choice.base is None and choice.depth == 0
