@@ -24,6 +24,12 @@ def to_float(raw: bytes | np.ndarray, dtype: str) -> np.ndarray:
 
 
 def from_float(values: np.ndarray, dtype: str) -> bytes:
+    # overflow to inf on narrowing is expected: callers check finiteness of what comes back
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _from_float(values, dtype)
+
+
+def _from_float(values: np.ndarray, dtype: str) -> bytes:
     """Round ``values`` to ``dtype`` (nearest even) and return its raw bytes."""
     if dtype == "float64":
         return values.astype(np.float64).tobytes()
@@ -44,8 +50,9 @@ def from_float(values: np.ndarray, dtype: str) -> bytes:
 def max_abs_err(recon: bytes, raw: bytes, dtype: str) -> float:
     """Largest |recon - raw| over the elements; equal infinities and NaN-for-NaN count as exact, so the
     recorded figure stays finite (a lossy codec never turns a finite value non-finite or back)."""
-    a = to_float(recon, dtype).astype(np.float64)
-    b = to_float(raw, dtype).astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        a = to_float(recon, dtype).astype(np.float64)
+        b = to_float(raw, dtype).astype(np.float64)
     if not len(a):
         return 0.0
     with np.errstate(invalid="ignore", over="ignore"):

@@ -29,7 +29,8 @@ _FIT_SAMPLE = 1 << 15
 def fit_alpha(new: np.ndarray, base: np.ndarray) -> float | None:
     """The dominant ratio new/base (a bucket holding at least a tenth of the sample), else None."""
     step = max(1, len(new) // _FIT_SAMPLE)
-    n, b = new[::step].astype(np.float64), base[::step].astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        n, b = new[::step].astype(np.float64), base[::step].astype(np.float64)
     ok = np.isfinite(n) & np.isfinite(b) & (b != 0) & (n != 0)
     if ok.sum() < 64:
         return None
