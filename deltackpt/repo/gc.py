@@ -157,7 +157,8 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
                     codec_id, params, payload = registry.BG_ZSTD, enc.params, enc.payload
                     if len(payload) >= len(raw):
                         codec_id, params, payload = registry.RAW, {}, raw
-                    obj = EncodedObject(codec_id, e.raw_len, params, payload).to_bytes()
+                    # encoders may hand back any buffer (a numpy array from bytegroup): make it bytes
+                    obj = EncodedObject(codec_id, e.raw_len, params, bytes(payload)).to_bytes()
                     builder.add(e.chunk_id, obj, encoding=codec_id, raw_len=e.raw_len, base=None, depth=0)
                 else:
                     obj = repo.store.get(pack_key(pid), e.offset, e.length)
