@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import faults
 from ..codecs import registry
 from ..codecs.base import ChunkContext
 from ..format import index as index_fmt
@@ -131,6 +132,7 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
             report.packs_rewritten = len(rewrite)
             return report
 
+        faults.hit("gc.mark")  # live set decided: everything after this deletes or rewrites
         for name in report.tags_deleted:
             repo.store.delete(TAGS + name, site="gc.tag")
         for vid in removed:

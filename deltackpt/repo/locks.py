@@ -24,7 +24,9 @@ HOST = socket.gethostname()
 
 
 def _body(kind: str) -> bytes:
-    return msgpack_io.pack({"host": HOST, "pid": os.getpid(), "time": time.time(), "kind": kind})
+    # the nonce makes every acquisition's body unique, so a breaker can tell "still the stale one"
+    return msgpack_io.pack({"host": HOST, "pid": os.getpid(), "time": time.time(), "kind": kind,
+                            "nonce": secrets.token_hex(8)})
 
 
 def _holder(store: Store, key: str) -> dict | None:
@@ -73,6 +75,26 @@ def describe(info: dict | None) -> str:
     return f"pid {info.get('pid')} on {info.get('host')} since {time.ctime(info.get('time', 0))}"
 
 
+def _break(store: Store, key: str, kind: str, info: dict) -> None:
+    """Delete the stale lock ``key`` whose body was ``info``, but never a live lock that replaced it.
+
+    Two waiters can see the same dead holder; deleting blindly, the slower one would delete the
+    lock the faster one just took, and both would go on holding it.  Breakers serialize on a
+    ``.break`` guard and delete only when the lock still holds the body they judged stale.
+    """
+    guard = key + ".break"
+    if not store.put_if_absent(guard, _body(kind + ".break"), site=f"lock.{kind}.guard"):
+        ginfo = _holder(store, guard)
+        if ginfo is not None and is_stale(store, guard, ginfo):  # a breaker died mid-break
+            store.delete(guard, site=f"lock.{kind}.guard.break")
+        return
+    try:
+        if _holder(store, key) == info:
+            store.delete(key, site=f"lock.{kind}.break")
+    finally:
+        store.delete(guard, site=f"lock.{kind}.guard.release")
+
+
 def _acquire(store: Store, key: str, kind: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     delay = 0.002
@@ -80,8 +102,11 @@ def _acquire(store: Store, key: str, kind: str, timeout: float) -> None:
         if store.put_if_absent(key, _body(kind), site=f"lock.{kind}"):
             return
         info = _holder(store, key)
+        if info is None:
+            continue  # released since our attempt: try again (deleting now could hit a new holder's lock)
         if is_stale(store, key, info):
-            store.delete(key, site=f"lock.{kind}.break")
+            _break(store, key, kind, info)
+            time.sleep(delay)
             continue
         if time.monotonic() > deadline:
             raise RepositoryLockedError(f"{kind} lock {key!r} is held by {describe(info)}")

@@ -269,8 +269,11 @@ class LocalStore(Store):
     def sync_dir(self, prefix: str, *, site: str = "dir") -> None:
         """fsync a folder after deletes in it (gc)."""
         path = self._path(prefix.rstrip("/"))
-        if os.path.isdir(path):
-            self._fsync_dir(path, site)
+        try:
+            if os.path.isdir(path):
+                self._fsync_dir(path, site)
+        except OSError as exc:
+            raise _os_error(exc, "sync", prefix) from None
 
     def temp_files(self) -> list[tuple[str, float]]:
         """Leftover temp files from interrupted writes: (key, mtime)."""

@@ -107,14 +107,19 @@ def arm(job: dict) -> None:
 
 def _save(repo, state, step: int, tag: str | None = None) -> str:
     d = state_digest(state)
+    step += _OFFSET[0]
     out(f"ATTEMPT {step} {d}")
     v = deltackpt.save(state, repo, step=step, tag=tag)
     out(f"COMMITTED {v.id} {d}")
     return v.id
 
 
+_OFFSET = [0]
+
+
 def run_job(job: dict) -> None:
     torch.set_num_threads(1)
+    _OFFSET[0] = int(job.get("offset", 0))  # step labels of concurrent writers must not collide
     repo = job["repo"]
     kind = job["workload"]
     seed = int(job.get("seed", 0))
@@ -123,8 +128,8 @@ def run_job(job: dict) -> None:
     if arm_after == 0:
         arm(job)
     api._OPEN.clear()
-    deltackpt.Repo(repo, create=True, chunk_bytes=CHUNK_BYTES)
     try:
+        deltackpt.Repo(repo, create=True, chunk_bytes=CHUNK_BYTES)
         if kind in ("save", "train"):
             start = int(job.get("start", 0))
             steps = int(job.get("steps", 1))
@@ -178,8 +183,29 @@ def _child(job: dict) -> int:
         return 3
 
 
+def _warm_up() -> None:
+    """Run one save, load and gc here so the forks start with every lazy import done (the first
+    save of a fresh interpreter costs seconds); one torch thread, and the save's pool is joined."""
+    import io
+    import shutil
+    import tempfile
+    d = tempfile.mkdtemp(prefix="deltackpt-warm-")
+    real = sys.stdout
+    sys.stdout = io.StringIO()
+    try:
+        run_job({"repo": os.path.join(d, "r"), "workload": "save", "steps": 2})
+        deltackpt.load(os.path.join(d, "r"))
+        deltackpt.gc(os.path.join(d, "r"), keep_last=1, grace_seconds=0)
+        deltackpt.Repo(os.path.join(d, "r")).verify()
+    finally:
+        sys.stdout = real
+        api._OPEN.clear()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def serve() -> None:
     """Fork server: one job per stdin line; torch stays imported so a job starts in milliseconds."""
+    _warm_up()
     running: dict[int, str] = {}
     buf = b""
     stdin = sys.stdin.buffer.raw if hasattr(sys.stdin.buffer, "raw") else sys.stdin.buffer
