@@ -35,7 +35,7 @@ class _LocalWriter(AtomicWriter):
         super().__init__(store, site)
         self._local = store
         tmp_dir = os.path.join(store.root, TMP_DIR)
-        os.makedirs(tmp_dir, exist_ok=True)
+        store._makedirs(tmp_dir)
         self._tmp = os.path.join(tmp_dir, f"{site}.{secrets.token_hex(6)}.tmp")
         self._fd: int | None = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
 
@@ -64,7 +64,7 @@ class _LocalWriter(AtomicWriter):
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._local._makedirs(os.path.dirname(path))
             faults.hit(f"{self._site}.rename")
             os.replace(self._tmp, path)
             self._local._fsync_dir(os.path.dirname(path), self._site)
@@ -187,9 +187,26 @@ class LocalStore(Store):
         finally:
             os.close(fd)
 
+    def _makedirs(self, path: str) -> None:
+        """Create ``path`` and its missing parents, fsyncing each new directory's parent: until then
+        a power cut can drop the new directory, and every file already renamed into it with it."""
+        if os.path.isdir(path):
+            return
+        parent = os.path.dirname(path)
+        if parent != path:
+            self._makedirs(parent)
+        try:
+            self._mkdir(path)
+        except FileExistsError:
+            return
+        self._fsync_dir(parent, "mkdir")
+
+    def _mkdir(self, path: str) -> None:
+        os.mkdir(path)
+
     def _write_temp(self, key: str, data: bytes, site: str) -> str:
         tmp_dir = os.path.join(self.root, TMP_DIR)
-        os.makedirs(tmp_dir, exist_ok=True)
+        self._makedirs(tmp_dir)
         tmp = os.path.join(tmp_dir, f"{key.replace('/', '_')}.{secrets.token_hex(6)}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
@@ -221,7 +238,7 @@ class LocalStore(Store):
         self._check_dirs(path)
         tmp = None
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._makedirs(os.path.dirname(path))
             tmp = self._write_temp(key, data, site)
             faults.hit(f"{site}.rename")
             os.replace(tmp, path)
@@ -238,7 +255,7 @@ class LocalStore(Store):
         self._check_dirs(path)
         tmp = None
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._makedirs(os.path.dirname(path))
             if os.path.lexists(path):
                 return False
             tmp = self._write_temp(key, data, site)

@@ -117,6 +117,30 @@ def _save(repo, state, step: int, tag: str | None = None) -> str:
 _OFFSET = [0]
 
 
+def power_cut_job(path: str, cut: int | None, seed: int) -> None:
+    """Four saves (three as deltas), a tag and a gc over the page-cache store; at the power cut the
+    directory is rewritten as the cut left it and this process ends (as the machine would)."""
+    import json
+    import random
+
+    from pagecache import PageCacheStore, PowerCut
+    store = PageCacheStore(path, cut_at=cut)
+    try:
+        repo = deltackpt.Repo(store, create=True, chunk_bytes=CHUNK_BYTES)
+        model, opt = train_state(0)
+        for step in range(4):
+            _train_step(model, opt, step, 0)
+            _save(repo, full_state(model, opt, step), step)
+        repo.tag("first", "latest~3")
+        out("PHASE tagged")
+        out("PHASE gc")
+        repo.gc(keep_last=2, grace_seconds=0)
+        out("PHASE gc-done")
+        out(f"STEPS {store.steps}")
+    except PowerCut:
+        out("CRASH " + json.dumps(store.crash(random.Random(seed))))
+
+
 def run_job(job: dict) -> None:
     torch.set_num_threads(1)
     _OFFSET[0] = int(job.get("offset", 0))  # step labels of concurrent writers must not collide
@@ -129,7 +153,8 @@ def run_job(job: dict) -> None:
         arm(job)
     api._OPEN.clear()
     try:
-        deltackpt.Repo(repo, create=True, chunk_bytes=CHUNK_BYTES)
+        if kind != "powercut":
+            deltackpt.Repo(repo, create=True, chunk_bytes=CHUNK_BYTES)
         if kind in ("save", "train"):
             start = int(job.get("start", 0))
             steps = int(job.get("steps", 1))
@@ -161,6 +186,8 @@ def run_job(job: dict) -> None:
             rep = deltackpt.gc(repo, keep_last=int(job.get("keep_last", 2)),
                                grace_seconds=float(job.get("grace", 0.0)))
             out(f"GC {len(rep.removed)}")
+        elif kind == "powercut":
+            power_cut_job(repo, job.get("cut"), int(job.get("seed", 0)))
         else:
             raise ValueError(f"unknown workload {kind!r}")
     except (DeltackptError, OSError) as exc:
