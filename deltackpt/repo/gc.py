@@ -135,9 +135,16 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
         faults.hit("gc.mark")  # live set decided: everything after this deletes or rewrites
         for name in report.tags_deleted:
             repo.store.delete(TAGS + name, site="gc.tag")
+        sync = getattr(repo.store, "sync_dir", None)
+        if sync is not None and report.tags_deleted:
+            sync(TAGS, site="gc.tags.dir")
         for vid in removed:
             repo.store.delete(MANIFESTS + vid, site="gc.manifest")
             repo.forget_manifest(vid)
+        if sync is not None and removed:
+            # the deletes must be durable before the chunks those manifests need go: else a power
+            # cut can bring a removed manifest back after its packs and index entries are gone
+            sync(MANIFESTS, site="gc.manifests.dir")
 
         new_packs: dict[str, tuple[int, list[PackEntry]]] = {}
         builder = PackBuilder()

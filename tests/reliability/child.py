@@ -117,7 +117,7 @@ def _save(repo, state, step: int, tag: str | None = None) -> str:
 _OFFSET = [0]
 
 
-def power_cut_job(path: str, cut: int | None, seed: int) -> None:
+def power_cut_job(path: str, cut: int | None, seed: int, revert_only: list | None = None) -> None:
     """Four saves (three as deltas), a tag and a gc over the page-cache store; at the power cut the
     directory is rewritten as the cut left it and this process ends (as the machine would)."""
     import json
@@ -133,12 +133,12 @@ def power_cut_job(path: str, cut: int | None, seed: int) -> None:
             _save(repo, full_state(model, opt, step), step)
         repo.tag("first", "latest~3")
         out("PHASE tagged")
-        out("PHASE gc")
+        out(f"PHASE gc {store.steps}")
         repo.gc(keep_last=2, grace_seconds=0)
         out("PHASE gc-done")
         out(f"STEPS {store.steps}")
     except PowerCut:
-        out("CRASH " + json.dumps(store.crash(random.Random(seed))))
+        out("CRASH " + json.dumps(store.crash(random.Random(seed), tuple(revert_only) if revert_only is not None else None)))
 
 
 def run_job(job: dict) -> None:
@@ -187,7 +187,7 @@ def run_job(job: dict) -> None:
                                grace_seconds=float(job.get("grace", 0.0)))
             out(f"GC {len(rep.removed)}")
         elif kind == "powercut":
-            power_cut_job(repo, job.get("cut"), int(job.get("seed", 0)))
+            power_cut_job(repo, job.get("cut"), int(job.get("seed", 0)), job.get("revert_only"))
         else:
             raise ValueError(f"unknown workload {kind!r}")
     except (DeltackptError, OSError) as exc:

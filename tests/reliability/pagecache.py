@@ -145,8 +145,10 @@ class PageCacheStore(LocalStore):
             self._fsync_dir(path, site)
 
     # the power cut -----------------------------------------------------------------------
-    def crash(self, rng: random.Random) -> dict[str, int]:
-        """Rewrite the directory as the power cut left it; returns counts of what was lost or reverted."""
+    def crash(self, rng: random.Random, revert_only: tuple[str, ...] | None = None) -> dict[str, int]:
+        """Rewrite the directory as the power cut left it; returns counts of what was lost or reverted.
+        ``revert_only``: instead of choosing at random, revert the unsynced directory changes in
+        these folders (relative to the root) and keep all others (a legal, adversarial order)."""
         stats = {"dropped": 0, "garbled": 0, "reverted": 0, "kept_unsynced": 0}
         children: dict[str, dict[str, object]] = {}
         for p, n in self.live.items():
@@ -156,7 +158,7 @@ class PageCacheStore(LocalStore):
         def content(node: _File) -> bytes:
             if node.synced is not None and node.synced == node.data:
                 return node.data
-            how = rng.choice(("keep", "drop", "garble"))
+            how = "keep" if revert_only is not None else rng.choice(("keep", "drop", "garble"))
             if how == "keep":
                 stats["kept_unsynced"] += 1
                 return node.data
@@ -177,7 +179,10 @@ class PageCacheStore(LocalStore):
                 a, b = live.get(name), dur.get(name)
                 node = a
                 if a is not b:
-                    node = rng.choice((a, b))
+                    if revert_only is None:
+                        node = rng.choice((a, b))
+                    else:
+                        node = b if os.path.relpath(dirpath, self.root) in revert_only else a
                     stats["reverted"] += node is b
                 if node is None:
                     continue

@@ -16,12 +16,13 @@ from harness import FULL, oracle, record
 pytestmark = pytest.mark.reliability
 
 
-def _one(zygote, path: str, cut: int | None, seed: int) -> dict:
-    c = zygote.run("powercut", path, cut=cut, seed=seed)
+def _one(zygote, path: str, cut: int | None, seed: int, revert_only: list | None = None) -> dict:
+    c = zygote.run("powercut", path, cut=cut, seed=seed, revert_only=revert_only)
     lines = c.lines()
     if cut is None:
         assert "DONE" in lines, c.text()
-        return {"steps": int(next(ln.split()[1] for ln in lines if ln.startswith("STEPS ")))}
+        return {"steps": int(next(ln.split()[1] for ln in lines if ln.startswith("STEPS "))),
+                "gc_from": int(next(ln.split()[2] for ln in lines if ln.startswith("PHASE gc ")))}
     crash = [ln for ln in lines if ln.startswith("CRASH ")]
     assert crash, f"power cut at step {cut} did not happen:\n{c.text()}"
     committed = c.committed()
@@ -58,3 +59,12 @@ def test_power_cut_at_every_step(zygote, tmp_path):
                 agg[k] = agg.get(k, 0) + v
     record("power-loss", points=n, steps=total, seeds=len(seeds), **agg, lost=0, torn=0, wrong=0,
            seconds=round(time.monotonic() - t0, 1))
+
+
+def test_power_cut_during_gc_never_resurrects_a_broken_version(zygote, tmp_path):
+    """Regression: gc deleted manifests without syncing their folder before deleting the chunks they
+    needed, so a power cut could bring back a removed manifest whose packs were gone (a visible,
+    unrestorable version).  Every cut during gc, reverting unsynced changes in manifests/ only."""
+    count = _one(zygote, str(tmp_path / "count"), None, 0)
+    for cut in range(count["gc_from"] + 1, count["steps"] + 1):
+        _one(zygote, str(tmp_path / f"c{cut}"), cut, 0, revert_only=["manifests"])
