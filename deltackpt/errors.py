@@ -63,6 +63,10 @@ class LimitExceededError(CorruptObjectError):
     """A size or count read from storage exceeds a documented limit."""
 
 
+class OutOfMemoryError(DeltackptError, MemoryError):
+    """A tensor (or blob) the version declares is too large to allocate in this process."""
+
+
 class StateMismatchError(DeltackptError, ValueError):
     """A restore target (model or optimizer) does not match the saved state (missing keys, shapes)."""
 

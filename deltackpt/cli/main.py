@@ -134,6 +134,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_rebuild_index(args: argparse.Namespace) -> int:
+    report = _repo(args).rebuild_index()
+    info = report.to_json() if hasattr(report, "to_json") else vars(report)
+    if args.json:
+        emit_json(info)
+    else:
+        print("rebuilt the index from the packs: " + ", ".join(f"{k} {v if not isinstance(v, (list, dict)) else len(v)}"
+                                                            for k, v in info.items()))
+    return 0
+
+
 def cmd_du(args: argparse.Namespace) -> int:
     info = _repo(args).du()
     if args.json:
@@ -217,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = command("verify", cmd_verify, "re-hash every object; name every version a bad object belongs to")
     sp.add_argument("--quick", action="store_true", help="check structure only, do not decode chunks")
     command("du", cmd_du, "logical and stored bytes per version and in total")
+    command("rebuild-index", cmd_rebuild_index, "re-derive the index from the pack headers (after a lost index file)")
     sp = command("diff", cmd_diff, "per-tensor differences between two versions")
     sp.add_argument("a")
     sp.add_argument("b", nargs="?", default="latest")

@@ -16,6 +16,7 @@ from .bytegroup import zstd_compress, zstd_decompress
 from .floats import LOSSY_DTYPES, from_float, max_abs_err, to_float
 
 BLOCK = 256
+_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 
 
 class QuantizedDelta(Codec):
@@ -56,6 +57,8 @@ class QuantizedDelta(Codec):
         dtype, n = params.get("dt"), params.get("n")
         if dtype not in LOSSY_DTYPES or not isinstance(n, int) or n < 0:
             raise CorruptObjectError(f"{self.name}: parameters are malformed")
+        if raw_len % _ITEMSIZE[dtype]:
+            raise CorruptObjectError(f"{self.name}: raw length {raw_len} is not a multiple of the {dtype} size")
         base_f = to_float(base, dtype)
         if len(base_f) != n:
             raise CorruptObjectError(f"{self.name}: {n} elements declared, base holds {len(base_f)}")

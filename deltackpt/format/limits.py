@@ -14,13 +14,23 @@ MAX_OBJECT_PARAMS_BYTES = 4096
 """Codec parameters are a few ids and integers; 4 KiB leaves room and bounds a hostile header."""
 
 MAX_PACK_HEADER_BYTES = 64 * 1024 * 1024
-"""A pack header lists its objects; 64 MiB holds ~700k entries, far more than a pack carries."""
+"""A pack header lists its objects: an entry is at most 59 bytes of msgpack (two 16-byte ids,
+five integers), so 64 MiB holds at least 1.1 million entries, above PACK_MAX_OBJECTS."""
+
+PACK_TARGET_BYTES = 64 * 1024 * 1024
+"""Writers close a pack once its objects reach this size: a save writes a handful of files."""
+
+PACK_MAX_OBJECTS = 100_000
+"""Writers also close a pack at this many objects, so its header (<= 5.9 MB) stays far below
+MAX_PACK_HEADER_BYTES whatever the object sizes."""
 
 MAX_PACK_BYTES = 1 << 40
 """Offsets in a pack are u64 but a pack is never above 1 TiB."""
 
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024
-"""A manifest with a million tensors of a hundred chunks is well under this."""
+"""A chunk reference costs about 24 bytes of msgpack and a tensor entry about 200, so 256 MiB
+holds e.g. 100k tensors (20 MB) with 9 million chunk references (~216 MB): an 18 TiB state at
+the default chunk size."""
 
 MAX_INDEX_BYTES = 1024 * 1024 * 1024
 """An index file for a whole repository after gc."""

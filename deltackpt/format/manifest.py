@@ -208,13 +208,16 @@ def _ext_hook_factory(limit: int, ntensors: list[int]):
     return hook
 
 
-def _depth(value: Any, what: str) -> None:
-    stack = [(value, 0)]
+def _depth(value: Any, what: str, start: int = 0) -> None:
+    stack = [(value, start)]
     while stack:
         v, d = stack.pop()
         if d > MAX_MSGPACK_DEPTH:
             raise LimitExceededError(f"{what}: tree nested deeper than {MAX_MSGPACK_DEPTH}")
+        if isinstance(v, msgpack.Timestamp):  # ext -1 is decoded by msgpack itself, not by our hook
+            raise CorruptObjectError(f"{what}: msgpack timestamp (ext type -1) is not part of the format")
         if isinstance(v, dict):
+            stack.extend((k, d + 1) for k in v if isinstance(k, msgpack.Timestamp))
             stack.extend((x, d + 1) for x in v.values())
         elif isinstance(v, (list, tuple)):
             stack.extend((x, d + 1) for x in v)
@@ -225,12 +228,14 @@ def decode(data: bytes, *, version_id: str | None = None) -> Manifest:
     what = f"manifest {version_id}" if version_id else "manifest"
     if len(data) > MAX_MANIFEST_BYTES:
         raise LimitExceededError(f"{what}: {len(data)} bytes exceeds the limit")
-    if data[:6] != MAGIC[:6]:
+    # the id is the hash of every byte: checked first, so a flipped version byte reads as damage
+    # (CorruptObjectError) and only an intact manifest from a newer writer as FormatVersionError
+    if version_id is not None and hex_id(data) != version_id:
+        raise CorruptObjectError(f"{what}: content hash does not match its id")
+    if len(data) < len(MAGIC) or data[:6] != MAGIC[:6]:
         raise CorruptObjectError(f"{what}: missing manifest magic")
     if data[:8] != MAGIC:
         raise FormatVersionError(f"{what}: manifest version {data[6]} is not supported by this reader (version 1)")
-    if version_id is not None and hex_id(data) != version_id:
-        raise CorruptObjectError(f"{what}: content hash does not match its id")
     refs: list[int] = []
     body = msgpack_io.unpack(memoryview(data)[len(MAGIC):], what=what, max_bytes=MAX_MANIFEST_BYTES,
                              ext_hook=_ext_hook_factory(len(data), refs))
@@ -250,7 +255,7 @@ def decode(data: bytes, *, version_id: str | None = None) -> Manifest:
     for idx in refs:
         if idx >= len(tensors):
             raise CorruptObjectError(f"{what}: tree refers to tensor {idx} of {len(tensors)}")
-    _depth(body["tree"], what)
+    _depth(body, what, start=-1)  # the tree sits one level below the body
     step = body.get("step")
     if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
         raise CorruptObjectError(f"{what}: step is not an integer")

@@ -48,6 +48,8 @@ def parse(data: bytes | memoryview, *, what: str = "object") -> EncodedObject:
     if len(view) < HEADER_BYTES:
         raise CorruptObjectError(f"{what}: {len(view)} bytes is shorter than an object header")
     version, encoding, params_len, raw_len = _HEADER.unpack_from(view, 0)
+    if version < OBJECT_VERSION:  # no such version was ever written: damage, not a newer writer
+        raise CorruptObjectError(f"{what}: object version {version} does not exist (corrupt object)")
     if version != OBJECT_VERSION:
         raise FormatVersionError(f"{what}: object version {version} is not supported (this reader knows {OBJECT_VERSION})")
     if params_len > MAX_OBJECT_PARAMS_BYTES or HEADER_BYTES + params_len > len(view):

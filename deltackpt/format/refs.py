@@ -13,11 +13,12 @@ LATEST = "latest"
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _REVISION = re.compile(r"^(?P<base>[^~]+?)(?:~(?P<back>\d{1,6}))?$")
 RESERVED = {LATEST, "HEAD"}
+_ID_LIKE = re.compile(r"^[0-9a-f]{4,32}$")
 
 
 def check_name(name: object, *, kind: str = "tag") -> str:
-    """A ref/tag name: 1..128 of [A-Za-z0-9._-], not starting with '.' or '-', no '..', not all-hex
-    of id length (which would shadow version ids)."""
+    """A ref/tag name: 1..128 of [A-Za-z0-9._-], not starting with '.' or '-', no '..'; a tag
+    may not be 4-32 lowercase hex digits (it would shadow version id prefixes)."""
     if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_LENGTH or not _NAME.match(name) or ".." in name:
         raise InvalidNameError(f"invalid {kind} name {name!r:.80}: use 1-{MAX_NAME_LENGTH} of A-Z a-z 0-9 . _ -, "
                                "not starting with '.' or '-'")
@@ -25,6 +26,8 @@ def check_name(name: object, *, kind: str = "tag") -> str:
         raise InvalidNameError(f"invalid {kind} name {name!r}: the suffixes .tmp and .lock are reserved")
     if kind == "tag" and (name in RESERVED or name.startswith("best")):
         raise InvalidNameError(f"invalid tag name {name!r}: reserved")
+    if kind == "tag" and _ID_LIKE.match(name):
+        raise InvalidNameError(f"invalid tag name {name!r}: 4 or more hex digits would shadow version ids")
     return name
 
 

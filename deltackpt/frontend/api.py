@@ -45,8 +45,11 @@ class Repo:
         if isinstance(location, Repo):
             self.core = location.core
             return
-        key = location.describe() if isinstance(location, Store) else os.path.abspath(os.fspath(location)) \
-            if "://" not in os.fspath(location) else os.fspath(location)
+        if isinstance(location, Store):
+            key = f"store@{id(location)}"  # two stores may describe themselves alike; identity is what counts
+        else:
+            text = os.fspath(location)
+            key = text if "://" in text else os.path.abspath(text)
         core = _OPEN.get(key)
         if core is None or (create and not core.store.exists("config")):
             core = Repository(location, create=create, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
@@ -127,6 +130,12 @@ class Repo:
         """Re-read and re-hash everything: ``assert repo.verify().ok``."""
         with bar("verify", 1, unit_bytes=False) as update:
             return run_verify(self.core, read_data=read_data, progress=update)
+
+    def rebuild_index(self) -> Any:
+        """Re-derive the index from the pack headers (after verify reports a lost or damaged
+        index file): ``repo.rebuild_index().packs_indexed``"""
+        from ..repo.rebuild import rebuild_index
+        return rebuild_index(self.core)
 
     def du(self) -> dict[str, Any]:
         """Logical and stored bytes per version and in total: ``repo.du()["total"]["stored_bytes"]``."""
@@ -294,7 +303,7 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Repo | Store", 
 
     from .materialize import build_tensors, is_own_blob, read_blobs
     from .planner import layer_matcher
-    from .tensor_bytes import writable_bytes
+    from .tensor_bytes import copy_blob_to_device, writable_bytes
 
     r = _repo(repo)
     core = r.core
@@ -328,6 +337,9 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Repo | Store", 
                 raise StateMismatchError(f"version {vid[:10]}, tensor {k}: saved {e.dtype}{e.shape}, "
                                          f"model has {str(dst.dtype).removeprefix('torch.')}{list(dst.shape)}")
             out = writable_bytes(dst)
+            if out is None and dst.device.type != "cpu" and dst.is_contiguous() and is_own_blob(m, e):
+                copy_blob_to_device(core, m.blobs[e.blob], dst)  # staged a chunk at a time
+                continue
             if out is not None and is_own_blob(m, e):
                 try:
                     core.read_blob(m.blobs[e.blob], memoryview(out))

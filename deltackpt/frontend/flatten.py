@@ -34,7 +34,8 @@ def dotted(key: tuple) -> str:
 
 
 def _path(key: tuple) -> str:
-    return dotted(key) or "<root>"
+    text = dotted(key) or "<root>"
+    return text if len(text) <= 200 else f"{text[:120]}...{text[-60:]}"  # error messages stay readable
 
 
 def _check_tensor(t: torch.Tensor, key: tuple) -> torch.Tensor:
@@ -74,12 +75,20 @@ def flatten(obj: Any) -> tuple[Any, list[TensorLeaf]]:
             if name in seen_names:
                 # same dotted name from different key paths ({"a.b": x, "a": {"b": y}}): keep both,
                 # disambiguated so layer selection and deltas still tell them apart
-                name = f"{name}#{len(leaves)}"
+                base, n = name, len(leaves)
+                name = f"{base}#{n}"
+                while name in seen_names:  # a real key may already be spelled "a.b#2"
+                    n += 1
+                    name = f"{base}#{n}"
             seen_names[name] = len(leaves)
             leaves.append(TensorLeaf(len(leaves), key, name, t))
             return TensorRef(len(leaves) - 1)
-        if value is None or isinstance(value, (bool, str, bytes)):
+        if value is None or type(value) in (bool, str, bytes):
             return value
+        if isinstance(value, str):  # str subclasses (StrEnum, ...) are saved as plain str
+            return "" + value
+        if isinstance(value, bytes):
+            return bytes(value)
         if isinstance(value, int):
             if not _INT_MIN <= value <= _INT_MAX:
                 raise UnsupportedLeafError(f"{_path(key)}: integer {value} does not fit in 64 bits; store it as a str")
@@ -92,7 +101,13 @@ def flatten(obj: Any) -> tuple[Any, list[TensorLeaf]]:
                 if isinstance(k, bool) or not isinstance(k, (str, int)):
                     raise UnsupportedLeafError(f"{_path(key)}: dict key {k!r:.40} of type {type(k).__name__} "
                                                "is not supported; use str or int keys")
-                out[k] = walk(v, key + (k,), depth + 1)
+                plain = ("" + k) if isinstance(k, str) else int(k)  # IntEnum/str subclasses: their base value
+                if isinstance(plain, int) and not _INT_MIN <= plain <= _INT_MAX:
+                    raise UnsupportedLeafError(f"{_path(key)}: dict key {plain} does not fit in 64 bits; use a str key")
+                if plain in out:
+                    raise UnsupportedLeafError(f"{_path(key)}: dict keys {k!r:.40} and {plain!r:.40} are the same "
+                                               "once saved; rename one")
+                out[plain] = walk(v, key + (plain,), depth + 1)
             return out
         if isinstance(value, list):
             return [walk(v, key + (i,), depth + 1) for i, v in enumerate(value)]
@@ -110,7 +125,13 @@ def flatten(obj: Any) -> tuple[Any, list[TensorLeaf]]:
         raise UnsupportedLeafError(f"{_path(key)}: {type(value).__module__}.{type(value).__qualname__} cannot be "
                                    f"saved without pickle; {hint}")
 
-    tree = walk(obj, (), 0)
+    try:
+        tree = walk(obj, (), 0)
+    except RecursionError:
+        # each level costs Python several frames, so very deep (or self-referencing) containers
+        # exhaust the interpreter's stack before the depth limit: the same refusal, typed
+        raise UnsupportedLeafError(f"<root>: nested too deeply (or contains itself); keep the state under "
+                                   f"{MAX_MSGPACK_DEPTH} levels") from None
     return tree, leaves
 
 

@@ -9,7 +9,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from ..errors import CorruptObjectError
+from ..errors import CorruptObjectError, OutOfMemoryError
 from ..format.manifest import Manifest, TensorEntry
 from ..repo.repository import Repository
 from .dtypes import dtype_of
@@ -35,7 +35,18 @@ def is_own_blob(m: Manifest, e: TensorEntry) -> bool:
 def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int]) -> dict[int, np.ndarray]:
     out: dict[int, np.ndarray] = {}
     for b in sorted(set(blob_ids)):
-        buf = np.empty(m.blobs[b].nbytes, dtype=np.uint8)  # uninitialized: every byte is decoded into it
+        try:
+            core.check_blob(m.blobs[b])  # sizes backed by the index before allocating them
+        except CorruptObjectError as exc:
+            names = [t.name for t in m.tensors if t.blob == b][:3]
+            raise CorruptObjectError(f"version {vid[:10]}, tensor {', '.join(names)}: {exc}") from None
+        try:
+            buf = np.empty(m.blobs[b].nbytes, dtype=np.uint8)  # uninitialized: every byte is decoded into it
+        except (MemoryError, ValueError):
+            names = [t.name for t in m.tensors if t.blob == b][:3]
+            raise OutOfMemoryError(f"version {vid[:10]}, tensor {', '.join(names)}: cannot allocate "
+                                   f"{m.blobs[b].nbytes} bytes; load fewer layers or restore into an existing "
+                                   "model") from None
         try:
             core.read_blob(m.blobs[b], memoryview(buf), pool())
         except CorruptObjectError as exc:

@@ -17,9 +17,12 @@ from typing import Any
 
 from .. import faults
 from ..codecs import registry
+from ..errors import CorruptObjectError
 from ..codecs.base import ChunkContext
+from ..errors import CorruptObjectError
 from ..format import index as index_fmt
 from ..format.ids import hex_id
+from ..format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
 from ..format.objects import EncodedObject
 from ..format.pack import PackBuilder, PackEntry
 from . import locks
@@ -28,7 +31,6 @@ from .retention import Retention
 
 DEFAULT_GRACE_SECONDS = 600.0
 REPACK_DEAD_FRACTION = 0.2
-PACK_TARGET_BYTES = 64 << 20
 
 
 @dataclass
@@ -71,6 +73,10 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
     report = GcReport(dry_run=dry_run)
     with locks.gc_lock(repo.store):
         repo.refresh_index()
+        if repo.bad_index_files:
+            # the damaged files' packs would look unreferenced and be deleted: refuse instead
+            raise CorruptObjectError(f"{repo.location}: damaged index files {sorted(repo.bad_index_files)}; "
+                                     "run rebuild_index before gc")
         kept = policy.select(repo)
         all_versions = repo.version_ids()
         removed = [v for v in all_versions if v not in kept]
@@ -83,31 +89,43 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
                 for c in blob.chunks:
                     direct.add(c.chunk_id)
                     widths[c.chunk_id] = blob.itemsize
+        packs_on_disk = _pack_files(repo)
+        # a chunk may be indexed in several packs (concurrent saves, an interrupted gc): use a
+        # copy whose pack exists, and never write an index that drops a chunk a kept version needs
+        by_pack: dict[str, list[PackEntry]] = {}
+        chosen: dict[bytes, tuple[str, PackEntry]] = {}
+        for cid, pid, e in repo.index_items(all_copies=True):
+            by_pack.setdefault(pid, []).append(e)
+            if pid in packs_on_disk and cid not in chosen:
+                chosen[cid] = (pid, e)
         to_rebase: set[bytes] = set()
-        if rebase:
-            for cid in direct:
-                entry = repo._index.get(cid)
-                if entry and entry[1].base is not None and entry[1].base not in direct:
-                    to_rebase.add(cid)
-        live = set(direct) if rebase else repo.chunk_closure(direct)
+        live: set[bytes] = set()
+        pending = list(direct)
+        while pending:
+            cid = pending.pop()
+            if cid in live:
+                continue
+            live.add(cid)
+            if cid not in chosen:
+                users = [v[:10] for v in kept if any(c.chunk_id == cid for b in repo.manifest(v).blobs for c in b.chunks)]
+                raise CorruptObjectError(f"gc stopped before deleting anything: chunk {cid.hex()} "
+                                         f"(needed by {', '.join(users) or 'a delta chain'}) is in no pack; "
+                                         "run `deltackpt verify`; after a lost index file, rebuild_index (`deltackpt rebuild-index`)")
+            base = chosen[cid][1].base
+            if base is not None and base not in direct and rebase:
+                to_rebase.add(cid)
+            elif base is not None:
+                pending.append(base)
         if not rebase:
             report.bases_kept = len(live - direct)
         report.chunks_rebased = len(to_rebase)
-
-        packs_on_disk = _pack_files(repo)
-        by_pack: dict[str, list[PackEntry]] = {}
-        for cid, pid, e in repo.index_items():
-            by_pack.setdefault(pid, []).append(e)
-        # entries for the same chunk may exist in several packs (concurrent saves); keep one
-        chosen = {cid: pid for cid, pid, _ in repo.index_items()}
         keep_packs: dict[str, tuple[int, list[PackEntry]]] = {}
         rewrite: list[tuple[str, list[PackEntry]]] = []
         for pid, entries in by_pack.items():
             if pid not in packs_on_disk:
                 continue
-            live_entries = [e for e in entries if e.chunk_id in live and chosen.get(e.chunk_id) == pid]
-            live_bytes = sum(e.length for e in live_entries)
-            dead_bytes = packs_on_disk[pid] - live_bytes
+            live_entries = [e for e in entries if e.chunk_id in live and chosen[e.chunk_id][0] == pid]
+            dead_bytes = sum(e.length for e in entries) - sum(e.length for e in live_entries)
             needs_rebase = any(e.chunk_id in to_rebase for e in live_entries)
             if not live_entries:
                 continue
@@ -135,16 +153,13 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
         faults.hit("gc.mark")  # live set decided: everything after this deletes or rewrites
         for name in report.tags_deleted:
             repo.store.delete(TAGS + name, site="gc.tag")
-        sync = getattr(repo.store, "sync_dir", None)
-        if sync is not None and report.tags_deleted:
-            sync(TAGS, site="gc.tags.dir")
         for vid in removed:
             repo.store.delete(MANIFESTS + vid, site="gc.manifest")
             repo.forget_manifest(vid)
-        if sync is not None and removed:
-            # the deletes must be durable before the chunks those manifests need go: else a power
-            # cut can bring a removed manifest back after its packs and index entries are gone
-            sync(MANIFESTS, site="gc.manifests.dir")
+        sync = getattr(repo.store, "sync_dir", None)
+        if sync is not None:  # the removals are durable before any chunk they used goes
+            sync(MANIFESTS, site="gc.dir")
+            sync("refs/tags/", site="gc.dir")
 
         new_packs: dict[str, tuple[int, list[PackEntry]]] = {}
         builder = PackBuilder()
@@ -166,13 +181,13 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
                     codec_id, params, payload = registry.BG_ZSTD, enc.params, enc.payload
                     if len(payload) >= len(raw):
                         codec_id, params, payload = registry.RAW, {}, raw
-                    # encoders may hand back any buffer (a numpy array from bytegroup): make it bytes
+                    # read_chunk may hand back a numpy buffer: bytes + ndarray would not concatenate
                     obj = EncodedObject(codec_id, e.raw_len, params, bytes(payload)).to_bytes()
                     builder.add(e.chunk_id, obj, encoding=codec_id, raw_len=e.raw_len, base=None, depth=0)
                 else:
                     obj = repo.store.get(pack_key(pid), e.offset, e.length)
                     builder.add(e.chunk_id, obj, encoding=e.encoding, raw_len=e.raw_len, base=e.base, depth=e.depth)
-                if builder.size >= PACK_TARGET_BYTES:
+                if builder.size >= PACK_TARGET_BYTES or len(builder) >= PACK_MAX_OBJECTS:
                     flush()
         flush()
         report.packs_rewritten = len(rewrite)
@@ -184,6 +199,8 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
         for key in old_index_files:
             if key != index_key:
                 repo.store.delete(key, site="gc.index.delete")
+        if sync is not None:  # no old index file may reappear after a crash naming a pack deleted below
+            sync(INDEX, site="gc.dir")
 
         now = time.time()
         deleted_bytes = 0
@@ -206,10 +223,6 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
                 if now - mtime >= grace_seconds:
                     repo.store.delete(key, site="gc.temp")
                     report.temps_deleted += 1
-        sync = getattr(repo.store, "sync_dir", None)
-        if sync is not None:
-            sync(MANIFESTS, site="gc.dir")
-            sync(INDEX, site="gc.dir")
         new_bytes = sum(size for size, _ in new_packs.values())
         report.reclaimed_bytes = max(0, deleted_bytes - new_bytes) + (old_bytes - sum(packs_on_disk.values()))
         repo._index.clear()

@@ -23,10 +23,8 @@ STALE_SECONDS = 6 * 3600.0
 HOST = socket.gethostname()
 
 
-def _body(kind: str) -> bytes:
-    # the nonce makes every acquisition's body unique, so a breaker can tell "still the stale one"
-    return msgpack_io.pack({"host": HOST, "pid": os.getpid(), "time": time.time(), "kind": kind,
-                            "nonce": secrets.token_hex(8)})
+def _body(kind: str, token: str = "") -> bytes:
+    return msgpack_io.pack({"host": HOST, "pid": os.getpid(), "time": time.time(), "kind": kind, "token": token})
 
 
 def _holder(store: Store, key: str) -> dict | None:
@@ -78,12 +76,13 @@ def describe(info: dict | None) -> str:
 def _break(store: Store, key: str, kind: str, info: dict) -> None:
     """Delete the stale lock ``key`` whose body was ``info``, but never a live lock that replaced it.
 
-    Two waiters can see the same dead holder; deleting blindly, the slower one would delete the
-    lock the faster one just took, and both would go on holding it.  Breakers serialize on a
-    ``.break`` guard and delete only when the lock still holds the body they judged stale.
+    Two waiters can judge the same dead holder stale; deleting blindly, the slower one deletes the
+    lock the faster one just took (however long after), and both go on holding it.  Breakers
+    serialize on a ``.break`` guard and delete only when the lock still holds the body (token
+    included) they judged stale.
     """
     guard = key + ".break"
-    if not store.put_if_absent(guard, _body(kind + ".break"), site=f"lock.{kind}.guard"):
+    if not store.put_if_absent(guard, _body(kind + ".break", secrets.token_hex(8)), site=f"lock.{kind}.guard"):
         ginfo = _holder(store, guard)
         if ginfo is not None and is_stale(store, guard, ginfo):  # a breaker died mid-break
             store.delete(guard, site=f"lock.{kind}.guard.break")
@@ -99,7 +98,7 @@ def _acquire(store: Store, key: str, kind: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     delay = 0.002
     while True:
-        if store.put_if_absent(key, _body(kind), site=f"lock.{kind}"):
+        if store.put_if_absent(key, _body(kind, secrets.token_hex(8)), site=f"lock.{kind}"):
             return
         info = _holder(store, key)
         if info is None:

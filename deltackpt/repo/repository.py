@@ -22,8 +22,8 @@ from collections import OrderedDict
 from typing import Any, Iterable
 
 from ..codecs import registry
-from ..errors import (AmbiguousVersionError, CorruptObjectError, DeltackptError, NotARepositoryError,
-                      ObjectNotFoundError, UnknownVersionError)
+from ..errors import (AmbiguousVersionError, CorruptObjectError, DeltackptError, FormatVersionError,
+                      NotARepositoryError, ObjectNotFoundError, UnknownVersionError)
 from ..format import config as config_fmt
 from ..format import index as index_fmt
 from ..format import manifest as manifest_fmt
@@ -59,6 +59,10 @@ def open_store(location: "str | os.PathLike | Store") -> Store:
         from ..store.fsspec_store import FsspecStore  # optional dependency
         return FsspecStore(text)
     return LocalStore(text[7:] if text.startswith("file://") else text)
+
+
+class _PackGone(CorruptObjectError):
+    """A pack named by the index is missing (gc repacked it, or it was lost)."""
 
 
 class _DecodedCache:
@@ -115,7 +119,10 @@ class Repository:
         self.delta_cache = DeltaCache(delta_cache_bytes)
         self.decoded = _DecodedCache(DEFAULT_DECODED_CACHE_BYTES)
         self._index: dict[bytes, tuple[str, PackEntry]] = {}
+        # other copies of a chunk (concurrent saves, an interrupted gc): tried when a pack is gone
+        self._alternates: dict[bytes, list[tuple[str, PackEntry]]] = {}
         self._index_files: set[str] = set()
+        self.bad_index_files: dict[str, str] = {}  # index key -> why it was skipped
         self._manifests: dict[str, Manifest] = {}
         self._lock = threading.RLock()
         self.refresh_index()
@@ -138,14 +145,24 @@ class Repository:
                 if not self._index_files <= current:
                     # gc replaced index files: rebuild from scratch
                     self._index.clear()
+                    self._alternates.clear()
                     self._index_files.clear()
+                    self.bad_index_files.clear()
                 try:
                     for key in keys:
                         if key in self._index_files:
                             continue
-                        for pid, (_plen, entries) in index_fmt.decode(self.store.get(key), what=key).items():
-                            for e in entries:
-                                self._index.setdefault(e.chunk_id, (pid, e))
+                        try:
+                            packs = index_fmt.decode(self.store.get(key), what=key)
+                        except (CorruptObjectError, FormatVersionError) as exc:
+                            # one damaged index file must not make every version unreadable: its
+                            # chunks read as missing (typed errors), verify names the versions, and
+                            # rebuild_index() restores the entries from the packs
+                            self.bad_index_files[key] = str(exc)
+                            self._index_files.add(key)
+                            continue
+                        for pid, (_plen, entries) in packs.items():
+                            self.add_index_entries(pid, entries)
                         self._index_files.add(key)
                     return
                 except (ObjectNotFoundError, FileNotFoundError):
@@ -159,18 +176,29 @@ class Repository:
         try:
             return self._index[cid]
         except KeyError:
-            raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file)") from None
+            hint = f"; damaged index files: {sorted(self.bad_index_files)} (run rebuild_index)" if self.bad_index_files else ""
+            raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file){hint}") from None
 
     def add_index_entries(self, pack_id: str, entries: Iterable[PackEntry]) -> None:
         with self._lock:
             for e in entries:
-                self._index.setdefault(e.chunk_id, (pack_id, e))
+                first = self._index.setdefault(e.chunk_id, (pack_id, e))
+                if first[0] != pack_id:
+                    self._alternates.setdefault(e.chunk_id, []).append((pack_id, e))
+
+    def entries_for(self, cid: bytes) -> list[tuple[str, PackEntry]]:
+        """Every known copy of a chunk, the preferred one first."""
+        first = self._index.get(cid)
+        return ([first] if first else []) + self._alternates.get(cid, [])
 
     def note_index_file(self, key: str) -> None:
         self._index_files.add(key)
 
-    def index_items(self) -> list[tuple[bytes, str, PackEntry]]:
-        return [(cid, pid, e) for cid, (pid, e) in self._index.items()]
+    def index_items(self, *, all_copies: bool = False) -> list[tuple[bytes, str, PackEntry]]:
+        items = [(cid, pid, e) for cid, (pid, e) in self._index.items()]
+        if all_copies:
+            items += [(cid, pid, e) for cid, alts in self._alternates.items() for pid, e in alts]
+        return items
 
     # manifests and versions -----------------------------------------------------------------
     def version_ids(self) -> list[str]:
@@ -300,7 +328,7 @@ class Repository:
         try:
             data = self.store.get(pack_key(pack_id), e.offset, e.length)
         except (ObjectNotFoundError, FileNotFoundError):
-            raise CorruptObjectError(f"{what}: pack file is missing") from None
+            raise _PackGone(f"{what}: pack file is missing") from None
         if len(data) != e.length:
             raise CorruptObjectError(f"{what}: pack is truncated")
         obj = objects.parse(data, what=what)
@@ -314,13 +342,34 @@ class Repository:
     def read_chunk(self, cid: bytes, out: memoryview | None = None) -> bytes | memoryview:
         """Decoded bytes of a chunk, walking its delta chain; hash-checked against its id.
         With ``out``, the last link decodes straight into it (and ``out`` is returned)."""
+        try:
+            return self._read_chunk(cid, out)
+        except _PackGone:
+            # gc may have repacked (and rebased) this chunk since our index was loaded: look again
+            self.refresh_index()
+            return self._read_chunk(cid, out)
+
+    def _fetch(self, cid: bytes) -> tuple[str, PackEntry, objects.EncodedObject]:
+        """Read one stored copy of a chunk's object, trying other copies when a pack is gone."""
+        copies = self.entries_for(cid)
+        if not copies:
+            raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file)")
+        for pid, e in copies:
+            try:
+                return pid, e, self.read_object(pid, e)
+            except _PackGone:
+                continue
+        raise _PackGone(f"chunk {cid.hex()}: every pack holding it ({', '.join(p for p, _ in copies)}) is missing")
+
+    def _read_chunk(self, cid: bytes, out: memoryview | None) -> bytes | memoryview:
         cached = self.decoded.get(cid)
         if cached is not None:
             if out is None:
                 return cached
             out[:] = memoryview(cached).cast("B")
             return out
-        chain: list[tuple[bytes, str, PackEntry]] = []
+        # walk to a keyframe (or a decoded base), reading the copy that exists of each link
+        chain: list[tuple[bytes, str, PackEntry, objects.EncodedObject]] = []
         cur: bytes | None = cid
         base_data: bytes | None = None
         seen: set[bytes] = set()
@@ -332,12 +381,11 @@ class Repository:
                 base_data = self.decoded.get(cur)
                 if base_data is not None:
                     break
-            pid, e = self.entry(cur)
-            chain.append((cur, pid, e))
+            pid, e, obj = self._fetch(cur)
+            chain.append((cur, pid, e, obj))
             cur = e.base
-        for i, (c, pid, e) in enumerate(reversed(chain)):
+        for i, (c, pid, e, obj) in enumerate(reversed(chain)):
             last = i == len(chain) - 1
-            obj = self.read_object(pid, e)
             codec = registry.get(obj.encoding)
             what = f"chunk {c.hex()} in pack {pid}"
             try:
@@ -359,6 +407,15 @@ class Repository:
             base_data = result
         assert base_data is not None
         return base_data
+
+    def check_blob(self, blob: Blob) -> None:
+        """Refuse a blob whose chunks the index does not back with the same lengths, before anyone
+        allocates ``blob.nbytes`` (a hostile manifest may declare a terabyte over tiny chunks)."""
+        for c in blob.chunks:
+            _pid, e = self.entry(c.chunk_id)
+            if e.raw_len != c.raw_len:
+                raise CorruptObjectError(f"chunk {c.chunk_id.hex()}: manifest says {c.raw_len} bytes, "
+                                         f"the index {e.raw_len}")
 
     def read_blob(self, blob: Blob, out: memoryview | None = None, pool=None) -> memoryview:
         """Assemble a blob's bytes into ``out`` (allocated when None), reading only its chunks."""

@@ -21,13 +21,13 @@ from ..format import refs
 from ..format.ids import digest, hex_id
 from ..format.manifest import Blob, ChunkRef, Manifest, TensorEntry
 from ..format.objects import EncodedObject
+from ..format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
 from ..format.pack import PackStream
 from . import locks
 from .chunking import chunk_bounds
 from .delta_cache import ChunkMemo
 from .repository import INDEX, LATEST_REF, MANIFESTS, TAGS, Repository, pack_key
 
-PACK_TARGET_BYTES = 64 << 20
 WINDOW = 16  # chunks in flight per worker pool: bounds memory held by encoded results
 
 
@@ -97,7 +97,7 @@ class _Packer:
             self.stream = PackStream(self.writer.write)
         self.stream.add(r.cid, r.parts, encoding=r.encoding, raw_len=r.raw_len, base=r.base, depth=r.depth)
         self.pending.add(r.cid)
-        if self.stream.size >= PACK_TARGET_BYTES:
+        if self.stream.size >= PACK_TARGET_BYTES or len(self.stream) >= PACK_MAX_OBJECTS:
             self.flush()
 
     def flush(self) -> None:
@@ -197,6 +197,45 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
     return vid, stats
 
 
+def store_blobs(repo: Repository, blobs: list[BlobInput], *, workers: int | None = None,
+                progress: Callable[[int, int], None] | None = None) -> tuple[list[Blob], SaveStats]:
+    """Write the chunks of ``blobs`` (packs, then one index file) and commit nothing: the returned
+    blobs become part of a version only when a manifest naming them is committed
+    (:func:`commit_manifest`).  Used by writers whose commit happens elsewhere (one DCP rank of many).
+    Until then the chunks are unreferenced and gc's grace period is what keeps them.
+
+    Example::
+
+        blobs, stats = store_blobs(repo, [BlobInput(("t", "w"), data, "float32", 4, 1024)])
+    """
+    from ..codecs.registry import get as codec_of
+
+    t0 = time.perf_counter()
+    stats = SaveStats()
+    manifest_blobs: list[Blob] = []
+    with locks.save_lock(repo.store):
+        repo.refresh_index()
+        packer = _Packer(repo, stats)
+        known = lambda cid: repo.has_chunk(cid) or cid in packer.pending  # noqa: E731
+        try:
+            _write_blobs(repo, blobs, packer, stats, manifest_blobs, known, workers, progress, codec_of)
+        except BaseException:
+            packer.abort()
+            raise
+        packer.finish()
+    stats.seconds = time.perf_counter() - t0
+    return manifest_blobs, stats
+
+
+def commit_manifest(repo: Repository, manifest: Manifest, *, tag: str | None = None) -> str:
+    """Commit a manifest whose blobs are already stored (manifest, then ``latest``, then the tag);
+    its parent is set to whatever ``latest`` is under the refs lock.  Returns the version id."""
+    if tag is not None:
+        refs.check_name(tag)
+    manifest.writer = manifest.writer or _writer()
+    return _commit(repo, manifest, SaveStats(), tag)
+
+
 def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stats: SaveStats,
                  manifest_blobs: list[Blob], known, workers: int | None, progress, codec_of) -> None:
     total = sum(len(b.data) for b in blobs)
@@ -204,14 +243,19 @@ def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stat
     with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
         for b in blobs:
             bounds = chunk_bounds(len(b.data), b.row_bytes, b.itemsize, repo.config.chunk_bytes)
-            view = memoryview(b.data).cast("B") if not isinstance(b.data, memoryview) else b.data.cast("B")
+            # a source with read_range (a GPU tensor staged through a host buffer) is read a chunk
+            # at a time, so no host copy of the whole tensor ever exists
+            staged = getattr(b.data, "read_range", None)
+            view = None if staged else memoryview(b.data).cast("B") if not isinstance(b.data, memoryview) \
+                else b.data.cast("B")
             ctx = ChunkContext(b.dtype, b.itemsize, b.row_bytes, repo.level)
             chunks: list[ChunkRef] = []
             futures = []
             # chunks are hashed and encoded in parallel; results are packed in order
             for i, (s, e) in enumerate(bounds):
                 memo = repo.delta_cache.get((b.key, i))
-                futures.append(pool.submit(_encode_one, repo, view[s:e], ctx, memo, b.mode, known))
+                raw = memoryview(staged(s, e)) if staged else view[s:e]
+                futures.append(pool.submit(_encode_one, repo, raw, ctx, memo, b.mode, known))
                 if len(futures) >= WINDOW:
                     _drain(futures[:WINDOW // 2], b, chunks, packer, repo, stats, codec_of)
                     del futures[:WINDOW // 2]

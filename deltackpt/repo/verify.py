@@ -125,6 +125,10 @@ def run_verify(repo: Repository, *, read_data: bool = True,
         else:
             report.warnings.append(Problem(pack_key(pid), why))
 
+    unindexed = {v for cid, vs in users.items() if not repo.has_chunk(cid) for v in vs}
+    for key, why in sorted(repo.bad_index_files.items()):
+        report.errors.append(Problem(key, f"{why} (rebuild_index restores it from the packs)", sorted(unindexed)))
+
     needed = sorted(users)
     for i, cid in enumerate(needed):
         if progress:

@@ -1,8 +1,10 @@
 """Keys and bytes, nothing else.  Stores know no format, no manifest, no torch."""
 
 from .base import Store
+from .cache import CachedStore, ReadCache
 from .counting import CountingStore
+from .fsspec_store import FsspecStore
 from .local import LocalStore
 from .memory import MemoryStore
 
-__all__ = ["Store", "LocalStore", "MemoryStore", "CountingStore"]
+__all__ = ["Store", "LocalStore", "MemoryStore", "CountingStore", "FsspecStore", "ReadCache", "CachedStore"]

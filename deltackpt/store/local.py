@@ -34,10 +34,10 @@ class _LocalWriter(AtomicWriter):
     def __init__(self, store: "LocalStore", site: str) -> None:
         super().__init__(store, site)
         self._local = store
-        tmp_dir = os.path.join(store.root, TMP_DIR)
-        store._makedirs(tmp_dir)
+        tmp_dir = store._tmp_dir()
         self._tmp = os.path.join(tmp_dir, f"{site}.{secrets.token_hex(6)}.tmp")
-        self._fd: int | None = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self._fd: int | None = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                       | getattr(os, "O_CLOEXEC", 0), 0o644)
 
     def write(self, data: bytes | memoryview) -> None:
         assert self._fd is not None
@@ -129,7 +129,8 @@ class LocalStore(Store):
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise StoreError(errno.EINVAL, f"{key!r} is not a regular file")
-            if length is None:
+            if length is None or start + length > st.st_size:
+                # a hostile index may claim any length: never allocate past the file's end
                 length = max(st.st_size - start, 0)
             data = os.pread(fd, length, start)
             if len(data) < length:  # a short read (rare): collect the rest
@@ -168,6 +169,8 @@ class LocalStore(Store):
     def list(self, prefix: str) -> list[str]:
         base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
         out: list[str] = []
+        if base != self.root:
+            self._check_dirs(os.path.join(base, "_"))  # no symlinked folder on the way (StoreError)
         if not os.path.isdir(base) or os.path.islink(base):
             return out
         for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
@@ -179,6 +182,36 @@ class LocalStore(Store):
         return sorted(out)
 
     # writes ------------------------------------------------------------------------------
+    def _makedirs(self, path: str) -> None:
+        """Create missing folders and fsync each new folder's parent: a file renamed into a new
+        folder is durable only once the folder's own entry is."""
+        if not os.path.isdir(self.root):
+            os.makedirs(self.root, exist_ok=True)
+            self._fsync_dir(os.path.dirname(self.root), "mkdir")
+        missing = []
+        cur = path
+        while cur.startswith(self.root + os.sep) and not os.path.isdir(cur):
+            missing.append(cur)
+            cur = os.path.dirname(cur)
+        for d in reversed(missing):
+            try:
+                self._mkdir(d)
+            except FileExistsError:
+                continue
+            self._fsync_dir(os.path.dirname(d), "mkdir")
+
+    def _mkdir(self, path: str) -> None:
+        os.mkdir(path)  # one method, so tests/reliability/pagecache.py can record it
+
+    def _tmp_dir(self) -> str:
+        """The temp folder, refused when it (or the path to it) is a symbolic link: temp files
+        would otherwise be written wherever a stranger's repository points."""
+        tmp_dir = os.path.join(self.root, TMP_DIR)
+        self._check_dirs(os.path.join(tmp_dir, "_"))
+        os.makedirs(tmp_dir, exist_ok=True)
+        self._check_dirs(os.path.join(tmp_dir, "_"))
+        return tmp_dir
+
     def _fsync_dir(self, path: str, site: str) -> None:
         faults.hit(f"{site}.dirsync")
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -187,28 +220,10 @@ class LocalStore(Store):
         finally:
             os.close(fd)
 
-    def _makedirs(self, path: str) -> None:
-        """Create ``path`` and its missing parents, fsyncing each new directory's parent: until then
-        a power cut can drop the new directory, and every file already renamed into it with it."""
-        if os.path.isdir(path):
-            return
-        parent = os.path.dirname(path)
-        if parent != path:
-            self._makedirs(parent)
-        try:
-            self._mkdir(path)
-        except FileExistsError:
-            return
-        self._fsync_dir(parent, "mkdir")
-
-    def _mkdir(self, path: str) -> None:
-        os.mkdir(path)
-
     def _write_temp(self, key: str, data: bytes, site: str) -> str:
-        tmp_dir = os.path.join(self.root, TMP_DIR)
-        self._makedirs(tmp_dir)
+        tmp_dir = self._tmp_dir()
         tmp = os.path.join(tmp_dir, f"{key.replace('/', '_')}.{secrets.token_hex(6)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             short = faults.hit(f"{site}.write")
             view = memoryview(data)

@@ -104,3 +104,28 @@ def test_verify_exits_1_and_names_the_bad_version(tmp_path):
         f.write(b"\xff\xff\xff")
     proc = run_cli("verify", "--repo", path, check=False)
     assert proc.returncode == 1 and versions[0].short_id in proc.stdout
+
+
+def test_long_operations_print_no_progress_when_not_a_tty(tmp_path):
+    """With stdout/stderr piped, a large import and verify print no progress bar escape codes."""
+    path = str(tmp_path / "r")
+    big = {"w": torch.randn(4096, 4200)}  # ~69 MB, above the progress threshold
+    torch.save(big, tmp_path / "big.pt")
+    proc = run_cli("import", str(tmp_path / "big.pt"), "--repo", path)
+    proc2 = run_cli("verify", "--repo", path)
+    for p in (proc, proc2):
+        assert "\x1b[" not in p.stderr and "\x1b[" not in p.stdout
+
+
+def test_rebuild_index_restores_a_repository_whose_index_was_deleted(tmp_path):
+    """After every index file is deleted, `deltackpt rebuild-index` makes verify pass and versions load."""
+    import shutil
+    path = str(tmp_path / "r")
+    versions = _repo_with_versions(path, 2)
+    shutil.rmtree(os.path.join(path, "index"))
+    assert run_cli("verify", "--repo", path, check=False).returncode == 1
+    info = json.loads(run_cli("rebuild-index", "--repo", path, "--json").stdout)
+    assert info["packs_indexed"] >= 1
+    assert run_cli("verify", "--repo", path).returncode == 0
+    deltackpt.frontend.api._OPEN.clear()
+    assert deltackpt.load(path, versions[0].id)["step"] == 0

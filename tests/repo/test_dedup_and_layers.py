@@ -118,3 +118,13 @@ def test_restore_strict_mismatch_is_a_typed_error(repo_path):
         assert "missing" in str(exc)
     else:
         raise AssertionError("no error")
+
+
+def test_distinct_store_objects_get_distinct_handles():
+    """Two MemoryStore repositories never share a handle (or its index and delta cache)."""
+    from deltackpt.store import MemoryStore
+    a, b = deltackpt.Repo(MemoryStore(), create=True), deltackpt.Repo(MemoryStore(), create=True)
+    deltackpt.save({"x": torch.ones(4)}, a)
+    assert a.core is not b.core and b.log() == []
+    v = deltackpt.save({"x": torch.ones(4)}, b)
+    assert v.written_bytes > 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -121,3 +123,20 @@ def test_gc_retention_rules_union(repo_path):
     assert series[4][0].id in kept           # step 4 starts the second bucket of 4
     assert series[5][0].id in kept           # last
     assert len(kept) == 3
+
+
+def test_a_reader_with_a_stale_index_survives_gc_repacking(repo_path):
+    """A handle whose index predates a gc in another handle still loads the kept version (re-reads the index)."""
+    import deltackpt.repo.repository as repository
+    torch.manual_seed(0)
+    w = torch.randn(256, 256)
+    for _ in range(3):
+        w = w + 1e-3 * torch.randn_like(w)
+        deltackpt.save({"w": w}, repo_path)  # deltas against the previous version
+    stale = repository.Repository(repo_path)  # loads the index now
+    m = stale.manifest(stale.latest())
+    before = stale.entry(m.blobs[0].chunks[0].chunk_id)[0]
+    report = deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)  # rebases the delta: its pack is replaced
+    assert report.chunks_rebased == 1
+    assert not os.path.exists(os.path.join(repo_path, "packs", before[:2], before))
+    assert bytes(stale.read_blob(m.blobs[0])) == w.numpy().tobytes()

@@ -1,0 +1,80 @@
+"""Rebuild the index from the packs: every pack carries its own header, so the index is derived data.
+
+Use it after ``verify`` reports a damaged or missing index file::
+
+    from deltackpt.repo.rebuild import rebuild_index
+    report = rebuild_index(repo.core)        # repo = deltackpt.Repo(path)
+    assert repo.verify().ok
+
+It reads only each pack's trailer and header (two ranged reads per pack), writes one consolidated
+index file, and deletes the index files that existed before (damaged or not: the new file covers
+every pack).  It holds the exclusive gc lock, so no save or gc interleaves.  A pack whose header
+cannot be parsed is skipped and reported; its chunks stay unindexed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import DeltackptError
+from ..format import index as index_fmt
+from ..format import pack as pack_fmt
+from ..format.ids import from_hex, hex_id
+from ..format.pack import PackEntry
+from . import locks
+from .repository import INDEX, PACKS, Repository, pack_key
+
+
+@dataclass
+class RebuildReport:
+    """What :func:`rebuild_index` did."""
+
+    index_key: str = ""
+    packs_indexed: int = 0
+    chunks_indexed: int = 0
+    packs_skipped: dict[str, str] = field(default_factory=dict)  # pack key -> why
+    removed_index_files: list[str] = field(default_factory=list)
+
+
+def _read_pack_entries(repo: Repository, key: str, pid: str) -> tuple[int, list[PackEntry]]:
+    what = f"pack {pid}"
+    size = repo.store.size(key)
+    if size < pack_fmt.MIN_PACK_BYTES:
+        raise DeltackptError(f"{what}: {size} bytes is too short for a pack")
+    trailer = repo.store.get(key, size - pack_fmt.TRAILER_BYTES, pack_fmt.TRAILER_BYTES)
+    header_len = pack_fmt.parse_trailer(trailer, size, what=what)
+    header = repo.store.get(key, size - pack_fmt.TRAILER_BYTES - header_len, header_len)
+    return size, pack_fmt.parse_header(header, trailer, size, what=what)
+
+
+def rebuild_index(repo: Repository) -> RebuildReport:
+    """Re-derive the whole index from the pack headers and replace every index file with one."""
+    report = RebuildReport()
+    with locks.gc_lock(repo.store):
+        old_files = repo.store.list(INDEX)
+        packs: dict[str, tuple[int, list[PackEntry]]] = {}
+        for key in repo.store.list(PACKS):
+            pid = key.rsplit("/", 1)[-1]
+            try:
+                from_hex(pid)
+                if key != pack_key(pid):
+                    raise DeltackptError(f"{key!r} is not where pack {pid} belongs")
+                packs[pid] = _read_pack_entries(repo, key, pid)
+            except DeltackptError as exc:
+                report.packs_skipped[key] = str(exc)
+        data = index_fmt.encode(packs)
+        report.index_key = INDEX + hex_id(data)
+        repo.store.put_atomic(report.index_key, data, site="rebuild.index")
+        for key in old_files:
+            if key != report.index_key:
+                repo.store.delete(key, site="rebuild.index.delete")
+                report.removed_index_files.append(key)
+        repo.store.sync_dir(INDEX, site="rebuild.dir") if hasattr(repo.store, "sync_dir") else None
+        report.packs_indexed = len(packs)
+        report.chunks_indexed = sum(len(entries) for _, entries in packs.values())
+        with repo._lock:
+            repo._index.clear()
+            repo._index_files.clear()
+            repo.bad_index_files.clear()
+        repo.refresh_index()
+    return report
