@@ -2,7 +2,9 @@
 
 ``DELTACKPT_FAULT="site:N:action"`` makes the Nth hit (1-based) of ``site`` do ``action``:
 ``kill`` (SIGKILL this process), ``enospc`` / ``eio`` (raise that OSError), ``short_write``
-(write half the bytes, then raise EIO), ``stall`` (sleep for an hour).  ``site`` may end in ``*``.
+(write half the bytes, then raise EIO), ``stall`` (sleep for an hour), ``sleepX`` (sleep X seconds,
+then go on: widens a race window deterministically), ``stop`` (SIGSTOP itself: frozen exactly at
+the site until someone sends SIGCONT).  ``site`` may end in ``*``.
 ``DELTACKPT_FAULT_TRACE=path`` appends every site hit to ``path``.  Unset, :func:`hit` is one
 global lookup and a return.
 """
@@ -51,4 +53,10 @@ def hit(site: str) -> str | None:
         time.sleep(3600)
     if action == "short_write":
         return "short_write"
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return None
+    if action.startswith("sleep"):
+        time.sleep(float(action[5:]))
+        return None
     raise ValueError(f"unknown fault action {action!r}")

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import faults
 from ..codecs import registry
 from ..errors import CorruptObjectError
 from ..codecs.base import ChunkContext
@@ -149,6 +150,7 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
             report.packs_rewritten = len(rewrite)
             return report
 
+        faults.hit("gc.mark")  # live set decided: everything after this deletes or rewrites
         for name in report.tags_deleted:
             repo.store.delete(TAGS + name, site="gc.tag")
         for vid in removed:
@@ -179,7 +181,8 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
                     codec_id, params, payload = registry.BG_ZSTD, enc.params, enc.payload
                     if len(payload) >= len(raw):
                         codec_id, params, payload = registry.RAW, {}, raw
-                    obj = EncodedObject(codec_id, e.raw_len, params, payload).to_bytes()
+                    # read_chunk may hand back a numpy buffer: bytes + ndarray would not concatenate
+                    obj = EncodedObject(codec_id, e.raw_len, params, bytes(payload)).to_bytes()
                     builder.add(e.chunk_id, obj, encoding=codec_id, raw_len=e.raw_len, base=None, depth=0)
                 else:
                     obj = repo.store.get(pack_key(pid), e.offset, e.length)

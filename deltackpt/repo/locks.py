@@ -20,7 +20,6 @@ LOCKS = "locks/"
 GC_LOCK = "locks/gc"
 REFS_LOCK = "locks/refs"
 STALE_SECONDS = 6 * 3600.0
-BREAK_SETTLE_SECONDS = 0.05
 HOST = socket.gethostname()
 
 
@@ -74,28 +73,39 @@ def describe(info: dict | None) -> str:
     return f"pid {info.get('pid')} on {info.get('host')} since {time.ctime(info.get('time', 0))}"
 
 
+def _break(store: Store, key: str, kind: str, info: dict) -> None:
+    """Delete the stale lock ``key`` whose body was ``info``, but never a live lock that replaced it.
+
+    Two waiters can judge the same dead holder stale; deleting blindly, the slower one deletes the
+    lock the faster one just took (however long after), and both go on holding it.  Breakers
+    serialize on a ``.break`` guard and delete only when the lock still holds the body (token
+    included) they judged stale.
+    """
+    guard = key + ".break"
+    if not store.put_if_absent(guard, _body(kind + ".break", secrets.token_hex(8)), site=f"lock.{kind}.guard"):
+        ginfo = _holder(store, guard)
+        if ginfo is not None and is_stale(store, guard, ginfo):  # a breaker died mid-break
+            store.delete(guard, site=f"lock.{kind}.guard.break")
+        return
+    try:
+        if _holder(store, key) == info:
+            store.delete(key, site=f"lock.{kind}.break")
+    finally:
+        store.delete(guard, site=f"lock.{kind}.guard.release")
+
+
 def _acquire(store: Store, key: str, kind: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     delay = 0.002
-    broke = False
     while True:
-        token = secrets.token_hex(8)
-        if store.put_if_absent(key, _body(kind, token), site=f"lock.{kind}"):
-            if not broke:
-                return
-            # Breaking a stale lock is delete-then-create, so a second process that judged the
-            # same stale lock may delete ours and create its own: after a settle time exactly
-            # one token is in the lock, and only its owner goes on.
-            time.sleep(BREAK_SETTLE_SECONDS)
-            info = _holder(store, key)
-            if info is not None and info.get("token") == token:
-                return
-            broke = False
-            continue
+        if store.put_if_absent(key, _body(kind, secrets.token_hex(8)), site=f"lock.{kind}"):
+            return
         info = _holder(store, key)
+        if info is None:
+            continue  # released since our attempt: try again (deleting now could hit a new holder's lock)
         if is_stale(store, key, info):
-            store.delete(key, site=f"lock.{kind}.break")
-            broke = True
+            _break(store, key, kind, info)
+            time.sleep(delay)
             continue
         if time.monotonic() > deadline:
             raise RepositoryLockedError(f"{kind} lock {key!r} is held by {describe(info)}")

@@ -195,10 +195,13 @@ class LocalStore(Store):
             cur = os.path.dirname(cur)
         for d in reversed(missing):
             try:
-                os.mkdir(d)
+                self._mkdir(d)
             except FileExistsError:
                 continue
             self._fsync_dir(os.path.dirname(d), "mkdir")
+
+    def _mkdir(self, path: str) -> None:
+        os.mkdir(path)  # one method, so tests/reliability/pagecache.py can record it
 
     def _tmp_dir(self) -> str:
         """The temp folder, refused when it (or the path to it) is a symbolic link: temp files
@@ -298,8 +301,11 @@ class LocalStore(Store):
     def sync_dir(self, prefix: str, *, site: str = "dir") -> None:
         """fsync a folder after deletes in it (gc)."""
         path = self._path(prefix.rstrip("/"))
-        if os.path.isdir(path):
-            self._fsync_dir(path, site)
+        try:
+            if os.path.isdir(path):
+                self._fsync_dir(path, site)
+        except OSError as exc:
+            raise _os_error(exc, "sync", prefix) from None
 
     def temp_files(self) -> list[tuple[str, float]]:
         """Leftover temp files from interrupted writes: (key, mtime)."""
