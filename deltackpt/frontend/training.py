@@ -8,7 +8,7 @@ Example::
     from deltackpt.frontend.training import ResumableSampler, training_state
 
     sampler = ResumableSampler(len(dataset), seed=0)
-    loader = DataLoader(dataset, batch_size=32, sampler=sampler)
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler, generator=torch.Generator())
     info = resume("ckpt", model=model, optimizer=opt, scheduler=sched, sampler=sampler)
     step = info.step if info else 0
     ckpt = Checkpointer("ckpt", policy=[EveryN(200), OnImprovement("val_loss")],
@@ -49,12 +49,14 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
     RNG is not touched).  ``state_dict()`` records the epoch and how many indices were handed
     out; after ``load_state_dict`` the next iteration continues from there.  With
     ``num_workers > 0`` the DataLoader prefetches ahead of training, so pass the count the loop
-    actually consumed: ``sampler.state_dict(consumed=batches_done * batch_size)``.
+    actually consumed: ``sampler.state_dict(consumed=batches_done * batch_size)``.  Give the
+    DataLoader its own ``generator``: otherwise every new iterator draws a seed from the global
+    torch RNG, and the resumed run (which starts one more iterator) drifts from the original.
 
     Example::
 
         sampler = ResumableSampler(len(ds), seed=0)
-        loader = DataLoader(ds, batch_size=16, sampler=sampler)
+        loader = DataLoader(ds, batch_size=16, sampler=sampler, generator=torch.Generator())
         for epoch in range(sampler.epoch, 10):
             sampler.set_epoch(epoch)
             for batch in loader: ...
