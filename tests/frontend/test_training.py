@@ -237,3 +237,36 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path, capsys):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)), k
+
+
+# retention through the CLI ----------------------------------------------------------------------
+def _dir_bytes(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs
+               if not d.endswith("locks"))
+
+
+@pytest.mark.parametrize("bases", [False, True])
+def test_gc_dry_run_reports_exact_versions_and_bytes(repo_path, bases):
+    """`deltackpt gc --dry-run` names the versions the real run removes and the exact net bytes it
+    reclaims (negative when rebasing deltas to keyframes costs more), dedup and deltas included."""
+    import json
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
+    for i in range(8):
+        with torch.no_grad():
+            m[0].weight[i * 8:(i + 1) * 8].add_(0.1)   # sparse change: most chunks dedup
+            if i % 3 == 0:
+                m[1].weight.mul_(1.0001)                # dense change: stored as a delta
+        deltackpt.save(m, repo_path, step=i * 500, metrics={"val_loss": [5, 3, 4, 1, 6, 2, 7, 8][i]})
+    args = [sys.executable, "-m", "deltackpt.cli.main", "gc", "--repo", repo_path, "--keep-last", "3",
+            "--keep-best", "val_loss:2", "--keep-every", "2000", "--json", "--grace", "0"]
+    args += ["--keep-bases"] if bases else []
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    dry = json.loads(subprocess.run(args + ["--dry-run"], capture_output=True, text=True, env=env, check=True).stdout)
+    before = _dir_bytes(repo_path)
+    real = json.loads(subprocess.run(args, capture_output=True, text=True, env=env, check=True).stdout)
+    steps = {v.id: v.step for v in deltackpt.Repo(repo_path).log()}
+    assert sorted(steps.values()) == [0, 1500, 2000, 2500, 3000, 3500]
+    assert dry["removed"] == real["removed"] and len(dry["removed"]) == 2 and not set(dry["removed"]) & set(steps)
+    assert dry["reclaimed_bytes"] == real["reclaimed_bytes"] == before - _dir_bytes(repo_path)
+    assert deltackpt.Repo(repo_path).verify().ok
