@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ckpt = Checkpointer(args.repo, policy=[EveryN(args.every), OnImprovement("val_loss")],
                         retention=deltackpt.Retention(keep_last=3, keep_best=("val_loss", 1, "min")),
-                        blocking=args.blocking)
+                        blocking=args.blocking, start_step=step)
     while step < args.steps:
         sampler.set_epoch(sampler.epoch)
         for x, y in loader:

@@ -28,6 +28,9 @@ class Policy:
     def saved(self, step: int, now: float, cost: float, metrics: Mapping[str, Any]) -> None:
         """A version was saved (for any reason) at ``step``; ``cost`` seconds of stall."""
 
+    def resumed(self, step: int, now: float) -> None:
+        """Training restarted from a version saved at ``step``: schedules continue from there."""
+
     def describe(self) -> str:
         return type(self).__name__
 
@@ -51,6 +54,9 @@ class EveryN(Policy):
     def saved(self, step, now, cost, metrics):
         self.last = step
 
+    def resumed(self, step, now):
+        self.last = step
+
     def describe(self):
         return f"every {self.steps} steps"
 
@@ -69,6 +75,9 @@ class EveryT(Policy):
         return now - self.last >= self.seconds
 
     def saved(self, step, now, cost, metrics):
+        self.last = now
+
+    def resumed(self, step, now):
         self.last = now
 
     def describe(self):
@@ -110,6 +119,9 @@ class YoungDaly(Policy):
             self.cost = cost if not self.measured else (1 - self.smoothing) * self.cost + self.smoothing * cost
             self.measured = True
 
+    def resumed(self, step, now):
+        self.last = now
+
     def describe(self):
         return f"Young/Daly (MTBF {self.mtbf:g} s, interval {self.interval:.3g} s)"
 
@@ -128,6 +140,7 @@ class DenseEarly(Policy):
         _positive("max_every", max_every)
         if not isinstance(growth, (int, float)) or growth < 1:
             raise DeltackptError(f"growth must be >= 1, got {growth!r}")
+        self.first = float(first)
         self.gap = float(first)
         self.growth = float(growth)
         self.max_every = int(max_every)
@@ -139,6 +152,14 @@ class DenseEarly(Policy):
     def saved(self, step, now, cost, metrics):
         self.gap = min(self.max_every, self.gap * self.growth)
         self.last = step
+
+    def resumed(self, step, now):
+        # the schedule is a function of the step, not of the process: replay it up to ``step``
+        point, gap = 0.0, self.first
+        while point + round(gap) <= step:
+            point += round(gap)
+            gap = min(self.max_every, gap * self.growth)
+        self.gap, self.last = gap, step
 
     def describe(self):
         return f"dense early (gap {round(self.gap)} steps, x{self.growth:g}, max {self.max_every})"
@@ -190,6 +211,10 @@ class AnyOf(Policy):
     def saved(self, step, now, cost, metrics):
         for p in self.policies:
             p.saved(step, now, cost, metrics)
+
+    def resumed(self, step, now):
+        for p in self.policies:
+            p.resumed(step, now)
 
     def describe(self):
         return " or ".join(p.describe() for p in self.policies)

@@ -220,7 +220,8 @@ class Checkpointer:
     ``policy``: a :mod:`~deltackpt.frontend.policies` object, an int (every N steps) or a list
     (save when any is due).  ``retention``: a :class:`~deltackpt.Retention` run as gc after every
     ``gc_every`` saves (in the background thread, after the save commits).  ``state`` passed to
-    :meth:`step` may be a callable, called only when a save is due.
+    :meth:`step` may be a callable, called only when a save is due.  ``start_step``: the step a
+    resumed run starts from (``resume(...).step``), so schedules continue instead of restarting.
 
     Example::
 
@@ -235,7 +236,7 @@ class Checkpointer:
     def __init__(self, repo: "str | os.PathLike | Repo", policy: "Policy | int | list | None" = None, *,
                  retention: Retention | None = None, blocking: bool = False, gc_every: int = 1,
                  encoding: Any = None, grace_seconds: float = DEFAULT_GRACE_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 start_step: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.repo = _repo(repo, create=True)
         self.policy = as_policy(policy)
         self.retention = retention
@@ -248,6 +249,8 @@ class Checkpointer:
         self.stall_seconds = 0.0
         """Total seconds :meth:`step` blocked the caller for saves (snapshots, waits, blocking saves)."""
         self.last: "SaveHandle | Version | None" = None
+        if start_step is not None:  # resumed: step-based schedules continue, not restart at 0
+            self.policy.resumed(start_step, self.clock())
 
     def due(self, step: int, metrics: Mapping[str, Any] | None = None) -> bool:
         return self.policy.due(step, self.clock(), metrics or {})

@@ -270,3 +270,13 @@ def test_gc_dry_run_reports_exact_versions_and_bytes(repo_path, bases):
     assert dry["removed"] == real["removed"] and len(dry["removed"]) == 2 and not set(dry["removed"]) & set(steps)
     assert dry["reclaimed_bytes"] == real["reclaimed_bytes"] == before - _dir_bytes(repo_path)
     assert deltackpt.Repo(repo_path).verify().ok
+
+
+def test_policies_continue_after_resume():
+    """After a restart at step S, step schedules continue from S instead of starting over."""
+    p = EveryN(10)
+    p.resumed(47, 0.0)
+    assert _due_steps(p, range(48, 70)) == [57, 67]
+    d = DenseEarly(first=10, growth=1.5, max_every=40)
+    d.resumed(30, 0.0)   # the schedule had saves at 10 and 25; the next gap is 22
+    assert _due_steps(d, range(31, 60)) == [52]

