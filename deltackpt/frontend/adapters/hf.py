@@ -59,7 +59,7 @@ class DeltackptCallback(TrainerCallback):
             return
         if model is None:
             raise StateMismatchError("DeltackptCallback.on_save: the Trainer passed no model")
-        snapshot: dict[str, Any] = {"model": model.state_dict(), "trainer_state": state.to_json_string(),
+        snapshot: dict[str, Any] = {"model": model.state_dict(), "trainer_state": _state_json(state),
                                     "rng": rng.capture()}
         if optimizer is not None:
             snapshot["optimizer"] = optimizer.state_dict()
@@ -90,6 +90,12 @@ class DeltackptCallback(TrainerCallback):
         handles, self.handles = self.handles, []
         for h in handles:
             h.wait()
+
+
+def _state_json(state: Any) -> str:
+    import dataclasses
+    # the same text TrainerState.save_to_json writes into trainer_state.json
+    return json.dumps(dataclasses.asdict(state), indent=2, sort_keys=True) + "\n"
 
 
 def checkout(repo: "str | os.PathLike | Repo", directory: "str | os.PathLike", version: str = "latest") -> str:
