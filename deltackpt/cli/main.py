@@ -68,41 +68,17 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _flat_tensors(state: Any, prefix: str = "") -> dict[str, Any]:
-    import torch
-    out: dict[str, Any] = {}
-    if isinstance(state, torch.Tensor):
-        out[prefix or "tensor"] = state
-    elif isinstance(state, dict):
-        for k, v in state.items():
-            out.update(_flat_tensors(v, f"{prefix}.{k}" if prefix else str(k)))
-    elif isinstance(state, (list, tuple)):
-        for i, v in enumerate(state):
-            out.update(_flat_tensors(v, f"{prefix}.{i}" if prefix else str(i)))
-    return out
-
-
 def cmd_restore(args: argparse.Namespace) -> int:
-    import torch
+    from deltackpt.frontend.files import export_file
     repo = _repo(args)
     state, version = repo.load(args.version, layers=args.layer or None, return_version=True)
-    out = args.output
-    if out.endswith(".safetensors"):
-        from safetensors.torch import save_file
-        tensors = {k: v.contiguous().clone() for k, v in _flat_tensors(state).items()}
-        save_file(tensors, out, metadata={"deltackpt_version": version.id})
-        count = len(tensors)
-    elif out.endswith((".pt", ".pth", ".bin")):
-        torch.save(state, out)
-        count = len(_flat_tensors(state))
-    else:
-        raise DeltackptError(f"{out}: use a .pt or .safetensors file name")
-    info = {"version": version.id, "output": out, "tensors": count, "bytes": os.path.getsize(out),
+    count = export_file(state, args.output, version_id=version.id)
+    info = {"version": version.id, "output": args.output, "tensors": count, "bytes": os.path.getsize(args.output),
             "layers": args.layer or None}
     if args.json:
         emit_json(info)
     else:
-        print(f"restored {count} tensors of version {version.short_id} to {out} ({human_bytes(info['bytes'])})")
+        print(f"restored {count} tensors of version {version.short_id} to {args.output} ({human_bytes(info['bytes'])})")
     return 0
 
 
@@ -187,18 +163,14 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    path = args.file
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
-        state: Any = load_file(path)
-    else:
-        import torch
-        state = torch.load(path, map_location="cpu", weights_only=True)  # the restricted, non-executing loader
-    v = deltackpt.save(state, _repo(args, create=True), step=args.step, tag=args.tag, meta={"imported_from": os.path.basename(path)})
+    from deltackpt.frontend.files import import_file
+    state = import_file(args.file)
+    v = deltackpt.save(state, _repo(args, create=True), step=args.step, tag=args.tag,
+                       meta={"imported_from": os.path.basename(args.file)})
     if args.json:
         emit_json(v.to_json())
     else:
-        print(f"imported {path} as version {v.short_id} ({human_bytes(v.logical_bytes)} logical, "
+        print(f"imported {args.file} as version {v.short_id} ({human_bytes(v.logical_bytes)} logical, "
               f"{human_bytes(v.written_bytes)} written)")
     return 0
 

@@ -43,6 +43,11 @@ class Codec(ABC):
     def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded | None:
         """Encode ``raw`` (against ``base`` for delta codecs); None when the codec does not apply."""
 
+    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes, base: bytes | None = None) -> None:
+        """Decode straight into ``out`` (its length is the raw length).  Codecs that can write
+        their output in place override this to save a chunk-sized allocation and copy."""
+        out[:] = memoryview(self.decode(params, payload, len(out), base)).cast("B")
+
     @abstractmethod
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
-        """Reproduce exactly ``raw_len`` bytes."""
+        """Reproduce exactly ``raw_len`` bytes (any bytes-like object: bytes, memoryview, uint8 array)."""

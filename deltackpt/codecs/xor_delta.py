@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from ._delta_util import base_array, xor_bytes
 from .base import ChunkContext, Codec, Encoded
 from .bytegroup import decode_planes, encode_planes, width_for
@@ -22,6 +24,15 @@ class XorDelta(Codec):
         params, payload = encode_planes(xor_bytes(raw, base), width_for(ctx.itemsize, len(raw)), ctx.level)
         return Encoded(params, payload)
 
+    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes, base: bytes | None = None) -> None:
+        dest = np.frombuffer(out, dtype=np.uint8)
+        b = base_array(base, len(dest), self.name)
+        decode_planes(params, payload, len(dest), what=self.name, out=dest)
+        if len(dest) % 8 == 0:
+            np.bitwise_xor(dest.view(np.uint64), b.view(np.uint64), out=dest.view(np.uint64))
+        else:
+            np.bitwise_xor(dest, b, out=dest)
+
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
         b = base_array(base, raw_len, self.name)
-        return xor_bytes(decode_planes(params, payload, raw_len, what=self.name), b).tobytes()
+        return xor_bytes(decode_planes(params, payload, raw_len, what=self.name), b)  # type: ignore[return-value]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .base import ChunkContext, Codec, Encoded
 from .bytegroup import decode_planes, encode_planes, width_for
 
@@ -16,5 +18,8 @@ class ByteGroupZstd(Codec):
         params, payload = encode_planes(raw, width_for(ctx.itemsize, len(raw)), ctx.level)
         return Encoded(params, payload)
 
+    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes, base: bytes | None = None) -> None:
+        decode_planes(params, payload, len(out), what=self.name, out=np.frombuffer(out, dtype=np.uint8))
+
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
-        return decode_planes(params, payload, raw_len, what=self.name).tobytes()
+        return decode_planes(params, payload, raw_len, what=self.name)  # type: ignore[return-value]

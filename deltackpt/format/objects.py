@@ -29,13 +29,17 @@ class EncodedObject:
     encoding: int
     raw_len: int
     params: dict[str, Any]
-    payload: bytes
+    payload: bytes | memoryview
 
-    def to_bytes(self) -> bytes:
+    def head(self) -> bytes:
+        """Header and parameters: everything before the payload."""
         params = msgpack_io.pack(self.params) if self.params else b""
         if len(params) > MAX_OBJECT_PARAMS_BYTES:
             raise LimitExceededError(f"codec parameters of {len(params)} bytes exceed the limit")
-        return _HEADER.pack(OBJECT_VERSION, self.encoding, len(params), self.raw_len) + params + self.payload
+        return _HEADER.pack(OBJECT_VERSION, self.encoding, len(params), self.raw_len) + params
+
+    def to_bytes(self) -> bytes:
+        return self.head() + self.payload
 
 
 def parse(data: bytes | memoryview, *, what: str = "object") -> EncodedObject:
@@ -56,5 +60,5 @@ def parse(data: bytes | memoryview, *, what: str = "object") -> EncodedObject:
                                    max_bytes=MAX_OBJECT_PARAMS_BYTES)
         if not isinstance(params, dict):
             raise CorruptObjectError(f"{what}: codec parameters are not a map")
-    payload = bytes(view[HEADER_BYTES + params_len:])
+    payload = view[HEADER_BYTES + params_len:]  # no copy: decoders only read it
     return EncodedObject(encoding, raw_len, params, payload)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Callable
 
 import xxhash
 
@@ -60,13 +61,22 @@ class PackEntry:
         return cls(chunk_id, offset, length, encoding, raw_len, base, depth)
 
 
-class PackBuilder:
-    """Accumulates objects in memory and produces the pack's bytes."""
+class PackStream:
+    """Lays out a pack as its parts are produced, handing each part to ``sink`` (which may write
+    it to a file) so a pack never needs to sit in memory whole.  The pack id is the xxh3-128 of
+    all its bytes, known after :meth:`finish`."""
 
-    def __init__(self) -> None:
-        self._parts: list[bytes] = [MAGIC]
-        self._size = len(MAGIC)
+    def __init__(self, sink: Callable[[bytes | memoryview], None]) -> None:
+        self._sink = sink
+        self._hash = xxhash.xxh3_128()
+        self._size = 0
         self.entries: list[PackEntry] = []
+        self._emit(MAGIC)
+
+    def _emit(self, part: bytes | memoryview) -> None:
+        self._hash.update(part)
+        self._size += len(part)
+        self._sink(part)
 
     @property
     def size(self) -> int:
@@ -75,18 +85,35 @@ class PackBuilder:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def add(self, chunk_id: bytes, object_bytes: bytes, *, encoding: int, raw_len: int,
+    def add(self, chunk_id: bytes, parts: "list[bytes | memoryview] | bytes", *, encoding: int, raw_len: int,
             base: bytes | None, depth: int) -> PackEntry:
-        entry = PackEntry(chunk_id, self._size, len(object_bytes), encoding, raw_len, base, depth)
-        self._parts.append(object_bytes)
-        self._size += len(object_bytes)
+        if isinstance(parts, (bytes, bytearray, memoryview)):
+            parts = [parts]
+        length = sum(len(p) for p in parts)
+        entry = PackEntry(chunk_id, self._size, length, encoding, raw_len, base, depth)
+        for part in parts:
+            self._emit(part)
         self.entries.append(entry)
         return entry
 
-    def finish(self) -> bytes:
+    def finish(self) -> str:
+        """Emit header and trailer; return the pack id (hex)."""
         header = msgpack_io.pack([e.to_list() for e in self.entries])
-        trailer = _TRAILER.pack(len(header), xxhash.xxh64_intdigest(header), END_MAGIC)
-        return b"".join(self._parts) + header + trailer
+        self._emit(header)
+        self._emit(_TRAILER.pack(len(header), xxhash.xxh64_intdigest(header), END_MAGIC))
+        return self._hash.hexdigest()
+
+
+class PackBuilder(PackStream):
+    """A pack assembled in memory (gc, tests, vectors)."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        super().__init__(lambda part: self._parts.append(bytes(part)))
+
+    def finish(self) -> bytes:  # type: ignore[override]
+        super().finish()
+        return b"".join(self._parts)
 
 
 def parse_trailer(trailer: bytes, pack_len: int, *, what: str) -> int:

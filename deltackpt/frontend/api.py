@@ -47,8 +47,11 @@ class Repo:
         if isinstance(location, Repo):
             self.core = location.core
             return
-        key = location.describe() if isinstance(location, Store) else os.path.abspath(os.fspath(location)) \
-            if "://" not in os.fspath(location) else os.fspath(location)
+        if isinstance(location, Store):
+            key = f"store@{id(location)}"  # two stores may describe themselves alike; identity is what counts
+        else:
+            text = os.fspath(location)
+            key = text if "://" in text else os.path.abspath(text)
         core = _OPEN.get(key)
         if core is None or (create and not core.store.exists("config")):
             core = Repository(location, create=create, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,

@@ -6,6 +6,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
+import numpy as np
 import torch
 
 from ..errors import CorruptObjectError
@@ -31,10 +32,10 @@ def is_own_blob(m: Manifest, e: TensorEntry) -> bool:
         e.numel == 0 or e.stride == contiguous_strides(e.shape))
 
 
-def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int]) -> dict[int, bytearray]:
-    out: dict[int, bytearray] = {}
+def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int]) -> dict[int, np.ndarray]:
+    out: dict[int, np.ndarray] = {}
     for b in sorted(set(blob_ids)):
-        buf = bytearray(m.blobs[b].nbytes)
+        buf = np.empty(m.blobs[b].nbytes, dtype=np.uint8)  # uninitialized: every byte is decoded into it
         try:
             core.read_blob(m.blobs[b], memoryview(buf), pool())
         except CorruptObjectError as exc:
@@ -44,7 +45,7 @@ def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int])
     return out
 
 
-def build_tensors(m: Manifest, indices: Iterable[int], buffers: dict[int, bytearray],
+def build_tensors(m: Manifest, indices: Iterable[int], buffers: dict[int, np.ndarray],
                   device: torch.device | str | None = None) -> dict[int, torch.Tensor]:
     """Tensors for ``indices``; tensors sharing a blob share one storage (moved to ``device`` once)."""
     storages: dict[int, torch.Tensor] = {}
@@ -58,7 +59,7 @@ def build_tensors(m: Manifest, indices: Iterable[int], buffers: dict[int, bytear
             out[i] = t.to(device) if device is not None and torch.device(device) != t.device else t
             continue
         if e.blob not in storages:
-            base = torch.frombuffer(buf, dtype=torch.uint8) if len(buf) else torch.empty(0, dtype=torch.uint8)
+            base = torch.from_numpy(buf)
             if device is not None and torch.device(device) != base.device:
                 base = base.to(device)
             storages[e.blob] = base

@@ -105,8 +105,7 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
             if pid not in packs_on_disk:
                 continue
             live_entries = [e for e in entries if e.chunk_id in live and chosen.get(e.chunk_id) == pid]
-            live_bytes = sum(e.length for e in live_entries)
-            dead_bytes = packs_on_disk[pid] - live_bytes
+            dead_bytes = sum(e.length for e in entries) - sum(e.length for e in live_entries)
             needs_rebase = any(e.chunk_id in to_rebase for e in live_entries)
             if not live_entries:
                 continue

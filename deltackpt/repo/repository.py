@@ -61,6 +61,10 @@ def open_store(location: "str | os.PathLike | Store") -> Store:
     return LocalStore(text[7:] if text.startswith("file://") else text)
 
 
+class _PackGone(CorruptObjectError):
+    """A pack named by the index is missing (gc repacked it, or it was lost)."""
+
+
 class _DecodedCache:
     """A small LRU of decoded chunks, so delta bases shared by reads are decoded once."""
 
@@ -300,7 +304,7 @@ class Repository:
         try:
             data = self.store.get(pack_key(pack_id), e.offset, e.length)
         except (ObjectNotFoundError, FileNotFoundError):
-            raise CorruptObjectError(f"{what}: pack file is missing") from None
+            raise _PackGone(f"{what}: pack file is missing") from None
         if len(data) != e.length:
             raise CorruptObjectError(f"{what}: pack is truncated")
         obj = objects.parse(data, what=what)
@@ -311,11 +315,23 @@ class Repository:
             raise CorruptObjectError(f"{what}: object base disagrees with the index")
         return obj
 
-    def read_chunk(self, cid: bytes) -> bytes:
-        """Decoded bytes of a chunk, walking its delta chain; hash-checked against its id."""
+    def read_chunk(self, cid: bytes, out: memoryview | None = None) -> bytes | memoryview:
+        """Decoded bytes of a chunk, walking its delta chain; hash-checked against its id.
+        With ``out``, the last link decodes straight into it (and ``out`` is returned)."""
+        try:
+            return self._read_chunk(cid, out)
+        except _PackGone:
+            # gc may have repacked (and rebased) this chunk since our index was loaded: look again
+            self.refresh_index()
+            return self._read_chunk(cid, out)
+
+    def _read_chunk(self, cid: bytes, out: memoryview | None) -> bytes | memoryview:
         cached = self.decoded.get(cid)
         if cached is not None:
-            return cached
+            if out is None:
+                return cached
+            out[:] = memoryview(cached).cast("B")
+            return out
         chain: list[tuple[bytes, str, PackEntry]] = []
         cur: bytes | None = cid
         base_data: bytes | None = None
@@ -332,20 +348,27 @@ class Repository:
             chain.append((cur, pid, e))
             cur = e.base
         for i, (c, pid, e) in enumerate(reversed(chain)):
+            last = i == len(chain) - 1
             obj = self.read_object(pid, e)
             codec = registry.get(obj.encoding)
             what = f"chunk {c.hex()} in pack {pid}"
             try:
-                out = codec.decode(obj.params, obj.payload, obj.raw_len, base_data)
+                if last and out is not None:
+                    if len(out) != e.raw_len:
+                        raise CorruptObjectError(f"index says {e.raw_len} bytes, the manifest {len(out)}")
+                    codec.decode_into(out, obj.params, obj.payload, base_data)
+                    result = out
+                else:
+                    result = codec.decode(obj.params, obj.payload, obj.raw_len, base_data)
             except CorruptObjectError as exc:
                 raise CorruptObjectError(f"{what}: {exc}") from None
             except (ValueError, TypeError, IndexError, OverflowError, MemoryError) as exc:
                 raise CorruptObjectError(f"{what}: undecodable ({type(exc).__name__}: {exc})") from None
-            if len(out) != e.raw_len or digest(out) != c:
+            if len(result) != e.raw_len or digest(result) != c:
                 raise CorruptObjectError(f"{what}: decoded bytes do not match the chunk id (data corrupted)")
-            if i < len(chain) - 1:
-                self.decoded.put(c, out)
-            base_data = out
+            if not last:
+                self.decoded.put(c, result)
+            base_data = result
         assert base_data is not None
         return base_data
 
@@ -353,6 +376,7 @@ class Repository:
         """Assemble a blob's bytes into ``out`` (allocated when None), reading only its chunks."""
         if out is None:
             out = memoryview(bytearray(blob.nbytes))
+        out = out.cast("B") if out.format != "B" else out
         if len(out) != blob.nbytes:
             raise ValueError(f"destination holds {len(out)} bytes, blob {blob.nbytes}")
         offsets = []
@@ -363,10 +387,7 @@ class Repository:
 
         def one(i: int) -> None:
             c = blob.chunks[i]
-            data = self.read_chunk(c.chunk_id)
-            if len(data) != c.raw_len:
-                raise CorruptObjectError(f"chunk {c.chunk_id.hex()} has {len(data)} bytes, manifest says {c.raw_len}")
-            out[offsets[i]:offsets[i] + c.raw_len] = data
+            self.read_chunk(c.chunk_id, out[offsets[i]:offsets[i] + c.raw_len])
 
         if pool is not None and len(blob.chunks) > 1:
             list(pool.map(one, range(len(blob.chunks))))

@@ -21,7 +21,7 @@ from ..format import refs
 from ..format.ids import digest, hex_id
 from ..format.manifest import Blob, ChunkRef, Manifest, TensorEntry
 from ..format.objects import EncodedObject
-from ..format.pack import PackBuilder
+from ..format.pack import PackStream
 from . import locks
 from .chunking import chunk_bounds
 from .delta_cache import ChunkMemo
@@ -66,7 +66,7 @@ class SaveStats:
 class _ChunkResult:
     cid: bytes
     raw_len: int
-    obj: bytes | None
+    parts: list | None       # object bytes (header, payload) when the chunk must be written
     encoding: int
     base: bytes | None
     depth: int
@@ -79,30 +79,42 @@ def default_workers() -> int:
 
 
 class _Packer:
+    """Streams objects into pack files as they arrive (the write syscalls overlap the workers'
+    encoding), then writes one index file for the packs of this save."""
+
     def __init__(self, repo: Repository, stats: SaveStats) -> None:
         self.repo = repo
         self.stats = stats
-        self.builder = PackBuilder()
+        self.stream: PackStream | None = None
+        self.writer = None
         self.written: dict[str, tuple[int, list]] = {}
         self.pending: set[bytes] = set()
 
     def add(self, r: _ChunkResult) -> None:
-        assert r.obj is not None
-        self.builder.add(r.cid, r.obj, encoding=r.encoding, raw_len=r.raw_len, base=r.base, depth=r.depth)
+        assert r.parts is not None
+        if self.stream is None:
+            self.writer = self.repo.store.writer(site="pack")
+            self.stream = PackStream(self.writer.write)
+        self.stream.add(r.cid, r.parts, encoding=r.encoding, raw_len=r.raw_len, base=r.base, depth=r.depth)
         self.pending.add(r.cid)
-        if self.builder.size >= PACK_TARGET_BYTES:
+        if self.stream.size >= PACK_TARGET_BYTES:
             self.flush()
 
     def flush(self) -> None:
-        if not len(self.builder):
+        if self.stream is None:
             return
-        data = self.builder.finish()
-        pid = hex_id(data)
-        self.repo.store.put_atomic(pack_key(pid), data, site="pack")
-        self.written[pid] = (len(data), list(self.builder.entries))
+        stream, writer = self.stream, self.writer
+        self.stream = self.writer = None
+        pid = stream.finish()
+        writer.commit(pack_key(pid))
+        self.written[pid] = (stream.size, list(stream.entries))
         self.stats.packs += 1
-        self.stats.objects_bytes += len(data)
-        self.builder = PackBuilder()
+        self.stats.objects_bytes += stream.size
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
+        self.stream = self.writer = None
 
     def finish(self) -> None:
         self.flush()
@@ -118,36 +130,34 @@ class _Packer:
 
 def _encode_one(repo: Repository, raw: memoryview, ctx: ChunkContext, memo: ChunkMemo | None, mode: str,
                 known: Callable[[bytes], bool]) -> tuple[_ChunkResult, ChunkMemo]:
-    src = digest(raw)
-    depth_of = lambda cid: repo.entry(cid)[1].depth  # noqa: E731
+    data = bytes(raw)  # the one copy: the caller's tensor may change once save() returns
+    src = digest(data)
+    depth_of = lambda cid: repo.entry(cid)[1].depth if repo.has_chunk(cid) else 0  # noqa: E731
     if mode == "lossless":
         if known(src):
-            r = _ChunkResult(src, len(raw), None, 0, None, depth_of(src) if repo.has_chunk(src) else 0, 0.0, False)
-            return r, ChunkMemo(src, memo.data if memo and memo.chunk_id == src else bytes(raw), r.depth, src)
+            r = _ChunkResult(src, len(data), None, 0, None, depth_of(src), 0.0, False)
+            return r, ChunkMemo(src, data, r.depth, src)
     elif memo is not None and memo.source_id == src and known(memo.chunk_id):
         # unchanged since the last lossy save: reuse the stored approximation as is
-        r = _ChunkResult(memo.chunk_id, len(raw), None, 0, None, memo.depth, 0.0, True)
-        return r, memo
+        return _ChunkResult(memo.chunk_id, len(data), None, 0, None, memo.depth, 0.0, True), memo
     base = None
-    if memo is not None and repo.has_chunk(memo.chunk_id) and len(memo.data) == len(raw):
+    if memo is not None and repo.has_chunk(memo.chunk_id) and len(memo.data) == len(data):
         base = BaseChunk(memo.chunk_id, memo.data, repo.entry(memo.chunk_id)[1].depth)
-    raw_bytes = bytes(raw)
-    choice = encode_chunk(raw_bytes, ctx, mode=mode, base=base, keyframe_interval=repo.config.keyframe_interval)
+    choice = encode_chunk(data, ctx, mode=mode, base=base, keyframe_interval=repo.config.keyframe_interval)
     recon = choice.encoded.recon
     cid = src if recon is None else digest(recon)
-    data = raw_bytes if recon is None else recon
+    kept = data if recon is None else recon
     if known(cid):
-        r = _ChunkResult(cid, len(raw), None, 0, None, depth_of(cid) if repo.has_chunk(cid) else 0,
-                         choice.encoded.max_abs_err, recon is not None)
-        return r, ChunkMemo(cid, data, r.depth, src)
+        r = _ChunkResult(cid, len(data), None, 0, None, depth_of(cid), choice.encoded.max_abs_err, recon is not None)
+        return r, ChunkMemo(cid, kept, r.depth, src)
     params = dict(choice.encoded.params)
     base_id = choice.base.chunk_id if choice.base else None
     if base_id is not None:
         params["base"] = base_id
-    obj = EncodedObject(choice.encoding, len(raw), params, choice.encoded.payload).to_bytes()
-    r = _ChunkResult(cid, len(raw), obj, choice.encoding, base_id, choice.depth, choice.encoded.max_abs_err,
-                     recon is not None)
-    return r, ChunkMemo(cid, data, choice.depth, src)
+    head = EncodedObject(choice.encoding, len(data), params, b"").head()
+    r = _ChunkResult(cid, len(data), [head, choice.encoded.payload], choice.encoding, base_id, choice.depth,
+                     choice.encoded.max_abs_err, recon is not None)
+    return r, ChunkMemo(cid, kept, choice.depth, src)
 
 
 def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[TensorEntry], tree: Any, *,
@@ -166,28 +176,11 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
         packer = _Packer(repo, stats)
         known = lambda cid: repo.has_chunk(cid) or cid in packer.pending  # noqa: E731
         manifest_blobs: list[Blob] = []
-        total = sum(len(b.data) for b in blobs)
-        done = 0
-        with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
-            for b in blobs:
-                bounds = chunk_bounds(len(b.data), b.row_bytes, b.itemsize, repo.config.chunk_bytes)
-                view = memoryview(b.data).cast("B") if not isinstance(b.data, memoryview) else b.data.cast("B")
-                ctx = ChunkContext(b.dtype, b.itemsize, b.row_bytes, repo.level)
-                chunks: list[ChunkRef] = []
-                futures = []
-                # chunks are hashed and encoded in parallel; results are packed in order
-                for i, (s, e) in enumerate(bounds):
-                    memo = repo.delta_cache.get((b.key, i))
-                    futures.append(pool.submit(_encode_one, repo, view[s:e], ctx, memo, b.mode, known))
-                    if len(futures) >= WINDOW:
-                        _drain(futures[:WINDOW // 2], b, chunks, packer, repo, stats, codec_of)
-                        del futures[:WINDOW // 2]
-                _drain(futures, b, chunks, packer, repo, stats, codec_of)
-                manifest_blobs.append(Blob(len(b.data), b.itemsize, b.row_bytes, chunks))
-                stats.logical_bytes += len(b.data)
-                done += len(b.data)
-                if progress:
-                    progress(done, total)
+        try:
+            _write_blobs(repo, blobs, packer, stats, manifest_blobs, known, workers, progress, codec_of)
+        except BaseException:
+            packer.abort()
+            raise
         packer.finish()
         for t in tensors:
             src = blobs[t.blob]
@@ -204,6 +197,32 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
     return vid, stats
 
 
+def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stats: SaveStats,
+                 manifest_blobs: list[Blob], known, workers: int | None, progress, codec_of) -> None:
+    total = sum(len(b.data) for b in blobs)
+    done = 0
+    with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
+        for b in blobs:
+            bounds = chunk_bounds(len(b.data), b.row_bytes, b.itemsize, repo.config.chunk_bytes)
+            view = memoryview(b.data).cast("B") if not isinstance(b.data, memoryview) else b.data.cast("B")
+            ctx = ChunkContext(b.dtype, b.itemsize, b.row_bytes, repo.level)
+            chunks: list[ChunkRef] = []
+            futures = []
+            # chunks are hashed and encoded in parallel; results are packed in order
+            for i, (s, e) in enumerate(bounds):
+                memo = repo.delta_cache.get((b.key, i))
+                futures.append(pool.submit(_encode_one, repo, view[s:e], ctx, memo, b.mode, known))
+                if len(futures) >= WINDOW:
+                    _drain(futures[:WINDOW // 2], b, chunks, packer, repo, stats, codec_of)
+                    del futures[:WINDOW // 2]
+            _drain(futures, b, chunks, packer, repo, stats, codec_of)
+            manifest_blobs.append(Blob(len(b.data), b.itemsize, b.row_bytes, chunks))
+            stats.logical_bytes += len(b.data)
+            done += len(b.data)
+            if progress:
+                progress(done, total)
+
+
 def _drain(futures, b: BlobInput, chunks: list[ChunkRef], packer: _Packer, repo: Repository,
            stats: SaveStats, codec_of) -> None:
     for i, fut in enumerate(futures, start=len(chunks)):
@@ -214,7 +233,7 @@ def _drain(futures, b: BlobInput, chunks: list[ChunkRef], packer: _Packer, repo:
         if r.lossy:
             b.exact = False
             b.max_abs_err = max(b.max_abs_err, r.err)
-        if r.obj is None or r.cid in packer.pending or repo.has_chunk(r.cid):
+        if r.parts is None or r.cid in packer.pending or repo.has_chunk(r.cid):
             stats.chunks_reused += 1
             continue
         stats.chunks_new += 1

@@ -17,6 +17,29 @@ def check_key(key: str) -> str:
     return key
 
 
+class AtomicWriter:
+    """Streams a value whose key is known only at the end (packs are named by their hash).
+    Nothing is visible under any key until :meth:`commit`; :meth:`abort` leaves nothing behind.
+    This default buffers in memory and commits with ``put_atomic``; stores override it to stream."""
+
+    def __init__(self, store: "Store", site: str) -> None:
+        self._store = store
+        self._site = site
+        self._parts: list[bytes] = []
+        self.size = 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        self._parts.append(bytes(data))
+        self.size += len(data)
+
+    def commit(self, key: str) -> None:
+        self._store.put_atomic(key, b"".join(self._parts), site=self._site)
+        self._parts = []
+
+    def abort(self) -> None:
+        self._parts = []
+
+
 class Store(ABC):
     """A flat key -> bytes map with the few guarantees the repository needs.
 
@@ -57,6 +80,10 @@ class Store(ABC):
     @abstractmethod
     def delete(self, key: str, *, site: str = "delete") -> None:
         """Remove ``key``; absent keys are not an error."""
+
+    def writer(self, *, site: str = "object") -> AtomicWriter:
+        """A streaming writer for a value committed later under a key chosen then."""
+        return AtomicWriter(self, site)
 
     def exists(self, key: str) -> bool:
         try:

@@ -15,7 +15,7 @@ import stat
 
 from .. import faults
 from ..errors import ObjectNotFoundError, StoreError
-from .base import Store, check_key
+from .base import AtomicWriter, Store, check_key
 
 TMP_DIR = "tmp"
 
@@ -26,6 +26,60 @@ def _os_error(exc: OSError, action: str, key: str) -> StoreError:
     hint = " (disk full: free space and retry; committed versions are intact)" if exc.errno == errno.ENOSPC else ""
     err = StoreError(exc.errno, f"{action} {key!r} failed: {exc.strerror or exc}{hint}")
     return err
+
+
+class _LocalWriter(AtomicWriter):
+    """Streams into a temp file; commit = fsync, rename into place, fsync the directory."""
+
+    def __init__(self, store: "LocalStore", site: str) -> None:
+        super().__init__(store, site)
+        self._local = store
+        tmp_dir = os.path.join(store.root, TMP_DIR)
+        os.makedirs(tmp_dir, exist_ok=True)
+        self._tmp = os.path.join(tmp_dir, f"{site}.{secrets.token_hex(6)}.tmp")
+        self._fd: int | None = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+
+    def write(self, data: bytes | memoryview) -> None:
+        assert self._fd is not None
+        try:
+            short = faults.hit(f"{self._site}.write")
+            view = memoryview(data)
+            if short:
+                os.write(self._fd, view[: len(view) // 2])
+                raise OSError(errno.EIO, f"injected short write at {self._site}.write")
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+            self.size += len(data)
+        except OSError as exc:
+            self.abort()
+            raise _os_error(exc, "write", self._tmp) from None
+
+    def commit(self, key: str) -> None:
+        assert self._fd is not None
+        path = self._local._path(key)
+        try:
+            self._local._check_dirs(path)
+            faults.hit(f"{self._site}.fsync")
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            faults.hit(f"{self._site}.rename")
+            os.replace(self._tmp, path)
+            self._local._fsync_dir(os.path.dirname(path), self._site)
+        except OSError as exc:
+            self.abort()
+            raise _os_error(exc, "write", key) from None
+
+    def abort(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+        _unlink_quiet(self._tmp)
 
 
 class LocalStore(Store):
@@ -77,13 +131,18 @@ class LocalStore(Store):
                 raise StoreError(errno.EINVAL, f"{key!r} is not a regular file")
             if length is None:
                 length = max(st.st_size - start, 0)
-            out = bytearray()
-            while len(out) < length:
-                part = os.pread(fd, length - len(out), start + len(out))
-                if not part:
-                    break
-                out += part
-            return bytes(out)
+            data = os.pread(fd, length, start)
+            if len(data) < length:  # a short read (rare): collect the rest
+                parts = [data]
+                got = len(data)
+                while got < length:
+                    part = os.pread(fd, length - got, start + got)
+                    if not part:
+                        break
+                    parts.append(part)
+                    got += len(part)
+                data = b"".join(parts)
+            return data
         except OSError as exc:
             raise _os_error(exc, "read", key) from None
         finally:
@@ -150,6 +209,12 @@ class LocalStore(Store):
             raise
         os.close(fd)
         return tmp
+
+    def writer(self, *, site: str = "object") -> AtomicWriter:
+        try:
+            return _LocalWriter(self, site)
+        except OSError as exc:
+            raise _os_error(exc, "write", site) from None
 
     def put_atomic(self, key: str, data: bytes, *, site: str = "object") -> None:
         path = self._path(key)
