@@ -136,11 +136,11 @@ def main(argv: list[str] | None = None) -> int:
             b = json.load(f)
         rows = {r["mode"]: r for r in b["rows"]}
         ts, th = rows["torch.save"], rows["deltackpt-thread"]
-        args.stall_ratio = th["stall_median_s"] / ts["stall_median_s"]
-        none = rows["none"]["wall_s"]
-        extra = max(0.0, (th["wall_s"] - none) / max(1, th["saves"]) - th["stall_median_s"])
-        args.contention_ratio = extra / ts["stall_median_s"]
-        args.background_ratio = (th["background_median_s"] or 0.0) / ts["stall_median_s"]
+        ref = ts["stall_all_median_s"]
+        args.stall_ratio = th["stall_all_median_s"] / ref
+        # loop time the background work costs per save: the slower steps between two saves
+        args.contention_ratio = max(0.0, th["step_inflation"]) * b["step_s"] * b["every"] / ref
+        args.background_ratio = (th["background_median_s"] or 0.0) / ref
         source = args.from_bench
     mtbf = args.mtbf_h * 3600
     steps = int(args.hours * 3600 / args.step_s)
