@@ -100,6 +100,8 @@ class ForkSaver:
         copy = unflatten(tree, lambda i: staged[i].tensor)
         pid = os.fork()
         if pid == 0:  # child: no torch threads needed for hashing/encoding/writing
+            if async_save.BACKGROUND_NICE:
+                os.nice(async_save.BACKGROUND_NICE)   # the same priority as the save thread
             code = 0
             try:
                 deltackpt.save(copy, self.repo, step=step)
@@ -116,6 +118,12 @@ class ForkSaver:
                 raise RuntimeError(f"forked saver failed with status {status}")
 
 
+def _cpu() -> float:
+    """CPU seconds of this process (all threads) and of its reaped children (the forked savers)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def run(job: Job, steps: int, every: int, mode: str, workdir: str) -> dict:
     """Run ``steps`` steps saving every ``every`` in ``mode``; returns wall time and stalls."""
     stalls: list[float] = []
@@ -125,7 +133,7 @@ def run(job: Job, steps: int, every: int, mode: str, workdir: str) -> dict:
     forker = ForkSaver(repo) if mode == "deltackpt-fork" else None
     handles = []
     step_times: list[float] = []
-    c0 = time.process_time()
+    c0 = _cpu()
     t0 = time.perf_counter()
     for i in range(1, steps + 1):
         s_start = time.perf_counter()
@@ -153,7 +161,7 @@ def run(job: Job, steps: int, every: int, mode: str, workdir: str) -> dict:
     for h in handles:
         h.wait()
     tail = time.perf_counter() - tail0
-    cpu = time.process_time() - c0   # this process's CPU (all threads; a forked child is not counted)
+    cpu = _cpu() - c0
     bg = [h.background_seconds for h in handles if h.background_seconds is not None]
     Repo(repo).close() if os.path.exists(repo) else None
     return {"mode": mode, "wall_s": wall, "stalls_s": stalls, "stall_median_s": statistics.median(stalls) if stalls else 0.0,

@@ -13,6 +13,10 @@ see the figures in its output).  A thread also keeps the repository handle's del
 previous version's bytes, against which deltas are computed) in the same address space; a
 process would have to receive every byte through shared memory and keep its own cache.
 
+Priority: the save thread runs at a lower CPU priority (``BACKGROUND_NICE``, Linux), so when
+cores are scarce the training loop keeps them; the price is a save that takes longer, and if it
+is still running when the next save is due, that save waits for it (the loop stalls).
+
 Memory: at most ``MAX_IN_FLIGHT`` (default 1) saves are in flight; a save submitted while that
 many are running first waits for the oldest.  Each in-flight save holds one staging copy of the
 state (its logical size); staging buffers are reused by the next save of the same shapes, so a
@@ -26,6 +30,7 @@ nobody waited for it, from the next save to the same repository (which then does
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,12 +52,28 @@ _staging: dict[tuple, list[torch.Tensor]] = {}   # (shape, dtype, pinned) -> fre
 _staging_bytes = 0
 
 
+BACKGROUND_NICE: int | None = 10
+"""Nice increment of the save thread (Linux: per thread; its encoder threads inherit it), so that
+on a busy CPU the training loop wins and the save takes the idle cycles.  None leaves it alone."""
+
+
+def _lower_priority() -> None:
+    if BACKGROUND_NICE is None or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
+    except OSError:
+        pass  # not permitted or not per-thread on this system: run at normal priority
+
+
 def _pool() -> ThreadPoolExecutor:
     global _executor
     if _executor is None:
         # one worker: saves to a repository commit in submission order, and the delta cache
         # (keyed by chunk position) always holds the previous version's bytes
-        _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltackpt-save")
+        _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltackpt-save",
+                                       initializer=_lower_priority)
     return _executor
 
 

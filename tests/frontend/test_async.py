@@ -122,3 +122,17 @@ def test_staging_buffers_are_reused(repo_path):
     assert pooled - in_use          # buffers were taken from the pool for this snapshot
     h.wait()
     assert async_save._staging_bytes <= async_save.MAX_IN_FLIGHT * h.staged_bytes
+
+
+def test_save_thread_runs_at_lower_priority(repo_path):
+    """The background save thread (and the encoder threads it starts) run niced below the caller."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+    deltackpt.save({"x": torch.randn(8)}, repo_path, blocking=False).wait()
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    def inner():
+        with ThreadPoolExecutor(1) as p:
+            return p.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result()
+
+    assert async_save._pool().submit(inner).result() == min(19, mine + async_save.BACKGROUND_NICE)
