@@ -221,8 +221,9 @@ def _repack(repo: Repository, rewrite: list[tuple[str, list[PackEntry]]], to_reb
                 enc = registry.get(registry.BG_ZSTD).encode(raw, ChunkContext("uint8", widths.get(e.chunk_id, 1), 0, repo.level))
                 codec_id, params, payload = registry.BG_ZSTD, enc.params, enc.payload
                 if len(payload) >= len(raw):
-                    codec_id, params, payload = registry.RAW, {}, raw
-                obj = EncodedObject(codec_id, e.raw_len, params, payload).to_bytes()
+                    # read_chunk returns any bytes-like (a numpy array, lately): bytes to concatenate
+                    codec_id, params, payload = registry.RAW, {}, bytes(memoryview(raw).cast("B"))
+                obj = EncodedObject(codec_id, e.raw_len, params, bytes(payload)).to_bytes()
                 builder.add(e.chunk_id, obj, encoding=codec_id, raw_len=e.raw_len, base=None, depth=0)
             else:
                 obj = repo.store.get(pack_key(pid), e.offset, e.length)

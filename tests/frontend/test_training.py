@@ -280,3 +280,15 @@ def test_policies_continue_after_resume():
     d = DenseEarly(first=10, growth=1.5, max_every=40)
     d.resumed(30, 0.0)   # the schedule had saves at 10 and 25; the next gap is 22
     assert _due_steps(d, range(31, 60)) == [52]
+
+
+def test_gc_rebases_incompressible_chunks_to_raw(repo_path):
+    """gc rebasing a chunk whose keyframe does not compress stores it raw, and every kept version still loads."""
+    torch.manual_seed(0)
+    w = torch.randn(64)   # 256 random bytes: zstd does not pay
+    for i in range(4):
+        w = w + 1e-3
+        deltackpt.save({"w": w}, repo_path, step=i)
+    report = deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)
+    assert len(report.removed) == 3
+    assert torch.equal(deltackpt.load(repo_path)["w"], w) and deltackpt.Repo(repo_path).verify().ok
