@@ -20,6 +20,8 @@ from ..store.base import Store
 if TYPE_CHECKING:
     import torch
 
+    from .async_save import SaveHandle
+
 _OPEN: dict[str, Repository] = {}
 
 
@@ -213,20 +215,28 @@ def _metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None = None,
          metrics: Mapping[str, Any] | None = None, meta: Any = None, tag: str | None = None,
-         encoding: Mapping[str, str] | str | None = None) -> Version:
+         encoding: Mapping[str, str] | str | None = None, blocking: bool = True) -> "Version | SaveHandle":
     """Save a module's state_dict, a state dict or a nested training state as a new version.
 
     Unchanged chunks are not written again; changed ones are stored as deltas against the last
     version this process saved, when that is smaller.  ``encoding`` opts tensors into lossy modes
     by name pattern (``{"optimizer.*": "q8-delta"}``); the default is lossless.
 
+    ``blocking=False`` returns a :class:`~deltackpt.frontend.async_save.SaveHandle` as soon as
+    the tensors are copied to host memory; the rest runs in a background thread
+    (``handle.wait()`` returns the Version).  Any save first waits for a background save to the
+    same repository still in flight, and raises its error if nobody has waited for it.
+
     Example::
 
         v = deltackpt.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 100},
                            "ckpt", step=100, metrics={"loss": 0.31}, tag="warmup-done")
+        h = deltackpt.save(model, "ckpt", step=200, blocking=False)   # training goes on
+        h.wait()
     """
     import torch
 
+    from . import async_save
     from .flatten import flatten
     from .planner import plan_blobs
 
@@ -234,14 +244,27 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
         obj = obj.state_dict()
     r = _repo(repo, create=True)
     tree, leaves = flatten(obj)
-    blobs, entries = plan_blobs(leaves, encoding)
-    total = sum(len(b.data) for b in blobs)
     if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
         raise UnsupportedLeafError(f"step must be an int, got {type(step).__name__}")
-    with bar("save", total) as update:
-        vid, _stats = saver.write_version(r.core, blobs, entries, tree, step=step, metrics=_metrics(metrics),
-                                          meta=_plain(meta, "meta"), tag=tag, progress=update)
-    return r.core.version(vid)
+    plain_metrics, plain_meta = _metrics(metrics), _plain(meta, "meta")
+
+    def write(leaves: list, tree: Any, devices: list[str] | None = None) -> Version:
+        blobs, entries = plan_blobs(leaves, encoding)
+        if devices is not None:  # staged copies live on the CPU; record where the tensors lived
+            for e, device in zip(entries, devices):
+                e.device = device
+        total = sum(len(b.data) for b in blobs)
+        with bar("save", total if devices is None else 0) as update:
+            vid, _stats = saver.write_version(r.core, blobs, entries, tree, step=step, metrics=plain_metrics,
+                                              meta=plain_meta, tag=tag, progress=update)
+        return r.core.version(vid)
+
+    if not blocking:
+        plan_blobs([], encoding)  # a bad encoding argument fails here, not in the background
+        devices = [str(leaf.tensor.device) for leaf in leaves]
+        return async_save.submit(r, leaves, tree, lambda staged, t: write(staged, t, devices))
+    async_save.drain(r.core)
+    return write(leaves, tree)
 
 
 def load(repo: "str | os.PathLike | Repo | Store", version: "str | Version" = "latest", *,

@@ -17,7 +17,6 @@ from typing import Any
 
 from .. import faults
 from ..codecs import registry
-from ..errors import CorruptObjectError
 from ..codecs.base import ChunkContext
 from ..errors import CorruptObjectError
 from ..format import index as index_fmt
@@ -142,11 +141,27 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
                 pass
         report.tags_deleted = [] if policy.keep_tags else [n for n, v in repo.tags().items() if v in removed]
 
+        now = time.time()
+        # what the delete phase will remove: indexed packs no longer needed, and unindexed packs
+        # (a save that died before its index) once older than the grace period
+        doomed: list[str] = []
+        for pid in delete_packs:
+            try:
+                if pid not in by_pack and now - repo.store.mtime(pack_key(pid)) < grace_seconds:
+                    continue
+            except FileNotFoundError:
+                continue
+            doomed.append(pid)
+
         if dry_run:
-            new_bytes = sum(size for size, _ in keep_packs.values())
-            new_bytes += sum(sum(e.length for e in entries) for _, entries in rewrite)
-            report.reclaimed_bytes = max(0, old_bytes - new_bytes)
-            report.packs_deleted = len(delete_packs) - len(rewrite)
+            # build the rewritten packs in memory (rebased chunks re-encoded exactly as below) so
+            # the reclaimed bytes are the net change the real run makes, growth included
+            new_packs = {hex_id(data): (len(data), entries)
+                         for data, entries in _repack(repo, rewrite, to_rebase, widths, with_entries=True)}
+            new_index = len(index_fmt.encode({**keep_packs, **new_packs}))
+            report.reclaimed_bytes = (old_bytes - sum(packs_on_disk.values())) + _index_bytes(repo) - new_index + \
+                sum(packs_on_disk[pid] for pid in doomed) - sum(size for size, _ in new_packs.values())
+            report.packs_deleted = len(doomed) - len(rewrite)
             report.packs_rewritten = len(rewrite)
             return report
 
@@ -162,37 +177,14 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
             sync("refs/tags/", site="gc.dir")
 
         new_packs: dict[str, tuple[int, list[PackEntry]]] = {}
-        builder = PackBuilder()
-
-        def flush() -> None:
-            nonlocal builder
-            if len(builder):
-                data = builder.finish()
-                pid = hex_id(data)
-                repo.store.put_atomic(pack_key(pid), data, site="gc.pack")
-                new_packs[pid] = (len(data), list(builder.entries))
-                builder = PackBuilder()
-
-        for pid, entries in rewrite:
-            for e in entries:
-                if e.chunk_id in to_rebase:
-                    raw = repo.read_chunk(e.chunk_id)
-                    enc = registry.get(registry.BG_ZSTD).encode(raw, ChunkContext("uint8", widths.get(e.chunk_id, 1), 0, repo.level))
-                    codec_id, params, payload = registry.BG_ZSTD, enc.params, enc.payload
-                    if len(payload) >= len(raw):
-                        codec_id, params, payload = registry.RAW, {}, raw
-                    # read_chunk may hand back a numpy buffer: bytes + ndarray would not concatenate
-                    obj = EncodedObject(codec_id, e.raw_len, params, bytes(payload)).to_bytes()
-                    builder.add(e.chunk_id, obj, encoding=codec_id, raw_len=e.raw_len, base=None, depth=0)
-                else:
-                    obj = repo.store.get(pack_key(pid), e.offset, e.length)
-                    builder.add(e.chunk_id, obj, encoding=e.encoding, raw_len=e.raw_len, base=e.base, depth=e.depth)
-                if builder.size >= PACK_TARGET_BYTES or len(builder) >= PACK_MAX_OBJECTS:
-                    flush()
-        flush()
+        for data, entries in _repack(repo, rewrite, to_rebase, widths, with_entries=True):
+            pid = hex_id(data)
+            repo.store.put_atomic(pack_key(pid), data, site="gc.pack")
+            new_packs[pid] = (len(data), entries)
         report.packs_rewritten = len(rewrite)
 
         old_index_files = repo.store.list(INDEX)
+        old_index_bytes = _index_bytes(repo)
         index_data = index_fmt.encode({**keep_packs, **new_packs})
         index_key = INDEX + hex_id(index_data)
         repo.store.put_atomic(index_key, index_data, site="gc.index")
@@ -202,17 +194,12 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
         if sync is not None:  # no old index file may reappear after a crash naming a pack deleted below
             sync(INDEX, site="gc.dir")
 
-        now = time.time()
         deleted_bytes = 0
-        for pid in delete_packs:
-            key = pack_key(pid)
+        for pid in doomed:
             if pid in new_packs:
                 continue
             try:
-                unindexed = pid not in by_pack
-                if unindexed and now - repo.store.mtime(key) < grace_seconds:
-                    continue  # a pack from a save that may still be indexing it
-                repo.store.delete(key, site="gc.delete")
+                repo.store.delete(pack_key(pid), site="gc.delete")
                 deleted_bytes += packs_on_disk[pid]
                 report.packs_deleted += 1
             except FileNotFoundError:
@@ -224,10 +211,47 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
                     repo.store.delete(key, site="gc.temp")
                     report.temps_deleted += 1
         new_bytes = sum(size for size, _ in new_packs.values())
-        report.reclaimed_bytes = max(0, deleted_bytes - new_bytes) + (old_bytes - sum(packs_on_disk.values()))
+        # net: negative when rebasing deltas into keyframes costs more than the removed versions held
+        report.reclaimed_bytes = deleted_bytes - new_bytes + (old_bytes - sum(packs_on_disk.values())) + \
+            old_index_bytes - len(index_data)
         repo._index.clear()
         repo._index_files.clear()
         repo.refresh_index()
         repo.decoded = type(repo.decoded)(repo.decoded.max_bytes)
     return report
 
+
+def _index_bytes(repo: Repository) -> int:
+    total = 0
+    for key in repo.store.list(INDEX):
+        try:
+            total += repo.store.size(key)
+        except FileNotFoundError:
+            pass
+    return total
+
+
+def _repack(repo: Repository, rewrite: list[tuple[str, list[PackEntry]]], to_rebase: set[bytes],
+            widths: dict[bytes, int], with_entries: bool = False):
+    """Yield the bytes of the new packs holding the live objects of ``rewrite`` (objects whose
+    delta base goes away are re-encoded as keyframes), and their entries when asked."""
+    builder = PackBuilder()
+    for pid, entries in rewrite:
+        for e in entries:
+            if e.chunk_id in to_rebase:
+                raw = repo.read_chunk(e.chunk_id)
+                enc = registry.get(registry.BG_ZSTD).encode(raw, ChunkContext("uint8", widths.get(e.chunk_id, 1), 0, repo.level))
+                codec_id, params, payload = registry.BG_ZSTD, enc.params, enc.payload
+                if len(payload) >= len(raw):
+                    # read_chunk returns any bytes-like (a numpy array, lately): bytes to concatenate
+                    codec_id, params, payload = registry.RAW, {}, bytes(memoryview(raw).cast("B"))
+                obj = EncodedObject(codec_id, e.raw_len, params, bytes(payload)).to_bytes()
+                builder.add(e.chunk_id, obj, encoding=codec_id, raw_len=e.raw_len, base=None, depth=0)
+            else:
+                obj = repo.store.get(pack_key(pid), e.offset, e.length)
+                builder.add(e.chunk_id, obj, encoding=e.encoding, raw_len=e.raw_len, base=e.base, depth=e.depth)
+            if builder.size >= PACK_TARGET_BYTES or len(builder) >= PACK_MAX_OBJECTS:
+                yield (builder.finish(), list(builder.entries)) if with_entries else builder.finish()
+                builder = PackBuilder()
+    if len(builder):
+        yield (builder.finish(), list(builder.entries)) if with_entries else builder.finish()
