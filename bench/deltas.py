@@ -231,7 +231,7 @@ def restore_times(files: list[str], k: int, chunk_bytes: int) -> list[dict]:
         index = r.core
         for (v, save_s, tsize) in vids:
             m = index.manifest(v.id)
-            depth = max(index.entry(c.id)[1].depth for b in m.blobs for c in b.chunks)
+            depth = max(index.entry(c.chunk_id)[1].depth for b in m.blobs for c in b.chunks)
             best = float("inf")
             for _ in range(2):
                 t0 = time.perf_counter()
