@@ -237,16 +237,24 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
     import torch
 
     from . import async_save
+    from ..format.refs import check_name
+    from .dtypes import name_of
     from .flatten import flatten
     from .planner import plan_blobs
 
     if isinstance(obj, torch.nn.Module):
         obj = obj.state_dict()
-    r = _repo(repo, create=True)
     tree, leaves = flatten(obj)
     if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
         raise UnsupportedLeafError(f"step must be an int, got {type(step).__name__}")
     plain_metrics, plain_meta = _metrics(metrics), _plain(meta, "meta")
+    # everything that can refuse the input does so before a repository is created or touched
+    plan_blobs([], encoding)
+    for leaf in leaves:
+        name_of(leaf.tensor.dtype, leaf.name)
+    if tag is not None:
+        check_name(tag)
+    r = _repo(repo, create=True)
 
     def write(leaves: list, tree: Any, devices: list[str] | None = None) -> Version:
         blobs, entries = plan_blobs(leaves, encoding)
@@ -260,7 +268,6 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
         return r.core.version(vid)
 
     if not blocking:
-        plan_blobs([], encoding)  # a bad encoding argument fails here, not in the background
         devices = [str(leaf.tensor.device) for leaf in leaves]
         return async_save.submit(r, leaves, tree, lambda staged, t: write(staged, t, devices))
     async_save.drain(r.core)

@@ -48,7 +48,9 @@ def plan_blobs(leaves: list[TensorLeaf], encoding: Mapping[str, str] | str | Non
     if isinstance(encoding, Mapping):
         for m in encoding.values():
             check_mode(m)
-    elif encoding is not None and not isinstance(encoding, str):
+    elif isinstance(encoding, str):
+        check_mode(encoding)
+    elif encoding is not None:
         raise CodecError(f"encoding must be a mode name or a {{pattern: mode}} dict, not {type(encoding).__name__}")
     groups: dict[tuple, list[TensorLeaf]] = {}
     for leaf in leaves:

@@ -101,3 +101,15 @@ def test_map_location_moves_tensors_and_keeps_sharing(repo_path):
     deltackpt.save({"a": emb, "b": emb}, repo_path)
     out = deltackpt.load(repo_path, map_location="cpu")
     assert out["a"].device.type == "cpu" and out["a"].untyped_storage().data_ptr() == out["b"].untyped_storage().data_ptr()
+
+
+def test_a_refused_first_save_creates_no_repository(tmp_path):
+    """A save refused for its input (unsupported leaf, bad tag, bad encoding) leaves no repository behind."""
+    import os
+    import pytest
+    path = str(tmp_path / "new")
+    for kwargs, state in (({}, {"x": {1, 2}}), ({"tag": "a/b"}, {"x": torch.ones(1)}),
+                          ({"encoding": "q3"}, {"x": torch.ones(1)})):
+        with pytest.raises(deltackpt.DeltackptError):
+            deltackpt.save(state, path, **kwargs)
+        assert not os.path.exists(path)
