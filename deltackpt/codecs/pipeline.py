@@ -1,7 +1,8 @@
 """Choosing an encoding per chunk.
 
 Lossless: the keyframe codec (byte-grouped zstd) or, when a base chunk is at hand and the chain
-is shorter than the keyframe interval, XOR delta, integer (zigzag) delta or sparse rows.  The
+is shorter than the keyframe interval, XOR delta, integer (zigzag) delta, integer delta against
+a scaled base (decaying Adam moments) or sparse rows.  The
 dense candidates are compared on a sample of the chunk and only the winner encodes it all;
 whatever wins is stored raw if it is not smaller than the raw bytes.
 
