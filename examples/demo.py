@@ -62,6 +62,10 @@ def main() -> None:
     full_bytes = 0
     save_seconds = 0.0
     for step in range(1, STEPS + 1):
+        if step == STEPS // 2 + 1:
+            # fine-tuning often freezes most of a model: unchanged chunks are then never written again
+            print("freezing the embedding for the second half: watch the written bytes drop")
+            model.embed.weight.requires_grad_(False)
         ids, labels = batch(gen)
         loss = nn.functional.cross_entropy(model(ids), labels)
         opt.zero_grad()
