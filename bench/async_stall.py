@@ -118,6 +118,15 @@ class ForkSaver:
                 raise RuntimeError(f"forked saver failed with status {status}")
 
 
+def _set_save_thread_nice(value: int) -> None:
+    """Set the save thread's nice value (root may lower it again): the A/B of the priority choice."""
+    import threading
+
+    def set_it() -> None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), value)
+    async_save._pool().submit(set_it).result()
+
+
 def _cpu() -> float:
     """CPU seconds of this process (all threads) and of its reaped children (the forked savers)."""
     t = os.times()
@@ -131,6 +140,7 @@ def run(job: Job, steps: int, every: int, mode: str, workdir: str) -> dict:
     shutil.rmtree(repo, ignore_errors=True)
     path = os.path.join(workdir, "torch.pt")
     forker = ForkSaver(repo) if mode == "deltackpt-fork" else None
+    _set_save_thread_nice(10 if mode == "deltackpt-thread-nice10" else async_save.BACKGROUND_NICE or 0)
     handles = []
     step_times: list[float] = []
     c0 = _cpu()
@@ -146,7 +156,7 @@ def run(job: Job, steps: int, every: int, mode: str, workdir: str) -> dict:
             torch_save(job.state(), path, fsync=False)
         elif mode == "torch.save+fsync":
             torch_save(job.state(), path, fsync=True)
-        elif mode == "deltackpt-thread":
+        elif mode in ("deltackpt-thread", "deltackpt-thread-nice10"):
             handles.append(deltackpt.save(job.state(), repo, step=i, blocking=False))
         elif mode == "deltackpt-blocking":
             deltackpt.save(job.state(), repo, step=i)

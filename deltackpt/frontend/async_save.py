@@ -13,9 +13,10 @@ see the figures in its output).  A thread also keeps the repository handle's del
 previous version's bytes, against which deltas are computed) in the same address space; a
 process would have to receive every byte through shared memory and keep its own cache.
 
-Priority: the save thread runs at a lower CPU priority (``BACKGROUND_NICE``, Linux), so when
-cores are scarce the training loop keeps them; the price is a save that takes longer, and if it
-is still running when the next save is due, that save waits for it (the loop stalls).
+Priority: ``BACKGROUND_NICE`` can run the save thread at a lower CPU priority (Linux); off by
+default, see its comment for the measurement.  If a save is still running when the next one is
+due, the next one waits for it (the loop stalls): saves more frequent than the background time
+cost loop time.
 
 Memory: at most ``MAX_IN_FLIGHT`` (default 1) saves are in flight; a save submitted while that
 many are running first waits for the oldest.  Each in-flight save holds one staging copy of the
@@ -52,9 +53,12 @@ _staging: dict[tuple, list[torch.Tensor]] = {}   # (shape, dtype, pinned) -> fre
 _staging_bytes = 0
 
 
-BACKGROUND_NICE: int | None = 10
-"""Nice increment of the save thread (Linux: per thread; its encoder threads inherit it), so that
-on a busy CPU the training loop wins and the save takes the idle cycles.  None leaves it alone."""
+BACKGROUND_NICE: int | None = None
+"""Nice increment for the save thread (Linux: per thread; its encoder threads inherit it); set it
+before the first background save.  Off by default: on the 2-core shared project machine nice +10
+made the loop slower, not faster (bench/async_stall.py, same run, 271 MB MiniLM+AdamW state every
+4 steps: +33% loop time and a stall of 0.42x torch.save at nice 10 against +0.7% and 0.13x at
+nice 0), because a starved save was still running when the next one was due and the loop waited."""
 
 
 def _lower_priority() -> None:
