@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from ..codecs.base import ChunkContext
 from ..codecs.pipeline import BaseChunk, encode_chunk
+from ..codecs.registry import get as codec_of
 from ..errors import ConflictError
 from ..format import index as index_fmt
 from ..format import refs
@@ -165,23 +166,12 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
                   tag: str | None = None, extra: dict | None = None, workers: int | None = None,
                   progress: Callable[[int, int], None] | None = None) -> tuple[str, SaveStats]:
     """Store ``blobs``, then commit a manifest naming ``tensors`` and ``tree``; returns (version id, stats)."""
-    from ..codecs.registry import get as codec_of
-
     t0 = time.perf_counter()
     if tag is not None:
         refs.check_name(tag)
     stats = SaveStats()
     with locks.save_lock(repo.store):
-        repo.refresh_index()
-        packer = _Packer(repo, stats)
-        known = lambda cid: repo.has_chunk(cid) or cid in packer.pending  # noqa: E731
-        manifest_blobs: list[Blob] = []
-        try:
-            _write_blobs(repo, blobs, packer, stats, manifest_blobs, known, workers, progress, codec_of)
-        except BaseException:
-            packer.abort()
-            raise
-        packer.finish()
+        manifest_blobs = _store_locked(repo, blobs, stats, workers, progress)
         for t in tensors:
             src = blobs[t.blob]
             t.exact, t.max_abs_err = src.exact, src.max_abs_err
@@ -208,21 +198,10 @@ def store_blobs(repo: Repository, blobs: list[BlobInput], *, workers: int | None
 
         blobs, stats = store_blobs(repo, [BlobInput(("t", "w"), data, "float32", 4, 1024)])
     """
-    from ..codecs.registry import get as codec_of
-
     t0 = time.perf_counter()
     stats = SaveStats()
-    manifest_blobs: list[Blob] = []
     with locks.save_lock(repo.store):
-        repo.refresh_index()
-        packer = _Packer(repo, stats)
-        known = lambda cid: repo.has_chunk(cid) or cid in packer.pending  # noqa: E731
-        try:
-            _write_blobs(repo, blobs, packer, stats, manifest_blobs, known, workers, progress, codec_of)
-        except BaseException:
-            packer.abort()
-            raise
-        packer.finish()
+        manifest_blobs = _store_locked(repo, blobs, stats, workers, progress)
     stats.seconds = time.perf_counter() - t0
     return manifest_blobs, stats
 
@@ -236,8 +215,25 @@ def commit_manifest(repo: Repository, manifest: Manifest, *, tag: str | None = N
     return _commit(repo, manifest, SaveStats(), tag)
 
 
+def _store_locked(repo: Repository, blobs: list[BlobInput], stats: SaveStats, workers: int | None,
+                  progress: Callable[[int, int], None] | None) -> list[Blob]:
+    """Chunks -> packs -> one index file, under a save lock the caller holds.  A failure leaves
+    no pack under a final name (the streaming writer is aborted)."""
+    repo.refresh_index()
+    packer = _Packer(repo, stats)
+    known = lambda cid: repo.has_chunk(cid) or cid in packer.pending  # noqa: E731
+    manifest_blobs: list[Blob] = []
+    try:
+        _write_blobs(repo, blobs, packer, stats, manifest_blobs, known, workers, progress)
+    except BaseException:
+        packer.abort()
+        raise
+    packer.finish()
+    return manifest_blobs
+
+
 def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stats: SaveStats,
-                 manifest_blobs: list[Blob], known, workers: int | None, progress, codec_of) -> None:
+                 manifest_blobs: list[Blob], known, workers: int | None, progress) -> None:
     total = sum(len(b.data) for b in blobs)
     done = 0
     with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
@@ -257,9 +253,9 @@ def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stat
                 raw = memoryview(staged(s, e)) if staged else view[s:e]
                 futures.append(pool.submit(_encode_one, repo, raw, ctx, memo, b.mode, known))
                 if len(futures) >= WINDOW:
-                    _drain(futures[:WINDOW // 2], b, chunks, packer, repo, stats, codec_of)
+                    _drain(futures[:WINDOW // 2], b, chunks, packer, repo, stats)
                     del futures[:WINDOW // 2]
-            _drain(futures, b, chunks, packer, repo, stats, codec_of)
+            _drain(futures, b, chunks, packer, repo, stats)
             manifest_blobs.append(Blob(len(b.data), b.itemsize, b.row_bytes, chunks))
             stats.logical_bytes += len(b.data)
             done += len(b.data)
@@ -268,7 +264,7 @@ def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stat
 
 
 def _drain(futures, b: BlobInput, chunks: list[ChunkRef], packer: _Packer, repo: Repository,
-           stats: SaveStats, codec_of) -> None:
+           stats: SaveStats) -> None:
     for i, fut in enumerate(futures, start=len(chunks)):
         r, memo = fut.result()
         chunks.append(ChunkRef(r.cid, r.raw_len))
