@@ -22,7 +22,7 @@ from .registry import (BG_ZSTD, CAST_BF16, CAST_FP16, Q4_DELTA, Q8_DELTA, RAW, S
 
 MODES = ("lossless", "q8-delta", "q4-delta", "fp16", "bf16")
 _LOSSY = {"q8-delta": Q8_DELTA, "q4-delta": Q4_DELTA, "fp16": CAST_FP16, "bf16": CAST_BF16}
-_SAMPLE = 128 * 1024
+_SAMPLE = 64 * 1024
 
 
 @dataclass(frozen=True)
