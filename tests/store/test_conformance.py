@@ -46,6 +46,7 @@ class TestFsspecS3(StoreSuite):
         assert store.atomic_create and store.durable
 
 
+@pytest.mark.slow
 class TestFsspecS3Cached(StoreSuite):
     @pytest.fixture
     def store(self, s3_url, tmp_path):

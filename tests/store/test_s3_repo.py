@@ -52,7 +52,7 @@ def test_save_load_restore_gc_verify_on_s3(s3_url):
     assert repo.verify().ok
 
 
-@pytest.mark.parametrize("site", ["pack.write:1:kill", "index.write:1:kill"])
+@pytest.mark.parametrize("site", [pytest.param("pack.write:1:kill", marks=pytest.mark.slow), "index.write:1:kill"])
 def test_sigkill_during_upload_leaves_no_version(s3_url, site):
     """A saver SIGKILLed as it uploads its pack, or after its packs are up but before its index,
     commits nothing; the repository verifies and the next save works."""
@@ -87,6 +87,7 @@ def test_sigkill_at_random_time_during_upload(s3_url):
     assert repo.verify().ok
 
 
+@pytest.mark.slow
 def test_two_concurrent_committers_keep_linear_history(s3_url):
     """Two processes saving to one S3 repository at once lose no version and leave a linear history."""
     deltackpt.save({"w": torch.zeros(4)}, s3_url)
