@@ -40,7 +40,7 @@ bench: $(VENV)/.test
 	$(PY) -m bench.run
 
 reliability: $(VENV)/.test
-	DELTACKPT_RELIABILITY=full $(PY) -m pytest -q tests/reliability -p no:cacheprovider
+	DELTACKPT_RELIABILITY=full $(PY) -m pytest -q tests/reliability tests/corruption tests/security -p no:cacheprovider
 
 fuzz: $(VENV)/.test
 	$(PIP) install -q atheris
