@@ -24,6 +24,8 @@ _LAZY = {
     "Repo": "frontend.api",
     "Version": "repo.versions", "GcReport": "repo.gc", "VerifyReport": "repo.verify", "Retention": "repo.retention",
     "resume": "frontend.training", "Checkpointer": "frontend.training", "SaveHandle": "frontend.async_save",
+    "EveryN": "frontend.policies", "EveryT": "frontend.policies", "YoungDaly": "frontend.policies",
+    "DenseEarly": "frontend.policies", "OnImprovement": "frontend.policies", "AnyOf": "frontend.policies",
 }
 
 

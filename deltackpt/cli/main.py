@@ -106,12 +106,16 @@ def cmd_gc(args: argparse.Namespace) -> int:
         emit_json(report.to_json())
         return 0
     verb = "would remove" if report.dry_run else "removed"
-    print(f"{verb} {len(report.removed)} version(s), reclaiming {human_bytes(report.reclaimed_bytes)}")
+    change = (f"reclaiming {human_bytes(report.reclaimed_bytes)}" if report.reclaimed_bytes >= 0 else
+              f"the repository grows by {human_bytes(-report.reclaimed_bytes)} (delta chains rebased to keyframes)")
+    print(f"{verb} {len(report.removed)} version(s), {change}")
+    steps = getattr(report, "steps", {}) or {}
     for vid in report.removed:
-        print(f"  - {vid[:10]}")
+        print(f"  - {vid[:10]}" + (f"  step {steps[vid]}" if steps.get(vid) is not None else ""))
     print(f"kept {len(report.kept)} version(s):")
     for vid, why in report.kept.items():
-        print(f"  + {vid[:10]}  ({', '.join(why)})")
+        step = f"  step {steps[vid]}" if steps.get(vid) is not None else ""
+        print(f"  + {vid[:10]}{step}  ({', '.join(why)})")
     if not report.dry_run:
         print(f"packs deleted {report.packs_deleted}, rewritten {report.packs_rewritten}; chunks rebased to "
               f"keyframes {report.chunks_rebased}; delta bases kept {report.bases_kept}")

@@ -46,13 +46,14 @@ class GcReport:
     bases_kept: int = 0
     temps_deleted: int = 0
     tags_deleted: list[str] = field(default_factory=list)
+    steps: dict[str, int | None] = field(default_factory=dict)  # version id -> step, for reports
 
     def to_json(self) -> dict[str, Any]:
         return {"dry_run": self.dry_run, "kept": self.kept, "removed": self.removed,
                 "reclaimed_bytes": self.reclaimed_bytes, "packs_deleted": self.packs_deleted,
                 "packs_rewritten": self.packs_rewritten, "chunks_rebased": self.chunks_rebased,
                 "bases_kept": self.bases_kept, "temps_deleted": self.temps_deleted,
-                "tags_deleted": self.tags_deleted}
+                "tags_deleted": self.tags_deleted, "steps": self.steps}
 
 
 def _pack_files(repo: Repository) -> dict[str, int]:
@@ -80,6 +81,7 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
         all_versions = repo.version_ids()
         removed = [v for v in all_versions if v not in kept]
         report.kept, report.removed = kept, removed
+        report.steps = {v: repo.manifest(v).step for v in all_versions}
 
         direct: set[bytes] = set()
         widths: dict[bytes, int] = {}
