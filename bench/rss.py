@@ -12,6 +12,16 @@ import psutil
 import torch
 
 
+def _hwm_mb() -> float:
+    """This process's peak RSS.  Not ru_maxrss: Linux carries it across execve, so a child of a big
+    parent would report the parent's peak; VmHWM belongs to the new address space."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main() -> None:
     mode, name, state_path, d = sys.argv[1:5]
     from bench.systems import systems
@@ -22,7 +32,7 @@ def main() -> None:
         sysm.save(state, d)
     else:
         sysm.load(d)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _hwm_mb()
     print(json.dumps({"base": base, "peak": peak}))
 
 
