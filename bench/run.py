@@ -192,6 +192,7 @@ def bench_workload(w, syss, tmp: str, repeats: int, rss_names: list[str]) -> dic
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny CI run: checks, no speed claims")
+    ap.add_argument("--scale", action="store_true", help="add the >= 2 GB scale workload (untested, needs ~8 GB)")
     ap.add_argument("--only", nargs="*", help="workload names to run")
     ap.add_argument("--repeats", type=int, default=None, help="first-save repeats (default 3, quick 2)")
     ap.add_argument("--tmp", default=os.environ.get("BENCH_TMP"), help="scratch folder (default: system temp)")
@@ -206,7 +207,7 @@ def main(argv=None) -> int:
         limits = machine_limits(a.quick, tmp)
         print(f"machine: {limits}", flush=True)
         results = []
-        for w in workloads(a.quick):
+        for w in workloads(a.quick, a.scale):
             if a.only and w.name not in a.only:
                 continue
             syss = systems(scale=w.name == "scale")
