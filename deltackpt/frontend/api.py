@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from ..errors import DeltackptError, StateMismatchError, UnsupportedLeafError
+from ..errors import StateMismatchError, UnsupportedLeafError
 from ..format.manifest import TensorRef
 from ..progress import bar
 from ..repo import saver
@@ -331,7 +331,7 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Repo | Store", 
     """
     import torch
 
-    from .materialize import build_tensors, is_own_blob, read_blobs
+    from .materialize import build_tensors, is_own_blob, read_blobs, read_into
     from .planner import layer_matcher
     from .tensor_bytes import copy_blob_to_device, writable_bytes
 
@@ -355,6 +355,7 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Repo | Store", 
                                  f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
                                  f"{'...' if len(unexpected) > 5 else ''} (pass strict=False to skip them)")
     pending: list[tuple[str, int]] = []
+    direct: list[tuple[int, memoryview]] = []
     with torch.no_grad():
         for k in wanted:
             i = by_name.get(prefix + k)
@@ -371,12 +372,11 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Repo | Store", 
                 copy_blob_to_device(core, m.blobs[e.blob], dst)  # staged a chunk at a time
                 continue
             if out is not None and is_own_blob(m, e):
-                try:
-                    core.read_blob(m.blobs[e.blob], memoryview(out))
-                except DeltackptError as exc:
-                    raise type(exc)(f"version {vid[:10]}, tensor {e.name}: {exc}") from None
+                direct.append((e.blob, memoryview(out)))
             else:
                 pending.append((k, i))
+        if direct:  # every chunk of every such tensor decoded in one parallel pass, in place
+            read_into(core, vid, m, direct)
         if pending:
             buffers = read_blobs(core, vid, m, (m.tensors[i].blob for _, i in pending))
             built = build_tensors(m, [i for _, i in pending], buffers)

@@ -9,7 +9,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from ..errors import CorruptObjectError, OutOfMemoryError
+from ..errors import CorruptObjectError, DeltackptError, OutOfMemoryError
 from ..format.manifest import Manifest, TensorEntry
 from ..repo.repository import Repository
 from .dtypes import dtype_of
@@ -32,27 +32,40 @@ def is_own_blob(m: Manifest, e: TensorEntry) -> bool:
         e.numel == 0 or e.stride == contiguous_strides(e.shape))
 
 
+def _names(m: Manifest, b: int) -> str:
+    return ", ".join([t.name for t in m.tensors if t.blob == b][:3])
+
+
+def read_into(core: Repository, vid: str, m: Manifest, targets: "list[tuple[int, memoryview]]") -> None:
+    """Decode blobs (by index) into destinations, every chunk of every blob in one parallel pass;
+    errors name the version and tensor."""
+    for b, _ in targets:
+        try:
+            core.check_blob(m.blobs[b])  # sizes backed by the index before anything is read
+        except CorruptObjectError as exc:
+            raise CorruptObjectError(f"version {vid[:10]}, tensor {_names(m, b)}: {exc}") from None
+    try:
+        core.read_blobs_into([(m.blobs[b], out) for b, out in targets], pool())
+    except DeltackptError as exc:
+        n = getattr(exc, "blob_index", None)
+        where = f"tensor {_names(m, targets[n][0])}" if n is not None else "a tensor"
+        raise type(exc)(f"version {vid[:10]}, {where}: {exc}") from None
+
+
 def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int]) -> dict[int, np.ndarray]:
     out: dict[int, np.ndarray] = {}
     for b in sorted(set(blob_ids)):
         try:
             core.check_blob(m.blobs[b])  # sizes backed by the index before allocating them
         except CorruptObjectError as exc:
-            names = [t.name for t in m.tensors if t.blob == b][:3]
-            raise CorruptObjectError(f"version {vid[:10]}, tensor {', '.join(names)}: {exc}") from None
+            raise CorruptObjectError(f"version {vid[:10]}, tensor {_names(m, b)}: {exc}") from None
         try:
-            buf = np.empty(m.blobs[b].nbytes, dtype=np.uint8)  # uninitialized: every byte is decoded into it
+            out[b] = np.empty(m.blobs[b].nbytes, dtype=np.uint8)  # uninitialized: every byte is decoded into it
         except (MemoryError, ValueError):
-            names = [t.name for t in m.tensors if t.blob == b][:3]
-            raise OutOfMemoryError(f"version {vid[:10]}, tensor {', '.join(names)}: cannot allocate "
+            raise OutOfMemoryError(f"version {vid[:10]}, tensor {_names(m, b)}: cannot allocate "
                                    f"{m.blobs[b].nbytes} bytes; load fewer layers or restore into an existing "
                                    "model") from None
-        try:
-            core.read_blob(m.blobs[b], memoryview(buf), pool())
-        except CorruptObjectError as exc:
-            names = [t.name for t in m.tensors if t.blob == b][:3]
-            raise CorruptObjectError(f"version {vid[:10]}, tensor {', '.join(names)}: {exc}") from None
-        out[b] = buf
+    read_into(core, vid, m, [(b, memoryview(buf)) for b, buf in out.items()])
     return out
 
 

@@ -421,25 +421,38 @@ class Repository:
         """Assemble a blob's bytes into ``out`` (allocated when None), reading only its chunks."""
         if out is None:
             out = memoryview(bytearray(blob.nbytes))
-        out = out.cast("B") if out.format != "B" else out
-        if len(out) != blob.nbytes:
-            raise ValueError(f"destination holds {len(out)} bytes, blob {blob.nbytes}")
-        offsets = []
-        pos = 0
-        for c in blob.chunks:
-            offsets.append(pos)
-            pos += c.raw_len
+        return self.read_blobs_into([(blob, out)], pool)[0]
 
-        def one(i: int) -> None:
-            c = blob.chunks[i]
-            self.read_chunk(c.chunk_id, out[offsets[i]:offsets[i] + c.raw_len])
+    def read_blobs_into(self, targets: "list[tuple[Blob, memoryview]]", pool=None) -> list[memoryview]:
+        """Decode every chunk of several blobs into their destinations, all chunks of all blobs in
+        one parallel pass (most tensors are one chunk: a pass per blob would run them one by one).
+        A failure names the blob's position in ``targets`` through ``BlobReadError.index``."""
+        outs: list[memoryview] = []
+        jobs: list[tuple[int, bytes, memoryview]] = []
+        for n, (blob, out) in enumerate(targets):
+            out = out.cast("B") if out.format != "B" else out
+            if len(out) != blob.nbytes:
+                raise ValueError(f"destination holds {len(out)} bytes, blob {blob.nbytes}")
+            outs.append(out)
+            pos = 0
+            for c in blob.chunks:
+                jobs.append((n, c.chunk_id, out[pos:pos + c.raw_len]))
+                pos += c.raw_len
 
-        if pool is not None and len(blob.chunks) > 1:
-            list(pool.map(one, range(len(blob.chunks))))
+        def one(job: tuple[int, bytes, memoryview]) -> None:
+            n, cid, dest = job
+            try:
+                self.read_chunk(cid, dest)
+            except DeltackptError as exc:
+                exc.blob_index = n  # type: ignore[attr-defined]
+                raise
+
+        if pool is not None and len(jobs) > 1:
+            list(pool.map(one, jobs))
         else:
-            for i in range(len(blob.chunks)):
-                one(i)
-        return out
+            for job in jobs:
+                one(job)
+        return outs
 
     def chunk_closure(self, chunk_ids: Iterable[bytes]) -> set[bytes]:
         """The chunks and every delta base they need."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -234,10 +235,37 @@ def _store_locked(repo: Repository, blobs: list[BlobInput], stats: SaveStats, wo
 
 def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stats: SaveStats,
                  manifest_blobs: list[Blob], known, workers: int | None, progress) -> None:
+    """Hash and encode every chunk of every blob in a pool, keeping up to WINDOW chunks in flight
+    ACROSS blobs (a model is mostly tensors of one or two chunks: a window per blob would leave
+    the pool idle), and pack the results in submission order, so packs are laid out the same way
+    for the same input."""
     total = sum(len(b.data) for b in blobs)
     done = 0
+    chunk_lists: list[list[ChunkRef]] = [[] for _ in blobs]
+    remaining = [0] * len(blobs)
+    submitted = [False] * len(blobs)
+    finished = 0
+    in_flight: deque = deque()  # (blob index, chunk index, future), oldest first
+
+    def finish_ready() -> None:
+        nonlocal finished, done
+        while finished < len(blobs) and submitted[finished] and remaining[finished] == 0:
+            b = blobs[finished]
+            manifest_blobs.append(Blob(len(b.data), b.itemsize, b.row_bytes, chunk_lists[finished]))
+            stats.logical_bytes += len(b.data)
+            done += len(b.data)
+            finished += 1
+            if progress:
+                progress(done, total)
+
+    def consume_oldest() -> None:
+        bi, ci, fut = in_flight.popleft()
+        _take(fut.result(), blobs[bi], ci, chunk_lists[bi], packer, repo, stats)
+        remaining[bi] -= 1
+        finish_ready()
+
     with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
-        for b in blobs:
+        for bi, b in enumerate(blobs):
             bounds = chunk_bounds(len(b.data), b.row_bytes, b.itemsize, repo.config.chunk_bytes)
             # a source with read_range (a GPU tensor staged through a host buffer) is read a chunk
             # at a time, so no host copy of the whole tensor ever exists
@@ -245,41 +273,37 @@ def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stat
             view = None if staged else memoryview(b.data).cast("B") if not isinstance(b.data, memoryview) \
                 else b.data.cast("B")
             ctx = ChunkContext(b.dtype, b.itemsize, b.row_bytes, repo.level)
-            chunks: list[ChunkRef] = []
-            futures = []
-            # chunks are hashed and encoded in parallel; results are packed in order
+            remaining[bi] = len(bounds)
             for i, (s, e) in enumerate(bounds):
                 memo = repo.delta_cache.get((b.key, i))
                 raw = memoryview(staged(s, e)) if staged else view[s:e]
-                futures.append(pool.submit(_encode_one, repo, raw, ctx, memo, b.mode, known))
-                if len(futures) >= WINDOW:
-                    _drain(futures[:WINDOW // 2], b, chunks, packer, repo, stats)
-                    del futures[:WINDOW // 2]
-            _drain(futures, b, chunks, packer, repo, stats)
-            manifest_blobs.append(Blob(len(b.data), b.itemsize, b.row_bytes, chunks))
-            stats.logical_bytes += len(b.data)
-            done += len(b.data)
-            if progress:
-                progress(done, total)
+                in_flight.append((bi, i, pool.submit(_encode_one, repo, raw, ctx, memo, b.mode, known)))
+                while len(in_flight) >= WINDOW:
+                    consume_oldest()
+            submitted[bi] = True
+            finish_ready()
+        while in_flight:
+            consume_oldest()
+    finish_ready()
 
 
-def _drain(futures, b: BlobInput, chunks: list[ChunkRef], packer: _Packer, repo: Repository,
-           stats: SaveStats) -> None:
-    for i, fut in enumerate(futures, start=len(chunks)):
-        r, memo = fut.result()
-        chunks.append(ChunkRef(r.cid, r.raw_len))
-        repo.delta_cache.put((b.key, i), memo)
-        stats.chunks_total += 1
-        if r.lossy:
-            b.exact = False
-            b.max_abs_err = max(b.max_abs_err, r.err)
-        if r.parts is None or r.cid in packer.pending or repo.has_chunk(r.cid):
-            stats.chunks_reused += 1
-            continue
-        stats.chunks_new += 1
-        name = codec_of(r.encoding).name
-        stats.encodings[name] = stats.encodings.get(name, 0) + 1
-        packer.add(r)
+def _take(result: tuple, b: BlobInput, i: int, chunks: list[ChunkRef], packer: _Packer, repo: Repository,
+          stats: SaveStats) -> None:
+    """Record one encoded chunk (in order): its reference, the delta cache, and its object."""
+    r, memo = result
+    chunks.append(ChunkRef(r.cid, r.raw_len))
+    repo.delta_cache.put((b.key, i), memo)
+    stats.chunks_total += 1
+    if r.lossy:
+        b.exact = False
+        b.max_abs_err = max(b.max_abs_err, r.err)
+    if r.parts is None or r.cid in packer.pending or repo.has_chunk(r.cid):
+        stats.chunks_reused += 1
+        return
+    stats.chunks_new += 1
+    name = codec_of(r.encoding).name
+    stats.encodings[name] = stats.encodings.get(name, 0) + 1
+    packer.add(r)
 
 
 def _writer() -> str:
