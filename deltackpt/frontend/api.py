@@ -324,6 +324,10 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Repo | Store", 
     With ``layers``, only those tensors are read and written; the rest of the model is untouched.
     With ``optimizer``, its state is loaded from the version's ``optimizer`` entry.
 
+    Chunks are hash-checked as they land; a corrupt one raises CorruptObjectError naming the
+    version and tensor, and that tensor may then be partly overwritten (in-place means no spare
+    copy): restore again from another version, or use :func:`deltackpt.resume`, which does.
+
     Example::
 
         deltackpt.restore(model, "ckpt", "latest~1", optimizer=opt)
