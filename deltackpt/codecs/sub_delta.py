@@ -41,12 +41,23 @@ class SubDelta(Codec):
         params, payload = encode_planes(z.view(np.uint8), w, ctx.level)
         return Encoded(params, payload)
 
-    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
-        b = base_array(base, raw_len, self.name)
-        planes = decode_planes(params, payload, raw_len, what=self.name)
-        w = params["w"]
-        if w not in _UINT:
-            raise CorruptObjectError(f"{self.name}: width {w} is not an integer size")
+    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes, base: bytes | None = None) -> None:
+        # in place, one temporary: delta chains decode a link per version, so copies add up
+        dest = np.frombuffer(out, dtype=np.uint8)
+        b = base_array(base, len(dest), self.name)
+        w = params.get("w")
+        if not isinstance(w, int) or w not in _UINT:
+            raise CorruptObjectError(f"{self.name}: width {w!r:.20} is not an integer size")
+        decode_planes(params, payload, len(dest), what=self.name, out=dest)
         t = _UINT[w]
-        with np.errstate(over="ignore"):
-            return (_unzigzag(planes.view(t)) + b.view(t)).tobytes()
+        z = dest.view(t)
+        sign = z & 1
+        np.right_shift(z, 1, out=z)
+        np.negative(sign.view(f"i{w}"), out=sign.view(f"i{w}"))  # 0 -> 0, 1 -> all ones
+        np.bitwise_xor(z, sign, out=z)
+        np.add(z, b.view(t), out=z)  # wraps modulo 2^(8w), as the encoder's subtraction did
+
+    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
+        out = np.empty(raw_len, dtype=np.uint8)
+        self.decode_into(memoryview(out), params, payload, base)
+        return out  # type: ignore[return-value]
