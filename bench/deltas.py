@@ -3,7 +3,7 @@ keyframe interval, and how long restoring the deepest version of a chain takes.
 
     PYTHONPATH=. python bench/deltas.py --workloads full,frozen,recsys --versions 7 --out bench/deltas.json
 
-States come from real training runs (bench/workloads.py when present, else bench/_proto_workloads.py)
+States come from the real training runs of bench/workloads.py
 and are cached as .npz under --cache, so the codec passes can be re-run without training again.
 Every ratio is bytes / torch.save bytes of the same state; "median" is over versions after the first.
 """
@@ -51,14 +51,10 @@ def generate(name: str, versions: int, cache: str) -> list[str]:
     if len(files) >= versions:
         return files[:versions]
     import torch
-    try:
-        from bench import workloads as wl  # the shared workloads, when they have landed
-        gen = {"full": lambda: wl.minilm_full(versions), "frozen": lambda: wl.minilm_frozen(versions),
-               "recsys": lambda: wl.recsys(versions)}[name]()
-    except (ImportError, AttributeError):
-        from bench import _proto_workloads as pw
-        gen = {"full": lambda: pw.minilm(versions), "frozen": lambda: pw.minilm(versions, frozen=True),
-               "recsys": lambda: pw.recsys(versions)}[name]()
+    from bench import workloads as wl
+    states = {"full": lambda: wl.minilm(versions), "frozen": lambda: wl.minilm(versions, frozen=True),
+              "recsys": lambda: wl.recsys(versions)}[name]()
+    gen = ((state["step"], state) for state in states)
     os.makedirs(out, exist_ok=True)
 
     def flat(prefix, obj, d):
