@@ -36,14 +36,20 @@ def _names(m: Manifest, b: int) -> str:
     return ", ".join([t.name for t in m.tensors if t.blob == b][:3])
 
 
-def read_into(core: Repository, vid: str, m: Manifest, targets: "list[tuple[int, memoryview]]") -> None:
+def _check(core: Repository, vid: str, m: Manifest, b: int) -> None:
+    try:
+        core.check_blob(m.blobs[b])  # sizes backed by the index before anything is allocated or read
+    except CorruptObjectError as exc:
+        raise CorruptObjectError(f"version {vid[:10]}, tensor {_names(m, b)}: {exc}") from None
+
+
+def read_into(core: Repository, vid: str, m: Manifest, targets: "list[tuple[int, memoryview]]", *,
+              checked: bool = False) -> None:
     """Decode blobs (by index) into destinations, every chunk of every blob in one parallel pass;
-    errors name the version and tensor."""
-    for b, _ in targets:
-        try:
-            core.check_blob(m.blobs[b])  # sizes backed by the index before anything is read
-        except CorruptObjectError as exc:
-            raise CorruptObjectError(f"version {vid[:10]}, tensor {_names(m, b)}: {exc}") from None
+    errors name the version and tensor.  ``checked``: the caller already ran check_blob."""
+    if not checked:
+        for b, _ in targets:
+            _check(core, vid, m, b)
     try:
         core.read_blobs_into([(m.blobs[b], out) for b, out in targets], pool())
     except DeltackptError as exc:
@@ -55,17 +61,14 @@ def read_into(core: Repository, vid: str, m: Manifest, targets: "list[tuple[int,
 def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int]) -> dict[int, np.ndarray]:
     out: dict[int, np.ndarray] = {}
     for b in sorted(set(blob_ids)):
-        try:
-            core.check_blob(m.blobs[b])  # sizes backed by the index before allocating them
-        except CorruptObjectError as exc:
-            raise CorruptObjectError(f"version {vid[:10]}, tensor {_names(m, b)}: {exc}") from None
+        _check(core, vid, m, b)
         try:
             out[b] = np.empty(m.blobs[b].nbytes, dtype=np.uint8)  # uninitialized: every byte is decoded into it
         except (MemoryError, ValueError):
             raise OutOfMemoryError(f"version {vid[:10]}, tensor {_names(m, b)}: cannot allocate "
                                    f"{m.blobs[b].nbytes} bytes; load fewer layers or restore into an existing "
                                    "model") from None
-    read_into(core, vid, m, [(b, memoryview(buf)) for b, buf in out.items()])
+    read_into(core, vid, m, [(b, memoryview(buf)) for b, buf in out.items()], checked=True)
     return out
 
 
