@@ -10,7 +10,8 @@ from ..errors import UnsupportedLeafError
 from ..progress import bar
 from ..repo import saver
 from ..repo.gc import DEFAULT_GRACE_SECONDS, GcReport, run_gc
-from ..repo.repository import DEFAULT_DELTA_CACHE_BYTES, Repository
+from ..repo.layout import DEFAULT_DELTA_CACHE_BYTES
+from ..repo.repository import Repository
 from ..repo.retention import Retention
 from ..repo.verify import VerifyReport, run_verify
 from ..repo.versions import Version

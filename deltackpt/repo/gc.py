@@ -25,7 +25,8 @@ from ..format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
 from ..format.objects import EncodedObject
 from ..format.pack import PackBuilder, PackEntry
 from . import locks
-from .repository import INDEX, MANIFESTS, PACKS, TAGS, Repository, pack_key
+from .layout import INDEX, MANIFESTS, PACKS, TAGS, pack_key
+from .repository import Repository
 from .retention import Retention
 
 DEFAULT_GRACE_SECONDS = 600.0

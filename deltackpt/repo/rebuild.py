@@ -22,7 +22,8 @@ from ..format import pack as pack_fmt
 from ..format.ids import from_hex, hex_id
 from ..format.pack import PackEntry
 from . import locks
-from .repository import INDEX, PACKS, Repository, pack_key
+from .layout import INDEX, PACKS, pack_key
+from .repository import Repository
 
 
 @dataclass

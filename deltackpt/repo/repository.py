@@ -1,4 +1,5 @@
-"""A deltackpt repository over any Store: config, index, manifests, refs and chunk reads.
+"""A deltackpt repository over any Store: config, index, manifests, refs and revisions (chunk reads:
+``reader.py``; key layout: ``layout.py``).
 
 Layout (keys in the store)::
 
@@ -18,38 +19,24 @@ import os
 import secrets
 import threading
 import time
-from collections import OrderedDict
 from typing import Any, Iterable
 
-from ..codecs import registry
 from ..errors import (AmbiguousVersionError, CorruptObjectError, DeltackptError, FormatVersionError,
                       NotARepositoryError, ObjectNotFoundError, UnknownVersionError)
 from ..format import config as config_fmt
 from ..format import index as index_fmt
 from ..format import manifest as manifest_fmt
-from ..format import objects, refs
-from ..format.ids import digest, is_hex_prefix
-from ..format.limits import MAX_CHAIN_DEPTH
-from ..format.manifest import Blob, Manifest
+from ..format import refs
+from ..format.ids import is_hex_prefix
+from ..format.manifest import Manifest
 from ..format.pack import PackEntry
 from ..store.base import Store
 from ..store.local import LocalStore
 from .delta_cache import DeltaCache
+from .layout import (CONFIG, DEFAULT_DECODED_CACHE_BYTES, DEFAULT_DELTA_CACHE_BYTES, INDEX, LATEST_REF,
+                     MANIFESTS, TAGS)
+from .reader import ChunkReader, DecodedCache
 from .versions import Version
-
-CONFIG = "config"
-PACKS = "packs/"
-INDEX = "index/"
-MANIFESTS = "manifests/"
-LATEST_REF = "refs/latest"
-TAGS = "refs/tags/"
-DEFAULT_DELTA_CACHE_BYTES = 4 << 30
-DEFAULT_DECODED_CACHE_BYTES = 256 << 20
-
-
-def pack_key(pack_id: str) -> str:
-    return f"{PACKS}{pack_id[:2]}/{pack_id}"
-
 
 def open_store(location: "str | os.PathLike | Store") -> Store:
     if isinstance(location, Store):
@@ -61,40 +48,7 @@ def open_store(location: "str | os.PathLike | Store") -> Store:
     return LocalStore(text[7:] if text.startswith("file://") else text)
 
 
-class _PackGone(CorruptObjectError):
-    """A pack named by the index is missing (gc repacked it, or it was lost)."""
-
-
-class _DecodedCache:
-    """A small LRU of decoded chunks, so delta bases shared by reads are decoded once."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[bytes, bytes] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, cid: bytes) -> bytes | None:
-        with self._lock:
-            data = self._items.get(cid)
-            if data is not None:
-                self._items.move_to_end(cid)
-            return data
-
-    def put(self, cid: bytes, data: bytes) -> None:
-        if len(data) > self.max_bytes // 4:
-            return
-        with self._lock:
-            if cid in self._items:
-                return
-            self._items[cid] = data
-            self._bytes += len(data)
-            while self._bytes > self.max_bytes:
-                _, old = self._items.popitem(last=False)
-                self._bytes -= len(old)
-
-
-class Repository:
+class Repository(ChunkReader):
     """Torch-free access to a repository.  The public :class:`deltackpt.Repo` wraps this."""
 
     def __init__(self, location: "str | os.PathLike | Store", *, create: bool = False,
@@ -117,7 +71,7 @@ class Repository:
         if keyframe_interval is not None:
             self.config.keyframe_interval = keyframe_interval
         self.delta_cache = DeltaCache(delta_cache_bytes)
-        self.decoded = _DecodedCache(DEFAULT_DECODED_CACHE_BYTES)
+        self.decoded = DecodedCache(DEFAULT_DECODED_CACHE_BYTES)
         self._index: dict[bytes, tuple[str, PackEntry]] = {}
         # other copies of a chunk (concurrent saves, an interrupted gc): tried when a pack is gone
         self._alternates: dict[bytes, list[tuple[str, PackEntry]]] = {}
@@ -323,137 +277,6 @@ class Repository:
         return sorted(self.version_ids(), key=lambda v: (self.manifest(v).time, v), reverse=True)
 
     # chunk reads ----------------------------------------------------------------------------
-    def read_object(self, pack_id: str, e: PackEntry) -> objects.EncodedObject:
-        what = f"chunk {e.chunk_id.hex()} in pack {pack_id}"
-        try:
-            data = self.store.get(pack_key(pack_id), e.offset, e.length)
-        except (ObjectNotFoundError, FileNotFoundError):
-            raise _PackGone(f"{what}: pack file is missing") from None
-        if len(data) != e.length:
-            raise CorruptObjectError(f"{what}: pack is truncated")
-        obj = objects.parse(data, what=what)
-        if obj.encoding != e.encoding or obj.raw_len != e.raw_len:
-            raise CorruptObjectError(f"{what}: object header disagrees with the index")
-        base = obj.params.get("base")
-        if (base if isinstance(base, bytes) else None) != e.base:
-            raise CorruptObjectError(f"{what}: object base disagrees with the index")
-        return obj
-
-    def read_chunk(self, cid: bytes, out: memoryview | None = None) -> bytes | memoryview:
-        """Decoded bytes of a chunk, walking its delta chain; hash-checked against its id.
-        With ``out``, the last link decodes straight into it (and ``out`` is returned)."""
-        try:
-            return self._read_chunk(cid, out)
-        except _PackGone:
-            # gc may have repacked (and rebased) this chunk since our index was loaded: look again
-            self.refresh_index()
-            return self._read_chunk(cid, out)
-
-    def _fetch(self, cid: bytes) -> tuple[str, PackEntry, objects.EncodedObject]:
-        """Read one stored copy of a chunk's object, trying other copies when a pack is gone."""
-        copies = self.entries_for(cid)
-        if not copies:
-            raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file)")
-        for pid, e in copies:
-            try:
-                return pid, e, self.read_object(pid, e)
-            except _PackGone:
-                continue
-        raise _PackGone(f"chunk {cid.hex()}: every pack holding it ({', '.join(p for p, _ in copies)}) is missing")
-
-    def _read_chunk(self, cid: bytes, out: memoryview | None) -> bytes | memoryview:
-        cached = self.decoded.get(cid)
-        if cached is not None:
-            if out is None:
-                return cached
-            out[:] = memoryview(cached).cast("B")
-            return out
-        # walk to a keyframe (or a decoded base), reading the copy that exists of each link
-        chain: list[tuple[bytes, str, PackEntry, objects.EncodedObject]] = []
-        cur: bytes | None = cid
-        base_data: bytes | None = None
-        seen: set[bytes] = set()
-        while cur is not None:
-            if cur in seen or len(chain) > MAX_CHAIN_DEPTH:
-                raise CorruptObjectError(f"chunk {cid.hex()}: delta chain loops or exceeds {MAX_CHAIN_DEPTH}")
-            seen.add(cur)
-            if chain:
-                base_data = self.decoded.get(cur)
-                if base_data is not None:
-                    break
-            pid, e, obj = self._fetch(cur)
-            chain.append((cur, pid, e, obj))
-            cur = e.base
-        for i, (c, pid, e, obj) in enumerate(reversed(chain)):
-            last = i == len(chain) - 1
-            codec = registry.get(obj.encoding)
-            what = f"chunk {c.hex()} in pack {pid}"
-            try:
-                if last and out is not None:
-                    if len(out) != e.raw_len:
-                        raise CorruptObjectError(f"index says {e.raw_len} bytes, the manifest {len(out)}")
-                    codec.decode_into(out, obj.params, obj.payload, base_data)
-                    result = out
-                else:
-                    result = codec.decode(obj.params, obj.payload, obj.raw_len, base_data)
-            except CorruptObjectError as exc:
-                raise CorruptObjectError(f"{what}: {exc}") from None
-            except (ValueError, TypeError, IndexError, OverflowError, MemoryError) as exc:
-                raise CorruptObjectError(f"{what}: undecodable ({type(exc).__name__}: {exc})") from None
-            if len(result) != e.raw_len or digest(result) != c:
-                raise CorruptObjectError(f"{what}: decoded bytes do not match the chunk id (data corrupted)")
-            if not last:
-                self.decoded.put(c, result)
-            base_data = result
-        assert base_data is not None
-        return base_data
-
-    def check_blob(self, blob: Blob) -> None:
-        """Refuse a blob whose chunks the index does not back with the same lengths, before anyone
-        allocates ``blob.nbytes`` (a hostile manifest may declare a terabyte over tiny chunks)."""
-        for c in blob.chunks:
-            _pid, e = self.entry(c.chunk_id)
-            if e.raw_len != c.raw_len:
-                raise CorruptObjectError(f"chunk {c.chunk_id.hex()}: manifest says {c.raw_len} bytes, "
-                                         f"the index {e.raw_len}")
-
-    def read_blob(self, blob: Blob, out: memoryview | None = None, pool=None) -> memoryview:
-        """Assemble a blob's bytes into ``out`` (allocated when None), reading only its chunks."""
-        if out is None:
-            out = memoryview(bytearray(blob.nbytes))
-        return self.read_blobs_into([(blob, out)], pool)[0]
-
-    def read_blobs_into(self, targets: "list[tuple[Blob, memoryview]]", pool=None) -> list[memoryview]:
-        """Decode every chunk of several blobs into their destinations, all chunks of all blobs in
-        one parallel pass (most tensors are one chunk: a pass per blob would run them one by one).
-        A failure names the blob's position in ``targets`` through ``BlobReadError.index``."""
-        outs: list[memoryview] = []
-        jobs: list[tuple[int, bytes, memoryview]] = []
-        for n, (blob, out) in enumerate(targets):
-            out = out.cast("B") if out.format != "B" else out
-            if len(out) != blob.nbytes:
-                raise ValueError(f"destination holds {len(out)} bytes, blob {blob.nbytes}")
-            outs.append(out)
-            pos = 0
-            for c in blob.chunks:
-                jobs.append((n, c.chunk_id, out[pos:pos + c.raw_len]))
-                pos += c.raw_len
-
-        def one(job: tuple[int, bytes, memoryview]) -> None:
-            n, cid, dest = job
-            try:
-                self.read_chunk(cid, dest)
-            except DeltackptError as exc:
-                exc.blob_index = n  # type: ignore[attr-defined]
-                raise
-
-        if pool is not None and len(jobs) > 1:
-            list(pool.map(one, jobs))
-        else:
-            for job in jobs:
-                one(job)
-        return outs
-
     def chunk_closure(self, chunk_ids: Iterable[bytes]) -> set[bytes]:
         """The chunks and every delta base they need."""
         out: set[bytes] = set()

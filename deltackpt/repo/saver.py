@@ -28,7 +28,8 @@ from ..format.pack import PackStream
 from . import locks
 from .chunking import chunk_bounds
 from .delta_cache import ChunkMemo
-from .repository import INDEX, LATEST_REF, MANIFESTS, TAGS, Repository, pack_key
+from .layout import INDEX, LATEST_REF, MANIFESTS, TAGS, pack_key
+from .repository import Repository
 
 WINDOW = 16  # chunks in flight per worker pool: bounds memory held by encoded results
 

@@ -15,7 +15,8 @@ from ..errors import DeltackptError
 from ..format import pack as pack_fmt
 from ..format import refs
 from ..format.ids import hex_id
-from .repository import LATEST_REF, MANIFESTS, PACKS, TAGS, Repository, pack_key
+from .layout import LATEST_REF, MANIFESTS, PACKS, TAGS, pack_key
+from .repository import Repository
 
 
 @dataclass
