@@ -94,3 +94,42 @@ class Store(ABC):
 
     def describe(self) -> str:
         return type(self).__name__
+
+
+class WrappingStore(Store):
+    """A store in front of another: everything is the inner store's unless a subclass overrides
+    it, optional capabilities (``sync_dir``, ``temp_files``) included."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.atomic_create = inner.atomic_create
+        self.durable = inner.durable
+
+    def __getattr__(self, name: str):
+        if name == "inner":  # not set yet (copying, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def get(self, key: str, start: int = 0, length: int | None = None) -> bytes:
+        return self.inner.get(key, start, length)
+
+    def size(self, key: str) -> int:
+        return self.inner.size(key)
+
+    def mtime(self, key: str) -> float:
+        return self.inner.mtime(key)
+
+    def put_atomic(self, key: str, data: bytes, *, site: str = "object") -> None:
+        self.inner.put_atomic(key, data, site=site)
+
+    def put_if_absent(self, key: str, data: bytes, *, site: str = "object") -> bool:
+        return self.inner.put_if_absent(key, data, site=site)
+
+    def list(self, prefix: str) -> list[str]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str, *, site: str = "delete") -> None:
+        self.inner.delete(key, site=site)

@@ -20,7 +20,7 @@ import secrets
 import threading
 from typing import Callable
 
-from .base import Store
+from .base import Store, WrappingStore
 
 #: key prefixes whose objects are immutable once written (content-addressed)
 IMMUTABLE_PREFIXES = ("packs/", "index/", "manifests/")
@@ -146,37 +146,17 @@ class ReadCache:
             pass
 
 
-class CachedStore(Store):
+class CachedStore(WrappingStore):
     """Any store with a :class:`ReadCache` in front of its reads of immutable keys."""
 
     def __init__(self, inner: Store, cache: ReadCache) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.cache = cache
-        self.atomic_create = inner.atomic_create
-        self.durable = inner.durable
-
-    def describe(self) -> str:
-        return self.inner.describe()
 
     def get(self, key: str, start: int = 0, length: int | None = None) -> bytes:
         if cacheable(key):
             return self.cache.get(key, start, length, self.inner.get)
         return self.inner.get(key, start, length)
-
-    def size(self, key: str) -> int:
-        return self.inner.size(key)
-
-    def mtime(self, key: str) -> float:
-        return self.inner.mtime(key)
-
-    def put_atomic(self, key: str, data: bytes, *, site: str = "object") -> None:
-        self.inner.put_atomic(key, data, site=site)
-
-    def put_if_absent(self, key: str, data: bytes, *, site: str = "object") -> bool:
-        return self.inner.put_if_absent(key, data, site=site)
-
-    def list(self, prefix: str) -> list[str]:
-        return self.inner.list(prefix)
 
     def delete(self, key: str, *, site: str = "delete") -> None:
         self.inner.delete(key, site=site)

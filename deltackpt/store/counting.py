@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import threading
 
-from .base import Store
+from .base import Store, WrappingStore
 
 
-class CountingStore(Store):
+class CountingStore(WrappingStore):
     def __init__(self, inner: Store) -> None:
-        self.inner = inner
-        self.atomic_create = inner.atomic_create
-        self.durable = inner.durable
+        super().__init__(inner)
         self._lock = threading.Lock()
         self.reset()
 
@@ -30,12 +28,6 @@ class CountingStore(Store):
             self.keys_read.append(key)
         return data
 
-    def size(self, key: str) -> int:
-        return self.inner.size(key)
-
-    def mtime(self, key: str) -> float:
-        return self.inner.mtime(key)
-
     def put_atomic(self, key: str, data: bytes, *, site: str = "object") -> None:
         self.inner.put_atomic(key, data, site=site)
         with self._lock:
@@ -48,12 +40,6 @@ class CountingStore(Store):
             self.puts += 1
             self.bytes_written += len(data) if ok else 0
         return ok
-
-    def list(self, prefix: str) -> list[str]:
-        return self.inner.list(prefix)
-
-    def delete(self, key: str, *, site: str = "delete") -> None:
-        self.inner.delete(key, site=site)
 
     def describe(self) -> str:
         return f"counting({self.inner.describe()})"
