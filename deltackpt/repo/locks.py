@@ -94,12 +94,14 @@ def _break(store: Store, key: str, kind: str, info: dict) -> None:
         store.delete(guard, site=f"lock.{kind}.guard.release")
 
 
-def _acquire(store: Store, key: str, kind: str, timeout: float) -> None:
+def _acquire(store: Store, key: str, kind: str, timeout: float) -> bytes:
+    """Take the lock ``key``; returns the body written, which :func:`_release` checks."""
     deadline = time.monotonic() + timeout
     delay = 0.002
     while True:
-        if store.put_if_absent(key, _body(kind, secrets.token_hex(8)), site=f"lock.{kind}"):
-            return
+        body = _body(kind, secrets.token_hex(8))
+        if store.put_if_absent(key, body, site=f"lock.{kind}"):
+            return body
         info = _holder(store, key)
         if info is None:
             continue  # released since our attempt: try again (deleting now could hit a new holder's lock)
@@ -111,6 +113,17 @@ def _acquire(store: Store, key: str, kind: str, timeout: float) -> None:
             raise RepositoryLockedError(f"{kind} lock {key!r} is held by {describe(info)}")
         time.sleep(delay)
         delay = min(delay * 2, 0.1)
+
+
+def _release(store: Store, key: str, body: bytes, kind: str) -> None:
+    """Delete our lock, but not one that replaced it: if ours was judged stale and broken while
+    we held it, the lock there now is another process's."""
+    try:
+        if store.get(key) != body:
+            return
+    except FileNotFoundError:
+        return
+    store.delete(key, site=f"lock.{kind}.release")
 
 
 def live_save_locks(store: Store) -> list[tuple[str, dict | None]]:
@@ -127,11 +140,11 @@ def live_save_locks(store: Store) -> list[tuple[str, dict | None]]:
 
 @contextmanager
 def refs_lock(store: Store, timeout: float = 60.0) -> Iterator[None]:
-    _acquire(store, REFS_LOCK, "refs", timeout)
+    body = _acquire(store, REFS_LOCK, "refs", timeout)
     try:
         yield
     finally:
-        store.delete(REFS_LOCK, site="lock.refs.release")
+        _release(store, REFS_LOCK, body, "refs")
 
 
 @contextmanager
@@ -157,7 +170,7 @@ def save_lock(store: Store, timeout: float = 600.0) -> Iterator[None]:
 @contextmanager
 def gc_lock(store: Store, timeout: float = 600.0) -> Iterator[None]:
     """Exclusive: waits for running saves to finish, keeps new ones out."""
-    _acquire(store, GC_LOCK, "gc", timeout)
+    body = _acquire(store, GC_LOCK, "gc", timeout)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -169,4 +182,4 @@ def gc_lock(store: Store, timeout: float = 600.0) -> Iterator[None]:
             time.sleep(0.05)
         yield
     finally:
-        store.delete(GC_LOCK, site="lock.gc.release")
+        _release(store, GC_LOCK, body, "gc")

@@ -187,12 +187,16 @@ class Repository(ChunkReader):
                        logical_bytes=sum(b.nbytes for b in m.blobs), written_bytes=int(written.get("bytes", 0)))
 
     # refs and tags --------------------------------------------------------------------------
-    def read_ref(self, key: str) -> str | None:
+    def read_ref_bytes(self, key: str) -> bytes | None:
+        """The ref file's bytes as stored (what a compare-and-swap compares), None when absent."""
         try:
-            data = self.store.get(key)
+            return self.store.get(key)
         except (ObjectNotFoundError, FileNotFoundError):
             return None
-        return refs.decode_ref(data, what=key)
+
+    def read_ref(self, key: str) -> str | None:
+        data = self.read_ref_bytes(key)
+        return None if data is None else refs.decode_ref(data, what=key)
 
     def latest(self) -> str | None:
         return self.read_ref(LATEST_REF)

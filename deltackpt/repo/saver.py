@@ -312,19 +312,35 @@ def _writer() -> str:
     return f"deltackpt {__version__}"
 
 
+#: how often a commit re-parents after losing the swap of ``latest`` before giving up
+_SWAP_RETRIES = 16
+
+
 def _commit(repo: Repository, manifest: Manifest, stats: SaveStats, tag: str | None) -> str:
     """Manifest, then ref.  Racing writers are serialized by the refs lock and re-parented onto
-    whatever ``latest`` is when they get it, so history stays linear and no save is lost."""
+    whatever ``latest`` is when they get it, so history stays linear and no save is lost.
+
+    ``latest`` moves by compare-and-swap against the value read here: if it moved anyway (our
+    lock was judged stale and broken, or the backend's locks are not atomic), the manifest is
+    re-parented onto the new head and the swap retried, instead of overwriting that version."""
     with locks.refs_lock(repo.store):
         if tag is not None and repo.store.exists(TAGS + tag):
             raise ConflictError(f"tag {tag!r} already names version {repo.read_ref(TAGS + tag)}; nothing was "
                                 "committed (the chunks written are reused by the next save)")
-        manifest.parent = repo.latest()
-        data = manifest.to_bytes()
-        vid = hex_id(data)
-        repo.store.put_if_absent(MANIFESTS + vid, data, site="manifest")
-        stats.manifest_bytes = len(data)
-        repo.store.put_atomic(LATEST_REF, refs.encode_ref(vid), site="ref")
+        for _attempt in range(_SWAP_RETRIES):
+            head = repo.read_ref_bytes(LATEST_REF)
+            manifest.parent = None if head is None else refs.decode_ref(head, what=LATEST_REF)
+            data = manifest.to_bytes()
+            vid = hex_id(data)
+            created = repo.store.put_if_absent(MANIFESTS + vid, data, site="manifest")
+            stats.manifest_bytes = len(data)
+            if repo.store.swap(LATEST_REF, head, refs.encode_ref(vid), site="ref"):
+                break
+            if created:  # nothing names it: no orphan version left in the log
+                repo.store.delete(MANIFESTS + vid, site="manifest.orphan")
+        else:
+            raise ConflictError(f"{repo.location}: 'latest' kept moving under the refs lock ({_SWAP_RETRIES} tries); "
+                                "nothing was committed (the chunks written are reused by the next save)")
         if tag is not None:
             repo.store.put_atomic(TAGS + tag, refs.encode_ref(vid), site="tag")
     return vid

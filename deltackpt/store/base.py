@@ -52,6 +52,9 @@ class Store(ABC):
     atomic_create: bool = True
     #: keys written by put_atomic survive power loss once it returns
     durable: bool = True
+    #: swap is a compare-and-swap against other processes (If-Match); when False it is
+    #: read-compare-put, which is only safe under a lock the caller holds (the refs lock)
+    atomic_swap: bool = False
 
     @abstractmethod
     def get(self, key: str, start: int = 0, length: int | None = None) -> bytes:
@@ -85,6 +88,23 @@ class Store(ABC):
         """A streaming writer for a value committed later under a key chosen then."""
         return AtomicWriter(self, site)
 
+    def swap(self, key: str, expected: bytes | None, data: bytes, *, site: str = "object") -> bool:
+        """Replace ``key``'s value by ``data`` only if it is ``expected`` now (``None``: only if
+        ``key`` is absent); True when this call replaced it.  Refs move with it, so a writer that
+        lost its lock cannot silently overwrite another writer's ``latest``.
+
+        This default reads, compares and puts: atomic only under a lock (see ``atomic_swap``)."""
+        if expected is None:
+            return self.put_if_absent(key, data, site=site)
+        try:
+            current = self.get(key)
+        except FileNotFoundError:
+            return False
+        if current != expected:
+            return False
+        self.put_atomic(key, data, site=site)
+        return True
+
     def exists(self, key: str) -> bool:
         try:
             self.size(key)
@@ -104,6 +124,7 @@ class WrappingStore(Store):
         self.inner = inner
         self.atomic_create = inner.atomic_create
         self.durable = inner.durable
+        self.atomic_swap = inner.atomic_swap
 
     def __getattr__(self, name: str):
         if name == "inner":  # not set yet (copying, unpickling): no recursion
@@ -127,6 +148,9 @@ class WrappingStore(Store):
 
     def put_if_absent(self, key: str, data: bytes, *, site: str = "object") -> bool:
         return self.inner.put_if_absent(key, data, site=site)
+
+    def swap(self, key: str, expected: bytes | None, data: bytes, *, site: str = "object") -> bool:
+        return self.inner.swap(key, expected, data, site=site)
 
     def list(self, prefix: str) -> list[str]:
         return self.inner.list(prefix)

@@ -41,5 +41,12 @@ class CountingStore(WrappingStore):
             self.bytes_written += len(data) if ok else 0
         return ok
 
+    def swap(self, key: str, expected: bytes | None, data: bytes, *, site: str = "object") -> bool:
+        ok = self.inner.swap(key, expected, data, site=site)
+        with self._lock:
+            self.puts += 1
+            self.bytes_written += len(data) if ok else 0
+        return ok
+
     def describe(self) -> str:
         return f"counting({self.inner.describe()})"

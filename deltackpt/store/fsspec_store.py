@@ -8,7 +8,9 @@ spec/OBJECT_STORES.md:
 - ``put_atomic`` is one PUT (S3 makes a PUT visible whole or not at all, and durable on return);
 - ``put_if_absent`` is a conditional PUT (``If-None-Match: *``) where the backend has one
   (:data:`CONDITIONAL_PROTOCOLS`); elsewhere it is check-then-put and ``atomic_create`` is False,
-  so two processes must not commit to the same repository at the same time there.
+  so two processes must not commit to the same repository at the same time there;
+- ``swap`` (how refs move) is a conditional PUT (``If-Match: <ETag>``) on the same backends, so a
+  writer whose refs lock was broken cannot overwrite another writer's ``latest``.
 
 Reads of immutable keys (packs, index files, manifests) go through an optional local
 :class:`~deltackpt.store.cache.ReadCache`, so a rollback does not download the same bytes twice.
@@ -65,6 +67,7 @@ class FsspecStore(Store):
         self.root = root.rstrip("/")
         self.protocol = _protocol(self.fs)
         self.atomic_create = self.protocol in CONDITIONAL_PROTOCOLS
+        self.atomic_swap = self.atomic_create
         self.durable = self.protocol in DURABLE_PROTOCOLS
         if cache_dir is None:
             cache_dir = os.environ.get("DELTACKPT_CACHE_DIR") or None
@@ -155,13 +158,13 @@ class FsspecStore(Store):
         return sorted(out)
 
     # writes ------------------------------------------------------------------------------
-    def _put(self, key: str, data: bytes, site: str, mode: str) -> None:
+    def _put(self, key: str, data: bytes, site: str, mode: str, **conditions: str) -> None:
         if len(data) > _SINGLE_PUT_LIMIT:
             raise StoreError(errno.EFBIG, f"{key!r}: {len(data)} bytes exceed one PUT ({_SINGLE_PUT_LIMIT})")
         short = faults.hit(f"{site}.write")
         if short:
             raise StoreError(errno.EIO, f"injected short write at {site}.write (an upload that failed midway)")
-        kwargs: dict[str, Any] = {"mode": mode}
+        kwargs: dict[str, Any] = {"mode": mode, **conditions}
         if self.protocol in ("s3", "s3a"):
             kwargs["chunksize"] = _SINGLE_PUT_LIMIT  # one PUT, never a multipart upload
         self.fs.pipe_file(self._path(key), bytes(data), **kwargs)
@@ -202,6 +205,39 @@ class FsspecStore(Store):
             except Exception as exc:  # noqa: BLE001
                 raise self._error(exc, "write", key) from None
         raise StoreError(errno.EBUSY, f"create {key!r} in {self.url}: kept conflicting with other writers")
+
+    def swap(self, key: str, expected: bytes | None, data: bytes, *, site: str = "object") -> bool:
+        if not self.atomic_swap:
+            return super().swap(key, expected, data, site=site)
+        if expected is None:
+            return self.put_if_absent(key, data, site=site)
+        # the ETag is read before the value: if the object changes in between, the PUT's
+        # If-Match fails and we answer False, never a swap against a value we did not compare
+        try:
+            etag = self._info(key).get("ETag")
+            current = self._fetch(key, 0, None)
+        except ObjectNotFoundError:
+            return False
+        if current != expected:
+            return False
+        if not etag:
+            raise StoreError(errno.ENOTSUP, f"swap {key!r} in {self.url}: the backend returned no ETag")
+        try:
+            self._put(key, data, site, "overwrite", IfMatch=etag)
+            return True
+        except StoreError:
+            raise
+        except FileNotFoundError:
+            return False  # deleted since we read it
+        except OSError as exc:
+            # 412 (the ETag moved on) or 409 (a conditional write to the key in flight): lost
+            if exc.errno in (errno.EINVAL, errno.EBUSY):
+                return False
+            raise self._error(exc, "write", key) from None
+        except Exception as exc:  # noqa: BLE001
+            raise self._error(exc, "write", key) from None
+        finally:
+            self.fs.invalidate_cache(self._path(key))
 
     def delete(self, key: str, *, site: str = "delete") -> None:
         path = self._path(key)

@@ -11,6 +11,7 @@ from .base import Store, check_key
 
 class MemoryStore(Store):
     durable = False
+    atomic_swap = True
 
     def __init__(self) -> None:
         self._data: dict[str, tuple[bytes, float]] = {}
@@ -38,6 +39,14 @@ class MemoryStore(Store):
     def put_if_absent(self, key: str, data: bytes, *, site: str = "object") -> bool:
         with self._lock:
             if check_key(key) in self._data:
+                return False
+            self._data[key] = (bytes(data), time.time())
+            return True
+
+    def swap(self, key: str, expected: bytes | None, data: bytes, *, site: str = "object") -> bool:
+        with self._lock:
+            current = self._data.get(check_key(key))
+            if (None if current is None else current[0]) != expected:
                 return False
             self._data[key] = (bytes(data), time.time())
             return True

@@ -111,3 +111,16 @@ def test_stale_lock_breaker_never_deletes_a_live_lock(zygote, tmp_path):
         zygote.wait(c, 60)
         assert "DONE" in c.lines(), c.text()
     _check_linear(path, [dead, a, b])
+
+
+def test_holder_whose_lock_was_broken_does_not_release_the_new_holders_lock(tmp_path):
+    """A refs-lock holder that was judged stale and broken, and whose lock another process then
+    took, leaves that process's lock in place when it finishes (it deletes only its own)."""
+    from deltackpt.repo import locks
+    from deltackpt.store import LocalStore
+
+    store = LocalStore(tmp_path / "repo")
+    with locks.refs_lock(store):
+        store.delete(locks.REFS_LOCK)  # broken by another host's breaker...
+        assert store.put_if_absent(locks.REFS_LOCK, b"the new holder")  # ...and taken by it
+    assert store.get(locks.REFS_LOCK) == b"the new holder"

@@ -68,6 +68,40 @@ class StoreSuite:
         assert len(wins) == 1
         assert store.get("locks/race") == b"%d" % wins[0]
 
+    def test_swap_compares_then_replaces(self, store):
+        """swap replaces a value only when it equals the expected one (None: only when absent), and
+        a refused swap leaves the value as it was."""
+        assert store.swap("refs/latest", None, b"v1\n")
+        assert not store.swap("refs/latest", None, b"v2\n")
+        assert not store.swap("refs/latest", b"other\n", b"v2\n")
+        assert store.get("refs/latest") == b"v1\n"
+        assert store.swap("refs/latest", b"v1\n", b"v2\n")
+        assert store.get("refs/latest") == b"v2\n"
+        assert not store.swap("refs/gone", b"v1\n", b"v2\n")
+        assert not store.exists("refs/gone")
+
+    def test_swap_race_has_one_winner(self, store):
+        """Of eight threads swapping the same expected value at once, exactly one wins, where the
+        backend says its swap is atomic."""
+        if not store.atomic_swap:
+            pytest.skip("this backend's swap is atomic only under the refs lock")
+        store.put_atomic("refs/latest", b"base\n")
+        wins: list[int] = []
+        barrier = threading.Barrier(8)
+
+        def go(i: int) -> None:
+            barrier.wait()
+            if store.swap("refs/latest", b"base\n", b"%d\n" % i):
+                wins.append(i)
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(wins) == 1
+        assert store.get("refs/latest") == b"%d\n" % wins[0]
+
     def test_list_prefix_sorted(self, store):
         """list(prefix) returns every key under the prefix, sorted, and nothing outside it."""
         for key in ("index/b", "index/a", "packs/00/x", "packs/01/y", "indexer"):

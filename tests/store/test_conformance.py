@@ -42,8 +42,8 @@ class TestFsspecS3(StoreSuite):
         return FsspecStore(s3_url, cache_dir=False)
 
     def test_capabilities_are_truthful(self, store):
-        """On S3 put_if_absent is a conditional PUT (atomic) and writes are durable on return."""
-        assert store.atomic_create and store.durable
+        """On S3 put_if_absent and swap are conditional PUTs (atomic) and writes are durable on return."""
+        assert store.atomic_create and store.atomic_swap and store.durable
 
 
 @pytest.mark.slow

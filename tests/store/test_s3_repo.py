@@ -109,6 +109,49 @@ def test_two_concurrent_committers_keep_linear_history(s3_url):
     assert repo.verify().ok
 
 
+def _wait_stopped(proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Until ``proc`` has SIGSTOPped itself (state T), or it ended (then its stderr is the failure)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"child ended before its fault: {proc.stderr.read()}")
+        with open(f"/proc/{proc.pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.02)
+    raise AssertionError("child never reached its fault site")
+
+
+def test_committer_whose_refs_lock_was_broken_loses_no_version(s3_url):
+    """A committer frozen just before it moves 'latest', whose refs lock another host then breaks
+    and who commits meanwhile, does not overwrite that version: its If-Match PUT fails, it
+    re-parents onto the new head, and history stays linear with both versions."""
+    first = deltackpt.save(_model_state(0), s3_url)
+    deltackpt.frontend.api._OPEN.clear()
+    proc = _child(s3_url, 5, 1, env={"DELTACKPT_FAULT": "ref.write:1:stop"})
+    try:
+        _wait_stopped(proc)
+        store = FsspecStore(s3_url, cache_dir=False)
+        assert store.exists("locks/refs"), "the frozen child holds the refs lock"
+        store.delete("locks/refs")  # what a breaker on another host that judged it stale does
+        mine = deltackpt.save(_model_state(1), s3_url)
+        os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    theirs = out.split()[0]
+    repo = Repo(s3_url)
+    assert repo.resolve("latest").id == theirs
+    assert repo.core.manifest(theirs).parent == mine.id, "the late committer re-parented onto the new head"
+    assert repo.core.manifest(mine.id).parent == first.id
+    assert {v.id for v in repo.log()} == {first.id, mine.id, theirs}, "no orphan manifest from the lost swap"
+    assert not store.exists("locks/refs"), "no lock is left behind"
+    assert_bit_identical(_model_state(1), repo.load(mine.id))
+    assert repo.verify().ok
+
+
 def test_layer_restore_fetches_only_its_byte_ranges(s3_url):
     """Loading one layer from S3 issues ranged GETs for that layer's chunks only: the bytes fetched
     from packs are about that layer's stored size, not the whole version's."""
