@@ -31,6 +31,10 @@ class Policy:
     def resumed(self, step: int, now: float) -> None:
         """Training restarted from a version saved at ``step``: schedules continue from there."""
 
+    def recall(self, history: "list[Mapping[str, Any]]") -> None:
+        """A resumed run's earlier versions (their metrics, oldest first, those saved at or before
+        the resumed step): policies that compare against the past pick up where they were."""
+
     def describe(self) -> str:
         return type(self).__name__
 
@@ -194,6 +198,10 @@ class OnImprovement(Policy):
         if v is not None and (self.best is None or (v < self.best if self.mode == "min" else v > self.best)):
             self.best = v
 
+    def recall(self, history):
+        for metrics in history:
+            self.saved(0, 0.0, 0.0, metrics)
+
     def describe(self):
         return f"on improvement of {self.metric} ({self.mode})"
 
@@ -215,6 +223,10 @@ class AnyOf(Policy):
     def resumed(self, step, now):
         for p in self.policies:
             p.resumed(step, now)
+
+    def recall(self, history):
+        for p in self.policies:
+            p.recall(history)
 
     def describe(self):
         return " or ".join(p.describe() for p in self.policies)

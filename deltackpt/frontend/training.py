@@ -251,6 +251,9 @@ class Checkpointer:
         self.last: "SaveHandle | Version | None" = None
         if start_step is not None:  # resumed: step-based schedules continue, not restart at 0
             self.policy.resumed(start_step, self.clock())
+            # metric-based ones remember the best so far (versions of an abandoned future excluded)
+            self.policy.recall([dict(v.metrics) for v in reversed(self.repo.log())
+                                if v.step is not None and v.step <= start_step])
 
     def due(self, step: int, metrics: Mapping[str, Any] | None = None) -> bool:
         return self.policy.due(step, self.clock(), metrics or {})

@@ -111,6 +111,19 @@ def test_checkpointer_blocking_mode(repo_path):
     assert isinstance(v, deltackpt.Version) and v.step == 2
 
 
+def test_resumed_checkpointer_remembers_the_best_metric(repo_path):
+    """A Checkpointer resumed at step S with OnImprovement compares against the best metric of the
+    versions saved up to S (not those of an abandoned later trajectory), so it does not save a
+    worse value as an 'improvement' right after the restart."""
+    ckpt = Checkpointer(repo_path, policy=OnImprovement("val"), blocking=True)
+    for step, val in [(1, 5.0), (2, 3.0), (3, 4.0), (4, 1.0)]:
+        ckpt.step({"w": torch.full((3,), float(step))}, step=step, metrics={"val": val})
+    assert [v.step for v in deltackpt.Repo(repo_path).log()] == [4, 2, 1]
+    resumed = Checkpointer(repo_path, policy=[EveryN(100), OnImprovement("val")], blocking=True, start_step=2)
+    assert resumed.step({"w": torch.ones(3)}, step=3, metrics={"val": 3.5}) is None, "3.5 is no better than 3.0"
+    assert resumed.step({"w": torch.ones(3)}, step=4, metrics={"val": 2.0}) is not None, "2.0 beats 3.0 (1.0 was abandoned)"
+
+
 # RNG and sampler --------------------------------------------------------------------------------
 def test_rng_round_trips_through_repository_without_pickle(repo_path):
     """Python, numpy and torch draws after a restore from the repository equal the draws after the capture."""
