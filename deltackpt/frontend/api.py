@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from ..errors import UnsupportedLeafError
+from ..errors import DeltackptError, UnsupportedLeafError
 from ..progress import bar
 from ..repo import saver
 from ..repo.gc import DEFAULT_GRACE_SECONDS, GcReport, run_gc
@@ -218,7 +218,8 @@ def _metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None = None,
          metrics: Mapping[str, Any] | None = None, meta: Any = None, tag: str | None = None,
-         encoding: Mapping[str, str] | str | None = None, blocking: bool = True) -> "Version | SaveHandle":
+         encoding: Mapping[str, str] | str | None = None, blocking: bool = True,
+         workers: int | None = None) -> "Version | SaveHandle":
     """Save a module's state_dict, a state dict or a nested training state as a new version.
 
     Unchanged chunks are not written again; changed ones are stored as deltas against the last
@@ -229,6 +230,10 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
     the tensors are copied to host memory; the rest runs in a background thread
     (``handle.wait()`` returns the Version).  Any save first waits for a background save to the
     same repository still in flight, and raises its error if nobody has waited for it.
+
+    ``workers``: encoder threads.  By default a blocking save uses every core (up to 4) and a
+    background save the cores the training loop leaves free (``os.cpu_count()`` minus
+    ``torch.get_num_threads()``, at least 1), so that it does not compete with training for CPU.
 
     Example::
 
@@ -251,6 +256,8 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
     if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
         raise UnsupportedLeafError(f"step must be an int, got {type(step).__name__}")
     plain_metrics, plain_meta = _metrics(metrics), _plain(meta, "meta")
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+        raise DeltackptError(f"workers must be a positive int (encoder threads), got {workers!r}")
     # everything that can refuse the input does so before a repository is created or touched
     plan_blobs([], encoding)
     for leaf in leaves:
@@ -259,7 +266,7 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
         check_name(tag)
     r = _repo(repo, create=True)
 
-    def write(leaves: list, tree: Any, devices: list[str] | None = None) -> Version:
+    def write(leaves: list, tree: Any, devices: list[str] | None = None, threads: int | None = workers) -> Version:
         blobs, entries = plan_blobs(leaves, encoding)
         if devices is not None:  # staged copies live on the CPU; record where the tensors lived
             for e, device in zip(entries, devices):
@@ -267,12 +274,13 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
         total = sum(len(b.data) for b in blobs)
         with bar("save", total if devices is None else 0) as update:
             vid, _stats = saver.write_version(r.core, blobs, entries, tree, step=step, metrics=plain_metrics,
-                                              meta=plain_meta, tag=tag, progress=update)
+                                              meta=plain_meta, tag=tag, progress=update, workers=threads)
         return r.core.version(vid)
 
     if not blocking:
         devices = [str(leaf.tensor.device) for leaf in leaves]
-        return async_save.submit(r, leaves, tree, lambda staged, t: write(staged, t, devices))
+        threads = workers or async_save.spare_cores()
+        return async_save.submit(r, leaves, tree, lambda staged, t: write(staged, t, devices, threads))
     async_save.drain(r.core)
     return write(leaves, tree)
 

@@ -61,6 +61,13 @@ made the loop slower, not faster (bench/async_stall.py, same run, 271 MB MiniLM+
 nice 0), because a starved save was still running when the next one was due and the loop waited."""
 
 
+def spare_cores() -> int:
+    """Encoder threads for a background save: the cores the training loop's torch threads leave
+    free, at least one.  Measured on 2 cores with a 1-thread loop (bench/async_stall.py), two
+    encoder threads there took the loop's core half the time."""
+    return max(1, min(4, (os.cpu_count() or 1) - torch.get_num_threads()))
+
+
 def _lower_priority() -> None:
     if BACKGROUND_NICE is None or not hasattr(os, "setpriority"):
         return

@@ -138,3 +138,19 @@ def test_background_nice_applies_to_save_thread_and_its_workers(monkeypatch):
 
     with ThreadPoolExecutor(1) as fresh:   # a fresh thread: the shared save thread keeps its priority
         assert fresh.submit(save_thread).result() == min(19, mine + 5)
+
+
+def test_background_save_takes_only_the_cores_training_leaves(monkeypatch, tmp_path):
+    """A background save encodes with the cores torch's intra-op threads leave free (at least one);
+    an explicit ``workers`` wins, and a bad one is refused before anything is written."""
+    from deltackpt.frontend import async_save
+    monkeypatch.setattr(async_save.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(async_save.torch, "get_num_threads", lambda: 6)
+    assert async_save.spare_cores() == 2
+    monkeypatch.setattr(async_save.torch, "get_num_threads", lambda: 8)
+    assert async_save.spare_cores() == 1
+    with pytest.raises(deltackpt.DeltackptError, match="workers"):
+        deltackpt.save({"w": torch.ones(2)}, tmp_path / "r", blocking=False, workers=0)
+    assert not (tmp_path / "r").exists()
+    h = deltackpt.save({"w": torch.ones(2)}, tmp_path / "r", blocking=False, workers=1)
+    assert h.wait().logical_bytes == 8
