@@ -50,11 +50,15 @@ def load_model() -> torch.nn.Module:
 class Job:
     """MiniLM + AdamW on generated batches; ``step()`` is one optimizer step."""
 
-    def __init__(self, batch: int, seq: int) -> None:
+    def __init__(self, batch: int, seq: int, frozen: bool = False) -> None:
         torch.manual_seed(0)
         self.model = load_model()
         self.model.train()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-5)
+        if frozen:  # the minilm-frozen workload: encoder frozen but its last layer (and the pooler)
+            last = f"encoder.layer.{self.model.config.num_hidden_layers - 1}."
+            for name, p in self.model.named_parameters():
+                p.requires_grad = name.startswith(last) or name.startswith("pooler")
+        self.opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=1e-5)
         self.g = torch.Generator().manual_seed(1)
         self.batch, self.seq = batch, seq
         self.vocab = self.model.config.vocab_size
@@ -185,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--frozen", action="store_true", help="freeze the encoder but its last layer (minilm-frozen)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the training loop")
     ap.add_argument("--every", type=int, default=0, help="save interval in steps (0: torch.save costs ~15%%)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per mode (the faster is kept: shared machine)")
@@ -196,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     workdir = args.dir or tempfile.mkdtemp(prefix="async-stall-")
     os.makedirs(workdir, exist_ok=True)
-    job = Job(args.batch, args.seq)
+    job = Job(args.batch, args.seq, frozen=args.frozen)
     for _ in range(3):   # warm up: optimizer state exists, allocator warm
         job.step()
     nbytes = job.state_bytes()
@@ -245,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                      "step_inflation": step_ratio, "cpu_per_save_s": cpu_per_save, "runs": runs[mode]})
         print(f"| {mode} | {stall:.4f} s | {stall / ref:.3f}x | {slowdown:+.1%} | {step_ratio:+.1%} | "
               f"{cpu_per_save:.2f} | {bg} |")
-    out = {"state_bytes": nbytes, "step_s": step_s, "torch_save_s": torch_save_s, "every": every,
+    out = {"frozen": args.frozen, "state_bytes": nbytes, "step_s": step_s, "torch_save_s": torch_save_s, "every": every,
            "steps": args.steps, "threads": args.threads, "cores": os.cpu_count(), "rows": rows}
     if args.json:
         with open(args.json, "w") as f:

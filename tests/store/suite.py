@@ -10,6 +10,24 @@ import pytest
 from deltackpt.errors import ObjectNotFoundError, StoreError
 
 
+def _race(n: int, attempt) -> list[int]:
+    """Run ``attempt(i)`` in ``n`` threads released at once; the i's whose attempt returned True."""
+    wins: list[int] = []
+    barrier = threading.Barrier(n)
+
+    def go(i: int) -> None:
+        barrier.wait()
+        if attempt(i):
+            wins.append(i)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return wins
+
+
 class StoreSuite:
     """Subclasses define a ``store`` fixture returning an empty store."""
 
@@ -52,19 +70,7 @@ class StoreSuite:
         """Of eight threads racing put_if_absent on one key, exactly one wins and its bytes are stored."""
         if not store.atomic_create:
             pytest.skip("this backend documents no atomic create")
-        wins: list[int] = []
-        barrier = threading.Barrier(8)
-
-        def go(i: int) -> None:
-            barrier.wait()
-            if store.put_if_absent("locks/race", b"%d" % i):
-                wins.append(i)
-
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        wins = _race(8, lambda i: store.put_if_absent("locks/race", b"%d" % i))
         assert len(wins) == 1
         assert store.get("locks/race") == b"%d" % wins[0]
 
@@ -86,19 +92,7 @@ class StoreSuite:
         if not store.atomic_swap:
             pytest.skip("this backend's swap is atomic only under the refs lock")
         store.put_atomic("refs/latest", b"base\n")
-        wins: list[int] = []
-        barrier = threading.Barrier(8)
-
-        def go(i: int) -> None:
-            barrier.wait()
-            if store.swap("refs/latest", b"base\n", b"%d\n" % i):
-                wins.append(i)
-
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        wins = _race(8, lambda i: store.swap("refs/latest", b"base\n", b"%d\n" % i))
         assert len(wins) == 1
         assert store.get("refs/latest") == b"%d\n" % wins[0]
 
