@@ -25,6 +25,24 @@ def _unzigzag(z: np.ndarray) -> np.ndarray:
     return (z >> 1) ^ (-(z & 1).view(f"i{z.dtype.itemsize}")).view(z.dtype)
 
 
+_BLOCK = 1 << 15  # elements per step: the scratch and the slices stay in the core's cache
+
+
+def unzigzag_add(z: np.ndarray, base: np.ndarray) -> None:
+    """``z = unzigzag(z) + base`` in place (wrapping), a cache-sized block at a time."""
+    n = len(z)
+    scratch = np.empty(min(n, _BLOCK), dtype=z.dtype)
+    signed = scratch.view(f"i{z.dtype.itemsize}")
+    for s in range(0, n, _BLOCK):
+        zz, bb = z[s:s + _BLOCK], base[s:s + _BLOCK]
+        m, ms = scratch[:len(zz)], signed[:len(zz)]
+        np.bitwise_and(zz, 1, out=m)
+        np.negative(ms, out=ms)  # 0 -> 0, 1 -> all ones
+        np.right_shift(zz, 1, out=zz)
+        np.bitwise_xor(zz, m, out=zz)
+        np.add(zz, bb, out=zz)  # wraps modulo 2^(8w), as the encoder's subtraction did
+
+
 class SubDelta(Codec):
     encoding_id = 3
     name = "sub-delta"
@@ -42,7 +60,7 @@ class SubDelta(Codec):
         return Encoded(params, payload)
 
     def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes, base: bytes | None = None) -> None:
-        # in place, one temporary: delta chains decode a link per version, so copies add up
+        # in place, one small scratch buffer: delta chains decode a link per version, so copies add up
         dest = np.frombuffer(out, dtype=np.uint8)
         b = base_array(base, len(dest), self.name)
         w = params.get("w")
@@ -50,12 +68,7 @@ class SubDelta(Codec):
             raise CorruptObjectError(f"{self.name}: width {w!r:.20} is not an integer size")
         decode_planes(params, payload, len(dest), what=self.name, out=dest)
         t = _UINT[w]
-        z = dest.view(t)
-        sign = z & 1
-        np.right_shift(z, 1, out=z)
-        np.negative(sign.view(f"i{w}"), out=sign.view(f"i{w}"))  # 0 -> 0, 1 -> all ones
-        np.bitwise_xor(z, sign, out=z)
-        np.add(z, b.view(t), out=z)  # wraps modulo 2^(8w), as the encoder's subtraction did
+        unzigzag_add(dest.view(t), b.view(t))
 
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
         out = np.empty(raw_len, dtype=np.uint8)
