@@ -255,7 +255,7 @@ def topology_table(kf: int, star: list[int], chain: list[int], tsize: int) -> di
     two-level scheme (every M-th version against the keyframe, the others against it: depth <= 2)."""
     link = statistics.median(chain)
     out: dict = {}
-    for K in (4, 8, 16):
+    for K in (1, 2, 4, 8, 16):
         if K > len(star):
             continue
         out[f"chain/K={K}"] = (kf + K * link) / (K + 1) / tsize
