@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import CorruptObjectError
 from ._delta_util import base_array
 from .base import ChunkContext, Codec, Encoded
-from .bytegroup import decode_planes, encode_planes
+from .bytegroup import decode_planes, encode_planes, scratch
 from .sub_delta import _BLOCK, _zigzag, unzigzag_add
 
 _FLOATS = {"float32": (np.float32, np.uint32), "float64": (np.float64, np.uint64)}
@@ -87,7 +87,17 @@ class ScaledDelta(Codec):
         b = base_array(base, len(dest), self.name)
         ftype, utype, alpha = self._check(params, len(dest))
         decode_planes(params, payload, len(dest), what=self.name, out=dest)
-        z, bf = dest.view(utype), b.view(ftype)
+        self._add_prediction(dest.view(utype), b.view(ftype), alpha, ftype, utype, dest.view(utype))
+
+    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+        dest = np.frombuffer(out, dtype=np.uint8)
+        ftype, utype, alpha = self._check(params, len(dest))
+        z = decode_planes(params, payload, len(dest), what=self.name, out=scratch(len(dest)))
+        self._add_prediction(z.view(utype), dest.view(ftype), alpha, ftype, utype, dest.view(utype))
+
+    @staticmethod
+    def _add_prediction(z: np.ndarray, bf: np.ndarray, alpha: float, ftype: type, utype: type, dst: np.ndarray) -> None:
+        """``dst = unzigzag(z) + bits(round(alpha * bf))``; ``dst`` may alias ``z`` or ``bf``."""
         # z = unzigzag(z) + bits(round(alpha * base)), a cache-sized block at a time; the prediction
         # is the encoder's exactly: the base widened to float64, one multiply, one rounding
         wide = np.empty(min(len(z), _BLOCK), dtype=np.float64)
@@ -98,7 +108,7 @@ class ScaledDelta(Codec):
                 w, p = wide[:len(zz)], pred[:len(zz)]
                 np.multiply(bf[s:s + _BLOCK], alpha, out=w, dtype=np.float64)
                 np.copyto(p, w, casting="unsafe")
-                unzigzag_add(zz, p.view(utype))
+                unzigzag_add(zz, p.view(utype), out=dst[s:s + _BLOCK])
 
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
         out = np.empty(raw_len, dtype=np.uint8)

@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import CorruptObjectError
 from ._delta_util import base_array
 from .base import ChunkContext, Codec, Encoded
-from .bytegroup import decode_planes, encode_planes, width_for
+from .bytegroup import decode_planes, encode_planes, scratch, width_for
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -28,9 +28,11 @@ def _unzigzag(z: np.ndarray) -> np.ndarray:
 _BLOCK = 1 << 15  # elements per step: the scratch and the slices stay in the core's cache
 
 
-def unzigzag_add(z: np.ndarray, base: np.ndarray) -> None:
-    """``z = unzigzag(z) + base`` in place (wrapping), a cache-sized block at a time."""
+def unzigzag_add(z: np.ndarray, base: np.ndarray, out: np.ndarray | None = None) -> None:
+    """``out = unzigzag(z) + base`` (wrapping; ``out`` is ``z`` when None, and may be ``base``), a
+    cache-sized block at a time.  ``z`` is overwritten."""
     n = len(z)
+    out = z if out is None else out
     scratch = np.empty(min(n, _BLOCK), dtype=z.dtype)
     signed = scratch.view(f"i{z.dtype.itemsize}")
     for s in range(0, n, _BLOCK):
@@ -40,7 +42,7 @@ def unzigzag_add(z: np.ndarray, base: np.ndarray) -> None:
         np.negative(ms, out=ms)  # 0 -> 0, 1 -> all ones
         np.right_shift(zz, 1, out=zz)
         np.bitwise_xor(zz, m, out=zz)
-        np.add(zz, bb, out=zz)  # wraps modulo 2^(8w), as the encoder's subtraction did
+        np.add(zz, bb, out=out[s:s + _BLOCK])  # wraps modulo 2^(8w), as the encoder's subtraction did
 
 
 class SubDelta(Codec):
@@ -69,6 +71,15 @@ class SubDelta(Codec):
         decode_planes(params, payload, len(dest), what=self.name, out=dest)
         t = _UINT[w]
         unzigzag_add(dest.view(t), b.view(t))
+
+    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+        dest = np.frombuffer(out, dtype=np.uint8)
+        w = params.get("w")
+        if not isinstance(w, int) or w not in _UINT:
+            raise CorruptObjectError(f"{self.name}: width {w!r:.20} is not an integer size")
+        z = decode_planes(params, payload, len(dest), what=self.name, out=scratch(len(dest)))
+        t = _UINT[w]
+        unzigzag_add(z.view(t), dest.view(t), out=dest.view(t))
 
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
         out = np.empty(raw_len, dtype=np.uint8)

@@ -17,8 +17,9 @@ from .layout import pack_key
 
 
 # Objects that follow each other in a pack (a save writes a blob's chunks, and tensor after tensor,
-# in order) are read with one request of up to READ_SPAN bytes, which is also one pool task.  Only
-# back-to-back objects are merged (READ_GAP = 0), so a layer restore reads no byte it does not need.
+# in order) are read with one request of up to READ_SPAN bytes, which is also one pool task (its
+# chunks decode to at most READ_SPAN bytes too, so tasks carry similar work).  Only back-to-back
+# objects are merged (READ_GAP = 0), so a layer restore reads no byte it does not need.
 READ_GAP = 0
 READ_SPAN = 8 * 1024 * 1024
 
@@ -126,15 +127,22 @@ class ChunkReader:
             pid, e, obj = first if first is not None and cur == cid else self._fetch(cur)
             chain.append((cur, pid, e, obj))
             cur = e.base
+        # a keyframe and one delta (every version of a star, depth 1 of a chain) decode in place:
+        # the keyframe straight into ``out``, the delta over it (no chunk-sized temporary; the
+        # keyframe is not kept in the decoded cache, which only helps later reads of a chain)
+        in_place = out is not None and base_data is None and len(chain) == 2
         for i, (c, pid, e, obj) in enumerate(reversed(chain)):
             last = i == len(chain) - 1
             codec = registry.get(obj.encoding)
             what = f"chunk {c.hex()} in pack {pid}"
             try:
-                if last and out is not None:
+                if (last or in_place) and out is not None:
                     if len(out) != e.raw_len:
                         raise CorruptObjectError(f"index says {e.raw_len} bytes, the manifest {len(out)}")
-                    codec.decode_into(out, obj.params, obj.payload, base_data)
+                    if in_place and last:
+                        codec.apply_into(out, obj.params, obj.payload)
+                    else:
+                        codec.decode_into(out, obj.params, obj.payload, base_data)
                     result = out
                 else:
                     result = codec.decode(obj.params, obj.payload, obj.raw_len, base_data)
@@ -144,7 +152,7 @@ class ChunkReader:
                 raise CorruptObjectError(f"{what}: undecodable ({type(exc).__name__}: {exc})") from None
             if len(result) != e.raw_len or digest(result) != c:
                 raise CorruptObjectError(f"{what}: decoded bytes do not match the chunk id (data corrupted)")
-            if not last:
+            if not last and not in_place:
                 self.decoded.put(c, result)
             base_data = result
         assert base_data is not None
@@ -233,13 +241,15 @@ class ChunkReader:
             else:
                 tasks.append([(job, None, None)])
         placed.sort(key=lambda t: (t[0], t[1]))
+        raw = 0  # decoded bytes of the last task
         for pid, _off, job, e in placed:
             if tasks and tasks[-1][0][1] == pid:  # (alone tasks have no pack id)
-                last = tasks[-1][-1][2]
-                head = tasks[-1][0][2]
-                end = last.offset + last.length
-                if 0 <= e.offset - end <= READ_GAP and e.offset + e.length - head.offset <= READ_SPAN:
+                head, last = tasks[-1][0][2], tasks[-1][-1][2]
+                if (0 <= e.offset - (last.offset + last.length) <= READ_GAP
+                        and e.offset + e.length - head.offset <= READ_SPAN and raw + e.raw_len <= READ_SPAN):
                     tasks[-1].append((job, pid, e))
+                    raw += e.raw_len
                     continue
             tasks.append([(job, pid, e)])
+            raw = e.raw_len
         return tasks
