@@ -201,12 +201,85 @@ def entropy_pass(prev: dict, cur: dict) -> dict:
     return out
 
 
+def _delta_bytes(raw: bytes, ctx: ChunkContext, base: bytes | None) -> int:
+    bc = BaseChunk(b"\0" * 16, base, 0) if base is not None and len(base) == len(raw) else None
+    return len(encode_chunk(raw, ctx, base=bc, keyframe_interval=1 << 20).encoded.payload) + 40
+
+
+def distance_costs(files: list[str], first: int, chunk_bytes: int) -> tuple[int, list[int], list[int], int]:
+    """Lossless pipeline bytes of version first+d stored against version ``first`` (a keyframe at
+    depth 0), for every d after it: what a star topology pays at distance d.  A chunk equal to the
+    one in the version before it costs 0 (deduplicated), as it would in a repository.  Also returns
+    the keyframe bytes (bg-zstd) of the chunks that changed and, for comparison, the bytes of each
+    version against its parent (a parent chain)."""
+    base, tsize = tensors(files[first])
+    prev = base
+    star, chain = [], []
+    kf = 0
+    by_kind: dict = {}
+    for d, f in enumerate(files[first + 1:], 1):
+        cur, tsize = tensors(f)
+        total = total_chain = 0
+        for name, arr in cur.items():
+            b_arr, p_arr = base.get(name), prev.get(name)
+            for s, raw, row in chunks(arr, chunk_bytes):
+                ctx = ctx_of(arr, row)
+                p = p_arr.reshape(-1).view(np.uint8)[s:s + len(raw)].tobytes() if p_arr is not None else None
+                if p == raw:
+                    continue
+                b = b_arr.reshape(-1).view(np.uint8)[s:s + len(raw)].tobytes() if b_arr is not None else None
+                first_delta = f == files[first + 1]
+                if first_delta:
+                    kf += len(encode_chunk(raw, ctx).encoded.payload) + 40
+                n = _delta_bytes(raw, ctx, b)
+                nc = n if first_delta else _delta_bytes(raw, ctx, p)
+                total += n
+                total_chain += nc
+                k = by_kind.setdefault(kind(name), {"star": [0] * (len(files) - first - 1),
+                                                    "chain": [0] * (len(files) - first - 1)})
+                k["star"][d - 1] += n
+                k["chain"][d - 1] += nc
+        star.append(total)
+        chain.append(total_chain)
+        prev = cur
+    print("by kind (fraction of torch.save): star by distance / parent chain", flush=True)
+    for k, v in by_kind.items():
+        print(f"  {k:10s} star  " + " ".join(f"{x / tsize:.3f}" for x in v["star"]))
+        print(f"  {k:10s} chain " + " ".join(f"{x / tsize:.3f}" for x in v["chain"]), flush=True)
+    return kf, star, chain, tsize
+
+
+def topology_table(kf: int, star: list[int], chain: list[int], tsize: int) -> dict:
+    """Amortized bytes per version over a cycle (a keyframe of the changed chunks, then K versions)
+    for parent chains (depth <= K), a star (every version against the keyframe: depth <= 1) and a
+    two-level scheme (every M-th version against the keyframe, the others against it: depth <= 2)."""
+    link = statistics.median(chain)
+    out: dict = {}
+    for K in (1, 2, 4, 8, 16):
+        if K > len(star):
+            continue
+        out[f"chain/K={K}"] = (kf + K * link) / (K + 1) / tsize
+        out[f"star/K={K}"] = (kf + sum(star[:K])) / (K + 1) / tsize
+        for M in (2, 4):
+            if M >= K:
+                continue
+            # mids at d = M, 2M, ... cost star[d-1]; a version j past its mid costs about star[j-1]
+            cost = sum(star[d - 1] if d % M == 0 else star[d % M - 1] for d in range(1, K + 1))
+            out[f"two-level(M={M})/K={K}"] = (kf + cost) / (K + 1) / tsize
+    out["star_by_distance"] = [n / tsize for n in star]
+    out["chain_per_version"] = [n / tsize for n in chain]
+    out["keyframe"] = kf / tsize
+    return out
+
+
 def median_after_first(xs: list[float]) -> float:
     return statistics.median(xs[1:]) if len(xs) > 1 else float("nan")
 
 
-def restore_times(files: list[str], k: int, chunk_bytes: int) -> list[dict]:
-    """Save every version into a real repository with keyframe interval k; time loading each one."""
+def restore_times(files: list[str], k: int, chunk_bytes: int, delta_base: str = "parent",
+                  rounds: int = 2) -> list[dict]:
+    """Save every version into a real repository with keyframe interval k (and ``delta_base``);
+    time loading each one from a fresh handle (the median of ``rounds``, versions interleaved)."""
     import torch
 
     import deltackpt
@@ -214,7 +287,7 @@ def restore_times(files: list[str], k: int, chunk_bytes: int) -> list[dict]:
     res = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("DELTAS_TMP")) as tmp:
         repo = os.path.join(tmp, "repo")
-        deltackpt.Repo.init(repo, keyframe_interval=k, chunk_bytes=chunk_bytes)
+        deltackpt.Repo.init(repo, keyframe_interval=k, chunk_bytes=chunk_bytes, delta_base=delta_base)
         vids = []
         for f in files:
             cur, tsize = tensors(f)
@@ -225,16 +298,20 @@ def restore_times(files: list[str], k: int, chunk_bytes: int) -> list[dict]:
         api._OPEN.clear()
         r = deltackpt.Repo(repo)
         index = r.core
-        for (v, save_s, tsize) in vids:
+        depths = {}
+        for (v, _save_s, _tsize) in vids:
             m = index.manifest(v.id)
-            depth = max(index.entry(c.chunk_id)[1].depth for b in m.blobs for c in b.chunks)
-            best = float("inf")
-            for _ in range(2):
+            depths[v.id] = max(index.entry(c.chunk_id)[1].depth for b in m.blobs for c in b.chunks)
+        times: dict = {v.id: [] for v, _, _ in vids}
+        for _ in range(rounds):
+            for (v, _save_s, _tsize) in vids:
+                api._OPEN.clear()  # a new process: nothing decoded in memory
                 t0 = time.perf_counter()
                 deltackpt.load(repo, v.id)
-                best = min(best, time.perf_counter() - t0)
-            res.append({"version": v.id[:10], "depth": depth, "load_s": best, "save_s": save_s,
-                        "written_ratio": v.written_bytes / tsize})
+                times[v.id].append(time.perf_counter() - t0)
+        for (v, save_s, tsize) in vids:
+            res.append({"version": v.id[:10], "depth": depths[v.id], "load_s": statistics.median(times[v.id]),
+                        "save_s": save_s, "written_ratio": v.written_bytes / tsize})
         api._OPEN.clear()
     return res
 
@@ -244,8 +321,9 @@ def main() -> None:
     ap.add_argument("--workloads", default="full,frozen,recsys")
     ap.add_argument("--versions", type=int, default=7)
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "deltas_states"))
-    ap.add_argument("--sections", default="codecs,chunks,lossy,keyframes,restore")
+    ap.add_argument("--sections", default="codecs,chunks,lossy,keyframes,restore")  # also: topology, entropy
     ap.add_argument("--out", default=None)
+    ap.add_argument("--rounds", type=int, default=2, help="restore section: loads per version (median)")
     a = ap.parse_args()
     report: dict = {}
     for w in a.workloads.split(","):
@@ -315,8 +393,13 @@ def main() -> None:
                               "max_abs_err": max(c["max_abs_err"] for c in chain)}
             rep["lossy"] = res
             print(w, "lossy", res, flush=True)
+        if "topology" in secs:
+            kf, star, chain, tsize = distance_costs(files, 1, 2 * MIB)
+            rep["topology"] = topology_table(kf, star, chain, tsize)
+            print(w, "topology", json.dumps(rep["topology"], indent=1), flush=True)
         if "restore" in secs:
-            rep["restore"] = {K: restore_times(files, K, 2 * MIB) for K in (4, 8)}
+            rep["restore"] = {f"{base}/K={K}": restore_times(files, K, 2 * MIB, base, a.rounds)
+                              for base in ("parent", "keyframe") for K in (4, 8)}
             print(w, "restore", rep["restore"], flush=True)
     if a.out:
         with open(a.out, "w") as f:

@@ -20,7 +20,8 @@ def _repo(args: argparse.Namespace, create: bool = False) -> Any:
 
 def cmd_init(args: argparse.Namespace) -> int:
     repo = deltackpt.Repo.init(args.repo, **({"chunk_bytes": args.chunk_bytes} if args.chunk_bytes else {}),
-                               **({"keyframe_interval": args.keyframe_interval} if args.keyframe_interval is not None else {}))
+                               **({"keyframe_interval": args.keyframe_interval} if args.keyframe_interval is not None else {}),
+                               **({"delta_base": args.delta_base} if args.delta_base else {}))
     info = repo.core.info()
     if args.json:
         emit_json(info)
@@ -206,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = command("init", cmd_init, "create a repository")
     sp.add_argument("--chunk-bytes", type=int)
     sp.add_argument("--keyframe-interval", type=int)
+    sp.add_argument("--delta-base", choices=["parent", "keyframe"],
+                    help="lossless deltas against the previous version (chains, default) or the last "
+                         "keyframe (star: any version decodes <= 2 objects per chunk, more bytes)")
     sp = command("log", cmd_log, "list versions, newest first")
     sp.add_argument("-n", "--limit", type=int)
     sp = command("show", cmd_show, "a version's metadata and tensors")

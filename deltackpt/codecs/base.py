@@ -48,6 +48,11 @@ class Codec(ABC):
         their output in place override this to save a chunk-sized allocation and copy."""
         out[:] = memoryview(self.decode(params, payload, len(out), base)).cast("B")
 
+    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+        """Decode a delta whose base is what ``out`` holds now, leaving the new chunk in ``out``.
+        Delta codecs override this to work in place; this fallback copies the base first."""
+        self.decode_into(out, params, payload, bytes(out))
+
     @abstractmethod
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
         """Reproduce exactly ``raw_len`` bytes (any bytes-like object: bytes, memoryview, uint8 array)."""

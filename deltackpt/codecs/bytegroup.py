@@ -61,6 +61,16 @@ def ungroup(planes: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
+def scratch(nbytes: int) -> np.ndarray:
+    """A uint8 work buffer of ``nbytes`` owned by the calling thread, reused from call to call (a
+    fresh multi-MiB buffer costs a page fault per 4 KiB on first write).  Valid until the same
+    thread asks again."""
+    buf = getattr(_local, "scratch", None)
+    if buf is None or len(buf) < nbytes:
+        buf = _local.scratch = np.empty(max(nbytes, 1 << 21), dtype=np.uint8)
+    return buf[:nbytes]
+
+
 def zstd_compress(data: bytes | memoryview, level: int) -> bytes:
     return _compressor(level).compress(data)
 

@@ -19,8 +19,8 @@ import numpy as np
 from ..errors import CorruptObjectError
 from ._delta_util import base_array
 from .base import ChunkContext, Codec, Encoded
-from .bytegroup import decode_planes, encode_planes
-from .sub_delta import _unzigzag, _zigzag
+from .bytegroup import decode_planes, encode_planes, scratch
+from .sub_delta import _BLOCK, _zigzag, unzigzag_add
 
 _FLOATS = {"float32": (np.float32, np.uint32), "float64": (np.float64, np.uint64)}
 _FIT_SAMPLE = 1 << 12  # enough to find a ratio shared by a tenth of the elements; the sort dominated
@@ -72,8 +72,7 @@ class ScaledDelta(Codec):
         params.update({"dt": ctx.dtype, "a": alpha})
         return Encoded(params, payload)
 
-    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
-        b = base_array(base, raw_len, self.name)
+    def _check(self, params: dict[str, Any], raw_len: int) -> tuple[type, type, float]:
         dtype, alpha = params.get("dt"), params.get("a")
         if not isinstance(dtype, str) or dtype not in _FLOATS or not isinstance(alpha, float) or not math.isfinite(alpha):
             raise CorruptObjectError(f"{self.name}: parameters are malformed")
@@ -81,7 +80,37 @@ class ScaledDelta(Codec):
         size = np.dtype(ftype).itemsize
         if raw_len % size or params.get("w") != size:
             raise CorruptObjectError(f"{self.name}: {raw_len} bytes is not a whole number of {dtype} elements")
-        z = decode_planes(params, payload, raw_len, what=self.name)
-        pred = _predict(b.view(ftype), alpha, ftype)
-        with np.errstate(over="ignore"):
-            return (_unzigzag(z.view(utype)) + pred.view(utype)).tobytes()
+        return ftype, utype, alpha
+
+    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes, base: bytes | None = None) -> None:
+        dest = np.frombuffer(out, dtype=np.uint8)
+        b = base_array(base, len(dest), self.name)
+        ftype, utype, alpha = self._check(params, len(dest))
+        decode_planes(params, payload, len(dest), what=self.name, out=dest)
+        self._add_prediction(dest.view(utype), b.view(ftype), alpha, ftype, utype, dest.view(utype))
+
+    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+        dest = np.frombuffer(out, dtype=np.uint8)
+        ftype, utype, alpha = self._check(params, len(dest))
+        z = decode_planes(params, payload, len(dest), what=self.name, out=scratch(len(dest)))
+        self._add_prediction(z.view(utype), dest.view(ftype), alpha, ftype, utype, dest.view(utype))
+
+    @staticmethod
+    def _add_prediction(z: np.ndarray, bf: np.ndarray, alpha: float, ftype: type, utype: type, dst: np.ndarray) -> None:
+        """``dst = unzigzag(z) + bits(round(alpha * bf))``; ``dst`` may alias ``z`` or ``bf``."""
+        # z = unzigzag(z) + bits(round(alpha * base)), a cache-sized block at a time; the prediction
+        # is the encoder's exactly: the base widened to float64, one multiply, one rounding
+        wide = np.empty(min(len(z), _BLOCK), dtype=np.float64)
+        pred = np.empty(len(wide), dtype=ftype)
+        with np.errstate(all="ignore"):
+            for s in range(0, len(z), _BLOCK):
+                zz = z[s:s + _BLOCK]
+                w, p = wide[:len(zz)], pred[:len(zz)]
+                np.multiply(bf[s:s + _BLOCK], alpha, out=w, dtype=np.float64)
+                np.copyto(p, w, casting="unsafe")
+                unzigzag_add(zz, p.view(utype), out=dst[s:s + _BLOCK])
+
+    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
+        out = np.empty(raw_len, dtype=np.uint8)
+        self.decode_into(memoryview(out), params, payload, base)
+        return out  # type: ignore[return-value]

@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import CorruptObjectError
 from ._delta_util import base_array
 from .base import ChunkContext, Codec, Encoded
-from .bytegroup import decode_planes, encode_planes, width_for
+from .bytegroup import decode_planes, encode_planes, scratch, width_for
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -23,6 +23,26 @@ def _zigzag(d: np.ndarray, bits: int) -> np.ndarray:
 
 def _unzigzag(z: np.ndarray) -> np.ndarray:
     return (z >> 1) ^ (-(z & 1).view(f"i{z.dtype.itemsize}")).view(z.dtype)
+
+
+_BLOCK = 1 << 15  # elements per step: the scratch and the slices stay in the core's cache
+
+
+def unzigzag_add(z: np.ndarray, base: np.ndarray, out: np.ndarray | None = None) -> None:
+    """``out = unzigzag(z) + base`` (wrapping; ``out`` is ``z`` when None, and may be ``base``), a
+    cache-sized block at a time.  ``z`` is overwritten."""
+    n = len(z)
+    out = z if out is None else out
+    scratch = np.empty(min(n, _BLOCK), dtype=z.dtype)
+    signed = scratch.view(f"i{z.dtype.itemsize}")
+    for s in range(0, n, _BLOCK):
+        zz, bb = z[s:s + _BLOCK], base[s:s + _BLOCK]
+        m, ms = scratch[:len(zz)], signed[:len(zz)]
+        np.bitwise_and(zz, 1, out=m)
+        np.negative(ms, out=ms)  # 0 -> 0, 1 -> all ones
+        np.right_shift(zz, 1, out=zz)
+        np.bitwise_xor(zz, m, out=zz)
+        np.add(zz, bb, out=out[s:s + _BLOCK])  # wraps modulo 2^(8w), as the encoder's subtraction did
 
 
 class SubDelta(Codec):
@@ -42,7 +62,7 @@ class SubDelta(Codec):
         return Encoded(params, payload)
 
     def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes, base: bytes | None = None) -> None:
-        # in place, one temporary: delta chains decode a link per version, so copies add up
+        # in place, one small scratch buffer: delta chains decode a link per version, so copies add up
         dest = np.frombuffer(out, dtype=np.uint8)
         b = base_array(base, len(dest), self.name)
         w = params.get("w")
@@ -50,12 +70,16 @@ class SubDelta(Codec):
             raise CorruptObjectError(f"{self.name}: width {w!r:.20} is not an integer size")
         decode_planes(params, payload, len(dest), what=self.name, out=dest)
         t = _UINT[w]
-        z = dest.view(t)
-        sign = z & 1
-        np.right_shift(z, 1, out=z)
-        np.negative(sign.view(f"i{w}"), out=sign.view(f"i{w}"))  # 0 -> 0, 1 -> all ones
-        np.bitwise_xor(z, sign, out=z)
-        np.add(z, b.view(t), out=z)  # wraps modulo 2^(8w), as the encoder's subtraction did
+        unzigzag_add(dest.view(t), b.view(t))
+
+    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+        dest = np.frombuffer(out, dtype=np.uint8)
+        w = params.get("w")
+        if not isinstance(w, int) or w not in _UINT:
+            raise CorruptObjectError(f"{self.name}: width {w!r:.20} is not an integer size")
+        z = decode_planes(params, payload, len(dest), what=self.name, out=scratch(len(dest)))
+        t = _UINT[w]
+        unzigzag_add(z.view(t), dest.view(t), out=dest.view(t))
 
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
         out = np.empty(raw_len, dtype=np.uint8)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ._delta_util import base_array, xor_bytes
 from .base import ChunkContext, Codec, Encoded
-from .bytegroup import decode_planes, encode_planes, width_for
+from .bytegroup import decode_planes, encode_planes, scratch, width_for
 
 
 class XorDelta(Codec):
@@ -32,6 +32,14 @@ class XorDelta(Codec):
             np.bitwise_xor(dest.view(np.uint64), b.view(np.uint64), out=dest.view(np.uint64))
         else:
             np.bitwise_xor(dest, b, out=dest)
+
+    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+        dest = np.frombuffer(out, dtype=np.uint8)
+        x = decode_planes(params, payload, len(dest), what=self.name, out=scratch(len(dest)))
+        if len(dest) % 8 == 0:
+            np.bitwise_xor(dest.view(np.uint64), x.view(np.uint64), out=dest.view(np.uint64))
+        else:
+            np.bitwise_xor(dest, x, out=dest)
 
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
         b = base_array(base, raw_len, self.name)

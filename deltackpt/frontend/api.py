@@ -42,11 +42,19 @@ class Repo:
     Opening the same path twice in a process shares one handle, so the delta cache (the last
     saved bytes, used to store the next version as deltas) survives ``deltackpt.save(obj, path)``
     calls.  ``delta_cache_bytes=0`` turns it off (every chunk that changed is then a keyframe).
+
+    ``delta_base="keyframe"`` (stored in the config by ``Repo.init``) takes every lossless delta
+    against its chunk's last keyframe instead of the previous version: restoring any version then
+    decodes at most two objects per chunk (rollback costs about as much as loading the latest),
+    for more bytes per version where states drift (minilm-full: 0.66 vs 0.52 of torch.save at
+    K=8; see bench/DELTAS.md).  The default, ``"parent"``, chains deltas up to
+    ``keyframe_interval`` deep.
     """
 
     def __init__(self, location: "str | os.PathLike | Store | Repo", *, create: bool = False,
                  chunk_bytes: int | None = None, keyframe_interval: int | None = None,
-                 delta_cache_bytes: int | None = None, level: int | None = None) -> None:
+                 delta_cache_bytes: int | None = None, level: int | None = None,
+                 delta_base: str | None = None) -> None:
         if isinstance(location, Repo):
             self.core = location.core
             return
@@ -59,7 +67,7 @@ class Repo:
         if core is None or (create and not core.store.exists("config")):
             core = Repository(location, create=create, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
                               delta_cache_bytes=DEFAULT_DELTA_CACHE_BYTES if delta_cache_bytes is None
-                              else delta_cache_bytes, level=level or 1)
+                              else delta_cache_bytes, level=level or 1, delta_base=delta_base)
             _OPEN[key] = core
         else:
             if chunk_bytes:
@@ -70,6 +78,9 @@ class Repo:
                 core.delta_cache.max_bytes = delta_cache_bytes
             if level is not None:
                 core.level = level
+            if delta_base is not None:
+                from ..format.config import check_delta_base
+                core.config.delta_base = check_delta_base(delta_base)
         self.core = core
 
     @classmethod

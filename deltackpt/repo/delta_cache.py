@@ -1,6 +1,12 @@
-"""The last saved raw bytes of each chunk position, kept in memory so the next save can compute
-deltas without reading the parent back from storage.  Bounded by bytes; when full, positions not
-held are saved as keyframes (correct, only larger)."""
+"""The base of the next delta at each chunk position, kept in memory so the next save can compute
+deltas without reading anything back from storage.  Bounded by bytes; when full, positions not
+held are saved as keyframes (correct, only larger).
+
+By default the memo is the last saved (for lossy chunks: decoded) version of the position, so
+deltas chain on their parent.  With ``delta_base = "keyframe"`` in the config, lossless chunks form
+a *star* instead: the memo is the position's last keyframe and every version until the next one is
+a delta against it (``age`` counts them), so a read decodes at most two objects per chunk.  Lossy
+chunks always chain on their decoded parent, so quantization error never accumulates."""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ class ChunkMemo:
     data: bytes          # decoded bytes of that chunk: what a delta against it reproduces
     depth: int           # delta-chain depth of the stored object
     source_id: bytes     # hash of the bytes the user handed in (equal to chunk_id when lossless)
+    age: int = 0         # star only: lossless deltas written against this chunk at this position so far
 
 
 class DeltaCache:

@@ -100,6 +100,14 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
             by_pack.setdefault(pid, []).append(e)
             if pid in packs_on_disk and cid not in chosen:
                 chosen[cid] = (pid, e)
+        # a keyframe that several kept deltas use as their base (lossless deltas form a star
+        # around their keyframe) is cheaper to keep than to rebase every one of them
+        users_of: dict[bytes, int] = {}
+        for cid in direct:
+            base = chosen[cid][1].base if cid in chosen else None
+            if base is not None and base not in direct:
+                users_of[base] = users_of.get(base, 0) + 1
+        shared = {b for b, n in users_of.items() if n >= 2 and b in chosen and chosen[b][1].base is None}
         to_rebase: set[bytes] = set()
         live: set[bytes] = set()
         pending = list(direct)
@@ -114,12 +122,11 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
                                          f"(needed by {', '.join(users) or 'a delta chain'}) is in no pack; "
                                          "run `deltackpt verify`; after a lost index file, rebuild_index (`deltackpt rebuild-index`)")
             base = chosen[cid][1].base
-            if base is not None and base not in direct and rebase:
+            if base is not None and base not in direct and base not in shared and rebase:
                 to_rebase.add(cid)
             elif base is not None:
                 pending.append(base)
-        if not rebase:
-            report.bases_kept = len(live - direct)
+        report.bases_kept = len(live - direct)
         report.chunks_rebased = len(to_rebase)
         keep_packs: dict[str, tuple[int, list[PackEntry]]] = {}
         rewrite: list[tuple[str, list[PackEntry]]] = []

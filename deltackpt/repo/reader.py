@@ -16,6 +16,14 @@ from ..format.pack import PackEntry
 from .layout import pack_key
 
 
+# Objects that follow each other in a pack (a save writes a blob's chunks, and tensor after tensor,
+# in order) are read with one request of up to READ_SPAN bytes, which is also one pool task (its
+# chunks decode to at most READ_SPAN bytes too, so tasks carry similar work).  Only back-to-back
+# objects are merged (READ_GAP = 0), so a layer restore reads no byte it does not need.
+READ_GAP = 0
+READ_SPAN = 8 * 1024 * 1024
+
+
 class _PackGone(CorruptObjectError):
     """A pack named by the index is missing (gc repacked it, or it was lost)."""
 
@@ -54,11 +62,15 @@ class ChunkReader:
     repository's store, index and decoded-chunk cache)."""
 
     def read_object(self, pack_id: str, e: PackEntry) -> objects.EncodedObject:
-        what = f"chunk {e.chunk_id.hex()} in pack {pack_id}"
         try:
             data = self.store.get(pack_key(pack_id), e.offset, e.length)
         except (ObjectNotFoundError, FileNotFoundError):
-            raise _PackGone(f"{what}: pack file is missing") from None
+            raise _PackGone(f"chunk {e.chunk_id.hex()} in pack {pack_id}: pack file is missing") from None
+        return self._check_object(pack_id, e, data)
+
+    @staticmethod
+    def _check_object(pack_id: str, e: PackEntry, data: bytes | memoryview) -> objects.EncodedObject:
+        what = f"chunk {e.chunk_id.hex()} in pack {pack_id}"
         if len(data) != e.length:
             raise CorruptObjectError(f"{what}: pack is truncated")
         obj = objects.parse(data, what=what)
@@ -69,11 +81,12 @@ class ChunkReader:
             raise CorruptObjectError(f"{what}: object base disagrees with the index")
         return obj
 
-    def read_chunk(self, cid: bytes, out: memoryview | None = None) -> bytes | memoryview:
+    def read_chunk(self, cid: bytes, out: memoryview | None = None, first=None) -> bytes | memoryview:
         """Decoded bytes of a chunk, walking its delta chain; hash-checked against its id.
-        With ``out``, the last link decodes straight into it (and ``out`` is returned)."""
+        With ``out``, the last link decodes straight into it (and ``out`` is returned).
+        ``first``: the chunk's own (pack id, entry, object), already read by the caller."""
         try:
-            return self._read_chunk(cid, out)
+            return self._read_chunk(cid, out, first)
         except _PackGone:
             # gc may have repacked (and rebased) this chunk since our index was loaded: look again
             self.refresh_index()
@@ -91,7 +104,7 @@ class ChunkReader:
                 continue
         raise _PackGone(f"chunk {cid.hex()}: every pack holding it ({', '.join(p for p, _ in copies)}) is missing")
 
-    def _read_chunk(self, cid: bytes, out: memoryview | None) -> bytes | memoryview:
+    def _read_chunk(self, cid: bytes, out: memoryview | None, first=None) -> bytes | memoryview:
         cached = self.decoded.get(cid)
         if cached is not None:
             if out is None:
@@ -111,18 +124,25 @@ class ChunkReader:
                 base_data = self.decoded.get(cur)
                 if base_data is not None:
                     break
-            pid, e, obj = self._fetch(cur)
+            pid, e, obj = first if first is not None and cur == cid else self._fetch(cur)
             chain.append((cur, pid, e, obj))
             cur = e.base
+        # a keyframe and one delta (every version of a star, depth 1 of a chain) decode in place:
+        # the keyframe straight into ``out``, the delta over it (no chunk-sized temporary; the
+        # keyframe is not kept in the decoded cache, which only helps later reads of a chain)
+        in_place = out is not None and base_data is None and len(chain) == 2
         for i, (c, pid, e, obj) in enumerate(reversed(chain)):
             last = i == len(chain) - 1
             codec = registry.get(obj.encoding)
             what = f"chunk {c.hex()} in pack {pid}"
             try:
-                if last and out is not None:
+                if (last or in_place) and out is not None:
                     if len(out) != e.raw_len:
                         raise CorruptObjectError(f"index says {e.raw_len} bytes, the manifest {len(out)}")
-                    codec.decode_into(out, obj.params, obj.payload, base_data)
+                    if in_place and last:
+                        codec.apply_into(out, obj.params, obj.payload)
+                    else:
+                        codec.decode_into(out, obj.params, obj.payload, base_data)
                     result = out
                 else:
                     result = codec.decode(obj.params, obj.payload, obj.raw_len, base_data)
@@ -132,7 +152,7 @@ class ChunkReader:
                 raise CorruptObjectError(f"{what}: undecodable ({type(exc).__name__}: {exc})") from None
             if len(result) != e.raw_len or digest(result) != c:
                 raise CorruptObjectError(f"{what}: decoded bytes do not match the chunk id (data corrupted)")
-            if not last:
+            if not last and not in_place:
                 self.decoded.put(c, result)
             base_data = result
         assert base_data is not None
@@ -169,17 +189,67 @@ class ChunkReader:
                 jobs.append((n, c.chunk_id, out[pos:pos + c.raw_len]))
                 pos += c.raw_len
 
-        def one(job: tuple[int, bytes, memoryview]) -> None:
+        def one(job: tuple[int, bytes, memoryview], first=None) -> None:
             n, cid, dest = job
             try:
-                self.read_chunk(cid, dest)
+                self.read_chunk(cid, dest, first)
             except DeltackptError as exc:
                 exc.blob_index = n  # type: ignore[attr-defined]
                 raise
 
-        if pool is not None and len(jobs) > 1:
-            list(pool.map(one, jobs))
+        def run(group: "list[tuple[tuple[int, bytes, memoryview], str, PackEntry]]") -> None:
+            """Chunks whose objects lie close together in one pack: one read, then decode each."""
+            if group[0][2] is None:  # nothing to plan: read_chunk finds it (or fails) on its own
+                one(group[0][0])
+                return
+            pid, start = group[0][1], group[0][2].offset
+            end = group[-1][2].offset + group[-1][2].length
+            try:
+                data = memoryview(self.store.get(pack_key(pid), start, end - start))
+            except (ObjectNotFoundError, FileNotFoundError):
+                data = None  # each chunk finds another copy (or the error) on its own
+            for job, _pid, e in group:
+                first = None
+                if data is not None:
+                    try:
+                        first = (pid, e, self._check_object(pid, e, data[e.offset - start:e.offset - start + e.length]))
+                    except DeltackptError as exc:
+                        exc.blob_index = job[0]  # type: ignore[attr-defined]
+                        raise
+                one(job, first)
+
+        tasks = self._plan_reads(jobs)
+        if pool is not None and len(tasks) > 1:
+            list(pool.map(run, tasks))
         else:
-            for job in jobs:
-                one(job)
+            for task in tasks:
+                run(task)
         return outs
+
+    def _plan_reads(self, jobs: "list[tuple[int, bytes, memoryview]]") -> list[list]:
+        """Group chunks by pack into runs of objects at most READ_GAP apart and READ_SPAN long, so
+        adjacent objects are read with one request instead of one each.  Chunks already decoded
+        in memory or not indexed go alone (read_chunk deals with them)."""
+        placed: list = []
+        tasks: list[list] = []
+        for job in jobs:
+            cid = job[1]
+            copies = self.entries_for(cid) if self.decoded.get(cid) is None else []
+            if copies:
+                pid, e = copies[0]
+                placed.append((pid, e.offset, job, e))
+            else:
+                tasks.append([(job, None, None)])
+        placed.sort(key=lambda t: (t[0], t[1]))
+        raw = 0  # decoded bytes of the last task
+        for pid, _off, job, e in placed:
+            if tasks and tasks[-1][0][1] == pid:  # (alone tasks have no pack id)
+                head, last = tasks[-1][0][2], tasks[-1][-1][2]
+                if (0 <= e.offset - (last.offset + last.length) <= READ_GAP
+                        and e.offset + e.length - head.offset <= READ_SPAN and raw + e.raw_len <= READ_SPAN):
+                    tasks[-1].append((job, pid, e))
+                    raw += e.raw_len
+                    continue
+            tasks.append([(job, pid, e)])
+            raw = e.raw_len
+        return tasks

@@ -53,7 +53,8 @@ class Repository(ChunkReader):
 
     def __init__(self, location: "str | os.PathLike | Store", *, create: bool = False,
                  chunk_bytes: int | None = None, keyframe_interval: int | None = None,
-                 delta_cache_bytes: int = DEFAULT_DELTA_CACHE_BYTES, level: int = 1) -> None:
+                 delta_cache_bytes: int = DEFAULT_DELTA_CACHE_BYTES, level: int = 1,
+                 delta_base: str | None = None) -> None:
         self.store = open_store(location)
         self.location = self.store.describe()
         self.level = level
@@ -63,13 +64,15 @@ class Repository(ChunkReader):
             if not create:
                 raise NotARepositoryError(f"{self.location}: not a deltackpt repository (no config); "
                                           "create one with `deltackpt init` or by saving to it") from None
-            self._init(chunk_bytes, keyframe_interval)
+            self._init(chunk_bytes, keyframe_interval, delta_base)
             raw = self.store.get(CONFIG)
         self.config = config_fmt.decode(raw, where=self.location)
         if chunk_bytes:
             self.config.chunk_bytes = chunk_bytes
         if keyframe_interval is not None:
             self.config.keyframe_interval = keyframe_interval
+        if delta_base is not None:
+            self.config.delta_base = config_fmt.check_delta_base(delta_base)
         self.delta_cache = DeltaCache(delta_cache_bytes)
         self.decoded = DecodedCache(DEFAULT_DECODED_CACHE_BYTES)
         self._index: dict[bytes, tuple[str, PackEntry]] = {}
@@ -81,8 +84,10 @@ class Repository(ChunkReader):
         self._lock = threading.RLock()
         self.refresh_index()
 
-    def _init(self, chunk_bytes: int | None, keyframe_interval: int | None) -> None:
+    def _init(self, chunk_bytes: int | None, keyframe_interval: int | None, delta_base: str | None) -> None:
         cfg = config_fmt.Config(repo_id=secrets.token_hex(16), created=time.time())
+        if delta_base is not None:
+            cfg.delta_base = config_fmt.check_delta_base(delta_base)
         if chunk_bytes:
             cfg.chunk_bytes = chunk_bytes
         if keyframe_interval is not None:

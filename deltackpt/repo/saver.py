@@ -11,7 +11,7 @@ import os
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..codecs.base import ChunkContext
@@ -136,15 +136,19 @@ def _encode_one(repo: Repository, raw: memoryview, ctx: ChunkContext, memo: Chun
     data = bytes(raw)  # the one copy: the caller's tensor may change once save() returns
     src = digest(data)
     depth_of = lambda cid: repo.entry(cid)[1].depth if repo.has_chunk(cid) else 0  # noqa: E731
+    # lossless deltas against the position's last keyframe (a star) rather than the parent
+    star = mode == "lossless" and repo.config.delta_base == "keyframe"
     if mode == "lossless":
         if known(src):
             r = _ChunkResult(src, len(data), None, 0, None, depth_of(src), 0.0, False)
-            return r, ChunkMemo(src, data, r.depth, src)
+            stored = ChunkMemo(src, data, r.depth, src)
+            return r, _next_base(memo, stored, None) if star else stored
     elif memo is not None and memo.source_id == src and known(memo.chunk_id):
         # unchanged since the last lossy save: reuse the stored approximation as is
         return _ChunkResult(memo.chunk_id, len(data), None, 0, None, memo.depth, 0.0, True), memo
     base = None
-    if memo is not None and repo.has_chunk(memo.chunk_id) and len(memo.data) == len(data):
+    if (memo is not None and repo.has_chunk(memo.chunk_id) and len(memo.data) == len(data)
+            and (not star or memo.age < repo.config.keyframe_interval)):
         base = BaseChunk(memo.chunk_id, memo.data, repo.entry(memo.chunk_id)[1].depth)
     choice = encode_chunk(data, ctx, mode=mode, base=base, keyframe_interval=repo.config.keyframe_interval)
     recon = choice.encoded.recon
@@ -152,7 +156,8 @@ def _encode_one(repo: Repository, raw: memoryview, ctx: ChunkContext, memo: Chun
     kept = data if recon is None else recon
     if known(cid):
         r = _ChunkResult(cid, len(data), None, 0, None, depth_of(cid), choice.encoded.max_abs_err, recon is not None)
-        return r, ChunkMemo(cid, kept, r.depth, src)
+        stored = ChunkMemo(cid, kept, r.depth, src)
+        return r, _next_base(memo, stored, None) if star else stored
     params = dict(choice.encoded.params)
     base_id = choice.base.chunk_id if choice.base else None
     if base_id is not None:
@@ -160,7 +165,20 @@ def _encode_one(repo: Repository, raw: memoryview, ctx: ChunkContext, memo: Chun
     head = EncodedObject(choice.encoding, len(data), params, b"").head()
     r = _ChunkResult(cid, len(data), [head, choice.encoded.payload], choice.encoding, base_id, choice.depth,
                      choice.encoded.max_abs_err, recon is not None)
-    return r, ChunkMemo(cid, kept, choice.depth, src)
+    stored = ChunkMemo(cid, kept, choice.depth, src)
+    return r, _next_base(memo, stored, base_id) if star else stored
+
+
+def _next_base(memo: ChunkMemo | None, stored: ChunkMemo, base_id: bytes | None) -> ChunkMemo:
+    """The base for the next lossless save at this position (a star around the last keyframe):
+    a keyframe becomes the base; after a delta against the base, the base stays (one older); a
+    stored delta (reused, or written against something else) becomes the base only when there is
+    none.  Only with ``delta_base = "keyframe"``; lossy chunks always chain on their decoded parent."""
+    if stored.depth == 0:
+        return stored
+    if memo is not None and base_id == memo.chunk_id:
+        return replace(memo, age=memo.age + 1)
+    return stored if memo is None else memo
 
 
 def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[TensorEntry], tree: Any, *,

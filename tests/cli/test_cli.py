@@ -37,6 +37,17 @@ def test_init_log_show_du_json(tmp_path):
     assert versions[0].short_id in text and "loss=" in text
 
 
+def test_init_delta_base_keyframe_is_stored_in_the_config(tmp_path):
+    """init --delta-base keyframe records the star choice in the config, so later saves by any
+    handle take lossless deltas against keyframes (depth <= 1)."""
+    path = str(tmp_path / "r")
+    run_cli("init", "--repo", path, "--delta-base", "keyframe")
+    _repo_with_versions(path, 4)
+    repo = deltackpt.Repo(path)
+    assert repo.core.config.delta_base == "keyframe"
+    assert max(e.depth for _c, _p, e in repo.core.index_items()) == 1
+
+
 def test_restore_layer_to_pt_and_safetensors(tmp_path):
     """restore --layer writes only that layer, to .pt or .safetensors by extension."""
     from safetensors.torch import load_file

@@ -378,3 +378,17 @@ def test_config_not_a_config():
                  {"format": "deltackpt", "version": 1, "repo_id": "ab", "chunk_bytes": MAX_CHUNK_BYTES + 1}, [1]):
         with pytest.raises(CorruptObjectError):
             config_fmt.decode(msgpack.packb(body), where="repo")
+
+
+def test_config_delta_base_is_optional_checked_and_written_only_when_not_default():
+    """A config without delta_base means "parent" (and "parent" is not written, so older configs'
+    bytes are unchanged); "keyframe" round-trips; anything else is refused as corrupt."""
+    cfg = config_fmt.Config(repo_id="ab" * 16, created=1.0)
+    assert b"delta_base" not in cfg.to_bytes()
+    assert config_fmt.decode(cfg.to_bytes(), where="t").delta_base == "parent"
+    cfg.delta_base = "keyframe"
+    assert config_fmt.decode(cfg.to_bytes(), where="t").delta_base == "keyframe"
+    obj = msgpack.unpackb(cfg.to_bytes())
+    obj["delta_base"] = "sideways"
+    with pytest.raises(CorruptObjectError):
+        config_fmt.decode(msgpack.packb(obj), where="t")

@@ -113,3 +113,29 @@ def test_a_refused_first_save_creates_no_repository(tmp_path):
         with pytest.raises(deltackpt.DeltackptError):
             deltackpt.save(state, path, **kwargs)
         assert not os.path.exists(path)
+
+
+def test_load_packs_small_tensors_into_shared_aligned_buffers(tmp_path):
+    """A full load gives small tensors 64-byte-aligned, non-overlapping slices of shared buffers of at
+    most ARENA_BYTES (fewer page faults), big tensors their own buffer, and every tensor its bytes."""
+    import numpy as np
+
+    from deltackpt.frontend import materialize
+    torch.manual_seed(0)
+    state = {f"small{i}": torch.randn(1000 + i) for i in range(40)}
+    state["big"] = torch.randn(materialize.ARENA_BYTES // 4)
+    path = str(tmp_path / "repo")
+    deltackpt.save(state, path)
+    got = deltackpt.load(path)
+    for k, v in state.items():
+        assert torch.equal(got[k], v)
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * 4) for k, t in got.items() if k != "big")
+    assert all(a % 64 == 0 for a, _ in spans)
+    assert all(e <= a for (_, e), (a, _) in zip(spans, spans[1:]))  # no overlap
+    bases = {id(np.asarray(t.numpy()).base) for k, t in got.items() if k != "big"}
+    assert len(bases) < 40  # shared
+    sizes = dict(enumerate([10, 100, materialize.ARENA_BYTES, 7] * 30))
+    for i, b in materialize._buffers(sizes).items():
+        assert b.nbytes == sizes[i]
+        if b.base is not None:  # a slice of a shared buffer
+            assert sizes[i] < materialize.ARENA_BYTES and b.base.nbytes <= materialize.ARENA_BYTES + 64

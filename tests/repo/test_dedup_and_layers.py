@@ -57,7 +57,7 @@ def test_layer_load_reads_only_that_layers_chunks(repo_path):
     out = deltackpt.load(repo, layers=["encoder"])
     pack_bytes = sum(1 for k in counting.keys_read if k.startswith("packs/"))
     assert set(out["model"]) == {"encoder.0.weight", "encoder.0.bias", "encoder.1.weight", "encoder.1.bias"}
-    assert pack_bytes == len(enc)  # one ranged read per chunk of the layer
+    assert 1 <= pack_bytes <= len(enc)  # at most one ranged read per chunk (adjacent ones are merged)
     pack_read = counting.bytes_read - sum(len(counting.inner.get(k)) for k in set(counting.keys_read)
                                           if not k.startswith("packs/"))
     assert pack_read <= expected + 64

@@ -131,3 +131,109 @@ def test_gc_keeps_kept_versions_restorable_across_chains(repo_path):
     # the chain after gc is still bounded and a new save continues from the cache-less handle
     deltackpt.save(step(2), repo_path)
     assert max(_depths(deltackpt.Repo(repo_path))) <= 8
+
+
+def _positions(repo: deltackpt.Repo) -> dict[tuple[int, int], list]:
+    """Per (blob, chunk) position, the index entry of that chunk in each version, oldest first."""
+    core = repo.core
+    out: dict[tuple[int, int], list] = {}
+    for vid in reversed(core.history()):
+        for bi, blob in enumerate(core.manifest(vid).blobs):
+            for ci, c in enumerate(blob.chunks):
+                out.setdefault((bi, ci), []).append(core.entry(c.chunk_id)[1])
+    return out
+
+
+def test_star_deltas_are_taken_against_their_keyframe(repo_path):
+    """With delta_base="keyframe" and K=3, every lossless delta is taken against its position's last
+    keyframe (depth 1, never deeper), and a position gets a new keyframe after at most 3 deltas."""
+    deltackpt.Repo.init(repo_path, keyframe_interval=3, delta_base="keyframe")
+    step = _trainer()
+    for _ in range(9):
+        deltackpt.save(step(2), repo_path)
+    repo = deltackpt.Repo(repo_path)
+    depths = _depths(repo)
+    assert max(depths) == 1 and 0 in depths
+    runs = []
+    for entries in _positions(repo).values():
+        keyframe, run = None, 0
+        for e in entries:
+            if e.depth == 0:
+                keyframe, run = e.chunk_id, 0
+            elif e.chunk_id != keyframe:  # (an unchanged chunk repeats its entry)
+                assert e.base == keyframe, "a delta's base is its position's last keyframe"
+                run += 1
+                assert run <= 3
+                runs.append(run)
+    assert 3 in runs
+
+
+def test_star_restores_any_version_from_at_most_two_objects_per_chunk(tmp_path):
+    """With delta_base="keyframe" and K=8, a fresh reader of any version reads <= 2 objects per
+    chunk from the packs (the keyframe and one delta), bit-identically; the config remembers the
+    choice for a later handle."""
+    path = str(tmp_path / "repo")
+    deltackpt.Repo.init(path, keyframe_interval=8, delta_base="keyframe")
+    api._OPEN.clear()
+    assert deltackpt.Repo(path).core.config.delta_base == "keyframe"
+    step = _trainer()
+    saved = [(deltackpt.save(s, path), s) for s in (step(2) for _ in range(10))]
+    for v, state in saved:
+        api._OPEN.clear()  # a new process: nothing decoded in memory
+        store = CountingStore(LocalStore(path))
+        repo = deltackpt.Repo(store)
+        chunks = sum(len(b.chunks) for b in repo.core.manifest(v.id).blobs)
+        store.reset()
+        assert_bit_identical(state, deltackpt.load(repo, v.id))
+        pack_reads = sum(1 for key in store.keys_read if key.startswith("packs/"))
+        assert pack_reads <= 2 * chunks, (v.id, pack_reads, chunks)
+    assert max(_depths(deltackpt.Repo(path))) == 1
+
+
+def test_star_keeps_lossy_deltas_on_the_decoded_parent(repo_path):
+    """With delta_base="keyframe", q8 deltas still chain on the decoded previous version (error does
+    not accumulate), so their depth grows by one per save, unlike lossless deltas."""
+    deltackpt.Repo.init(repo_path, keyframe_interval=4, delta_base="keyframe")
+    step = _trainer()
+    for _ in range(4):
+        deltackpt.save(step(2), repo_path, encoding={"optimizer.*": "q8-delta"})
+    repo = deltackpt.Repo(repo_path)
+    assert max(_depths(repo)) == 3
+    assert max(e.depth for e in _positions(repo)[(0, 0)]) <= 1  # a model tensor: lossless
+
+
+def test_gc_rebases_a_star_delta_whose_keyframe_goes(repo_path):
+    """gc that removes the keyframe version under the only kept star delta rebases that delta into a
+    keyframe; the kept version still loads, and new saves form a star again."""
+    deltackpt.Repo.init(repo_path, keyframe_interval=8, delta_base="keyframe")
+    step = _trainer()
+    saved = [(deltackpt.save(s, repo_path), s) for s in (step(2) for _ in range(6))]
+    report = deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)
+    assert report.chunks_rebased > 0 and report.bases_kept == 0
+    api._OPEN.clear()
+    assert_bit_identical(saved[5][1], deltackpt.load(repo_path, saved[5][0].id))
+    repo = deltackpt.Repo(repo_path)
+    assert repo.verify().ok and max(_depths(repo)) == 0
+    deltackpt.save(step(2), repo_path)
+    deltackpt.save(step(2), repo_path)
+    assert max(_depths(deltackpt.Repo(repo_path))) <= 1
+
+
+def test_gc_keeps_a_keyframe_that_several_kept_deltas_share(repo_path):
+    """When two kept versions are star deltas against the same removed version's keyframe, gc keeps
+    that keyframe (reported in bases_kept) instead of rebasing both; every kept version still
+    loads, and every kept delta's base is still indexed."""
+    deltackpt.Repo.init(repo_path, keyframe_interval=8, delta_base="keyframe")
+    step = _trainer()
+    saved = [(deltackpt.save(s, repo_path), s) for s in (step(2) for _ in range(6))]
+    repo = deltackpt.Repo(repo_path)
+    repo.tag("mid", saved[3][0].id)
+    report = deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)
+    assert len(report.removed) == 4 and report.bases_kept > 0
+    api._OPEN.clear()
+    repo = deltackpt.Repo(repo_path)
+    for _cid, _pid, e in repo.core.index_items():
+        assert e.base is None or repo.core.has_chunk(e.base)
+    for v, state in (saved[3], saved[5]):
+        assert_bit_identical(state, deltackpt.load(repo_path, v.id))
+    assert repo.verify().ok and max(_depths(repo)) <= 1

@@ -169,7 +169,7 @@ def test_layer_restore_fetches_only_its_byte_ranges(s3_url):
     enc_chunks = [c for b in enc_blobs for c in m.blobs[b].chunks]
     total = repo.core.stored_size(c.chunk_id for b in m.blobs for c in b.chunks)
     wanted = repo.core.stored_size(c.chunk_id for c in enc_chunks)
-    assert len(pack_reads) == len(enc_chunks)
+    assert 1 <= len(pack_reads) <= len(enc_chunks)  # adjacent chunks share one ranged GET
     assert counting.bytes_read <= wanted + 1024 and wanted < total * 0.6  # + the ref read by "latest"
 
 
