@@ -73,16 +73,37 @@ def _choose(sample: memoryview, level: int, literals: bool) -> tuple[zstandard.Z
     return cctx, size
 
 
+_WORDS = {2: "<u2", 4: "<u4", 8: "<u8"}
+
+
+def _as_bytes(data: bytes | memoryview | np.ndarray) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8).reshape(-1)
+
+
+def group_into(data: bytes | memoryview | np.ndarray, width: int, planes: np.ndarray) -> np.ndarray:
+    """Write the planes of ``data`` into the (width, n) uint8 array ``planes``; returns it."""
+    arr = _as_bytes(data)
+    if width == 1:
+        planes[0] = arr
+    elif width in _WORDS:
+        # plane k = (little-endian word >> 8k), truncated: one vectorized pass per plane, ~1.3x
+        # faster than a strided byte copy
+        words = arr.view(_WORDS[width])
+        for k in range(width):
+            np.right_shift(words, 8 * k, out=planes[k], casting="unsafe")
+    else:
+        rows = arr.reshape(-1, width)
+        for k in range(width):  # one strided copy per plane: ~3x faster than a transposed copy
+            planes[k] = rows[:, k]
+    return planes
+
+
 def group(data: bytes | memoryview | np.ndarray, width: int) -> np.ndarray:
     """Planes of ``data`` as a (width, n) uint8 array; ``len(data)`` must be a multiple of width."""
-    arr = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8).reshape(-1)
+    arr = _as_bytes(data)
     if width == 1:
         return arr.reshape(1, -1)
-    rows = arr.reshape(-1, width)
-    out = np.empty((width, rows.shape[0]), dtype=np.uint8)
-    for k in range(width):  # one strided copy per plane: ~3x faster than a transposed copy
-        out[k] = rows[:, k]
-    return out
+    return group_into(arr, width, np.empty((width, len(arr) // width), dtype=np.uint8))
 
 
 def ungroup(planes: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -124,31 +145,38 @@ def encode_planes(data: bytes | memoryview | np.ndarray, width: int, level: int,
     """Byte-group ``data`` and compress each plane that pays. Returns (params, payload).
     ``literals``: the planes are mostly literals (a keyframe of floats), see _PLANE_PARAMS.
 
-    The payload is assembled in one preallocated buffer: each plane is copied once, raw or
-    compressed, which matters more than it seems (fresh multi-MiB buffers cost page faults)."""
-    planes = group(data, width)
-    n = planes.shape[1] if planes.size else 0
-    out = bytearray(width * n)
+    The planes are grouped straight into the payload buffer, whose plane k starts at k*n.  Planes
+    are laid out in order and each stored plane is at most n bytes, so plane k's stored form goes
+    at some pos <= k*n, ending before plane k+1 starts: a compressed plane is copied down over its
+    own (already compressed) bytes, a raw plane stays where it is unless an earlier plane shrank.
+    One chunk-sized buffer, no copy of raw planes in the usual case (float planes: raw mantissa
+    bytes first, compressed exponent bytes last)."""
+    arr = _as_bytes(data)
+    n = len(arr) // width if width else 0
+    out = np.empty(width * n, dtype=np.uint8)
+    planes = group_into(arr, width, out.reshape(width, n))
     modes: list[int] = []
     sizes: list[int] = []
     pos = 0
-    for plane in planes:
-        mv = memoryview(plane)
+    for k in range(width):
+        mv = memoryview(planes[k])
         comp = None
-        if len(mv) > 2 * _SAMPLE:
+        if n > 2 * _SAMPLE:
             cctx, size = _choose(mv[:_SAMPLE], level, literals)
             if size <= _PAYS * _SAMPLE:
                 comp = cctx.compress(mv)
-        elif len(mv):
+        elif n:
             comp = zstd_compress(mv, level)
-        if comp is not None and len(comp) < len(mv):
-            part, mode = comp, 1
+        if comp is not None and len(comp) < n:
+            out[pos:pos + len(comp)] = np.frombuffer(comp, dtype=np.uint8)
+            size, mode = len(comp), 1
         else:
-            part, mode = mv, 0
-        out[pos:pos + len(part)] = part
-        pos += len(part)
+            if pos != k * n:
+                out[pos:pos + n] = planes[k]  # overlapping ranges: numpy copies through a buffer
+            size, mode = n, 0
+        pos += size
         modes.append(mode)
-        sizes.append(len(part))
+        sizes.append(size)
     return {"w": width, "m": modes, "s": sizes}, memoryview(out)[:pos]
 
 
