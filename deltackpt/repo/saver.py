@@ -34,7 +34,7 @@ from .layout import INDEX, LATEST_REF, MANIFESTS, TAGS, pack_key
 from .repository import Repository
 
 WINDOW = 16  # chunks in flight per worker pool: bounds memory held by encoded results
-ARENA_SEGMENT = 64 << 20  # the private copies of a save's chunks are carved from buffers this large
+ARENA_SEGMENT = 32 << 20  # copies kept by the delta cache are carved from buffers this large
 
 
 @dataclass
@@ -136,20 +136,25 @@ class _Packer:
 
 
 class _CopyArena:
-    """Where a save's private copies of its chunks go (the bytes it hashes, encodes and keeps in
-    the delta cache): slices of a few large numpy buffers instead of one fresh ``bytes`` per chunk.
-    A fresh 2 MiB allocation costs 512 page faults; numpy backs buffers of 4 MiB and more with
-    transparent huge pages, which makes the copy of a 100 MiB state ~3x cheaper (faults were most
-    of its cost).  A buffer lives while any slice of it does; chunks are carved in save order and
-    the next save replaces the delta cache's entries in the same order, so the old buffers go one by
-    one and at most about one segment more than before is held."""
+    """Where a save's private copies of its chunks go when the delta cache will keep them: slices
+    of a few large numpy buffers instead of one fresh ``bytes`` per chunk.  Kept memory is fresh
+    memory, and a fresh 2 MiB allocation costs 512 page faults; numpy backs buffers of 4 MiB and
+    more with transparent huge pages, which makes the copy of a 100 MiB state ~3x cheaper.
 
-    def __init__(self, total: int) -> None:
-        self.left = total      # bytes still to be carved (sizes the last segment)
+    A buffer lives while any slice of it does, so only copies the cache will hold come from here
+    (at most its size, in save order, which is the order the cache fills and is refilled by the
+    next save); transient copies (cache off or full, lossy blobs) stay per-chunk ``bytes`` so the
+    save's memory stays bounded by the cache plus the window.  At most about one segment more than
+    the cache is held while a save replaces the previous save's copies."""
+
+    def __init__(self, budget: int) -> None:
+        self.left = budget     # bytes the cache can still take
         self.buf: np.ndarray | None = None
         self.pos = 0
 
-    def take(self, n: int) -> np.ndarray:
+    def take(self, n: int) -> np.ndarray | None:
+        if n > self.left or n == 0:
+            return None
         if self.buf is None or self.pos + n > len(self.buf):
             self.buf = np.empty(max(n, min(ARENA_SEGMENT, self.left)), dtype=np.uint8)
             self.pos = 0
@@ -299,7 +304,8 @@ def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stat
         remaining[bi] -= 1
         finish_ready()
 
-    arena = _CopyArena(sum(len(b.data) for b in blobs if not hasattr(b.data, "read_range")))
+    arena = _CopyArena(min(repo.delta_cache.max_bytes,
+                           sum(len(b.data) for b in blobs if b.mode == "lossless" and not hasattr(b.data, "read_range"))))
     with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
         for bi, b in enumerate(blobs):
             bounds = chunk_bounds(len(b.data), b.row_bytes, b.itemsize, repo.config.chunk_bytes)
@@ -315,7 +321,7 @@ def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stat
                 if staged:  # read_range returns a private copy already
                     raw, copy_to = staged(s, e), None
                 else:
-                    raw, copy_to = view[s:e], arena.take(e - s)
+                    raw, copy_to = view[s:e], arena.take(e - s) if b.mode == "lossless" else None
                 in_flight.append((bi, i, pool.submit(_encode_one, repo, raw, ctx, memo, b.mode, known, copy_to)))
                 while len(in_flight) >= WINDOW:
                     consume_oldest()
