@@ -284,9 +284,9 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
                 e.device = device
         total = sum(len(b.data) for b in blobs)
         with bar("save", total if devices is None else 0) as update:
-            vid, _stats = saver.write_version(r.core, blobs, entries, tree, step=step, metrics=plain_metrics,
-                                              meta=plain_meta, tag=tag, progress=update, workers=threads)
-        return r.core.version(vid)
+            vid, stats = saver.write_version(r.core, blobs, entries, tree, step=step, metrics=plain_metrics,
+                                             meta=plain_meta, tag=tag, progress=update, workers=threads)
+        return r.core.version(vid, manifest=stats.manifest)
 
     if not blocking:
         devices = [str(leaf.tensor.device) for leaf in leaves]

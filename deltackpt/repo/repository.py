@@ -182,8 +182,11 @@ class Repository(ChunkReader):
     def forget_manifest(self, vid: str) -> None:
         self._manifests.pop(vid, None)
 
-    def version(self, vid: str, tags_by_version: dict[str, list[str]] | None = None) -> Version:
-        m = self.manifest(vid)
+    def version(self, vid: str, tags_by_version: dict[str, list[str]] | None = None, *,
+                manifest: Manifest | None = None) -> Version:
+        """The Version ``vid`` names; ``manifest``: its manifest when the caller holds it (a save
+        that just committed it), which spares reading and decoding it back."""
+        m = self.manifest(vid) if manifest is None else manifest
         if tags_by_version is None:
             tags_by_version = self.tags_by_version()
         written = m.extra.get("written", {}) if isinstance(m.extra.get("written"), dict) else {}

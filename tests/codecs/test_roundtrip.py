@@ -281,3 +281,26 @@ def test_scaled_delta_round_trips_decaying_moments_with_special_values(dtype):
     assert bytes(get(SCALED_DELTA).decode(enc.params, enc.payload, new.nbytes, base.tobytes())) == new.tobytes()
     choice = encode_chunk(new.tobytes(), ctx, base=BaseChunk(b"\1" * 16, base.tobytes(), 0))
     assert choice.encoding == SCALED_DELTA
+
+
+@pytest.mark.parametrize("kind", ["weights", "repeats"])
+def test_keyframe_planes_past_the_sample_round_trip_and_pick_the_smaller_compressor(kind):
+    """A keyframe whose planes are long enough for the literal-tuned zstd parameters round-trips,
+    and the plane compressor chosen on the sample is never worse there than the level alone."""
+    from deltackpt.codecs import bytegroup
+    from deltackpt.codecs.registry import BG_ZSTD, get
+
+    rng = np.random.default_rng(3)
+    if kind == "weights":   # an exponent plane of ~3 bits a byte: the tuned parameters win
+        vals = (rng.standard_normal(256 * 1024) * 0.05).astype(np.float32)
+    else:                   # a short pattern repeated: matches are real, the level may win
+        vals = np.tile((rng.standard_normal(97) * 1e-3).astype(np.float32), 256 * 1024 // 97 + 1)[:256 * 1024]
+    raw = vals.tobytes()
+    codec = get(BG_ZSTD)
+    enc = codec.encode(raw, ChunkContext("float32", 4, 4 * 1024, 1))
+    assert bytes(codec.decode(enc.params, bytes(enc.payload), len(raw))) == raw
+    planes = bytegroup.group(raw, 4)
+    sample = memoryview(planes[3])[:bytegroup._SAMPLE]
+    cctx, size = bytegroup._choose(sample, 1, True)
+    assert size <= len(bytegroup.zstd_compress(sample, 1))
+    assert enc.params["m"][3] == 1 and enc.params["s"][3] <= len(bytegroup.zstd_compress(memoryview(planes[3]), 1)) * 1.02

@@ -139,3 +139,12 @@ def test_load_packs_small_tensors_into_shared_aligned_buffers(tmp_path):
         assert b.nbytes == sizes[i]
         if b.base is not None:  # a slice of a shared buffer
             assert sizes[i] < materialize.ARENA_BYTES and b.base.nbytes <= materialize.ARENA_BYTES + 64
+
+
+def test_version_returned_by_save_equals_the_one_read_back(repo_path):
+    """save() builds its Version from the manifest it committed; it matches a fresh read of it."""
+    v = deltackpt.save({"w": torch.randn(3, 4), "t": (1, "a"), "n": [2.5, None]}, repo_path, step=7,
+                       metrics={"loss": 0.5}, meta={"run": ("x", 1), "k": [1, 2]}, tag="first")
+    fresh = deltackpt.Repo(repo_path).core
+    fresh.forget_manifest(v.id)
+    assert fresh.version(v.id) == v
