@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from ..errors import DeltackptError, UnsupportedLeafError
 from ..progress import bar
-from ..repo import saver
+from ..repo import commit, saver
 from ..repo.gc import DEFAULT_GRACE_SECONDS, GcReport, run_gc
 from ..repo.layout import DEFAULT_DELTA_CACHE_BYTES
 from ..repo.repository import Repository
@@ -132,12 +132,12 @@ class Repo:
     def tag(self, name: str, version: "str | Version" = "latest", *, force: bool = False) -> Version:
         """Name a version: ``repo.tag("best", "latest~3")``.  Tags are kept by gc."""
         vid = self.core.resolve(version)
-        saver.set_tag(self.core, name, vid, force=force)
+        commit.set_tag(self.core, name, vid, force=force)
         return self.core.version(vid)
 
     def untag(self, name: str) -> None:
         """Remove a tag (the version stays until gc removes it)."""
-        saver.delete_tag(self.core, name)
+        commit.delete_tag(self.core, name)
 
     def tags(self) -> dict[str, str]:
         return self.core.tags()

@@ -19,7 +19,6 @@ import numpy as np
 from ..codecs.base import ChunkContext
 from ..codecs.pipeline import BaseChunk, encode_chunk
 from ..codecs.registry import get as codec_of
-from ..errors import ConflictError
 from ..format import index as index_fmt
 from ..format import refs
 from ..format.ids import digest, hex_id
@@ -27,10 +26,10 @@ from ..format.manifest import Blob, ChunkRef, Manifest, TensorEntry
 from ..format.objects import EncodedObject
 from ..format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
 from ..format.pack import PackStream
-from . import locks
+from . import commit, locks
 from .chunking import chunk_bounds
 from .delta_cache import ChunkMemo
-from .layout import INDEX, LATEST_REF, MANIFESTS, TAGS, pack_key
+from .layout import INDEX, pack_key
 from .repository import Repository
 
 WINDOW = 16  # chunks in flight per worker pool: bounds memory held by encoded results
@@ -241,7 +240,7 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
                    "chunks_reused": stats.chunks_reused, "encodings": stats.encodings}
         vid = _commit(repo, Manifest(parent=None, time=time.time(), tree=tree, tensors=tensors,
                                      blobs=manifest_blobs, step=step, metrics=dict(metrics or {}), meta=meta,
-                                     writer=_writer(), extra={**(extra or {}), "written": written}), stats, tag)
+                                     writer=commit.writer_name(), extra={**(extra or {}), "written": written}), stats, tag)
     stats.seconds = time.perf_counter() - t0
     return vid, stats
 
@@ -270,7 +269,7 @@ def commit_manifest(repo: Repository, manifest: Manifest, *, tag: str | None = N
     its parent is set to whatever ``latest`` is under the refs lock.  Returns the version id."""
     if tag is not None:
         refs.check_name(tag)
-    manifest.writer = manifest.writer or _writer()
+    manifest.writer = manifest.writer or commit.writer_name()
     return _commit(repo, manifest, SaveStats(), tag)
 
 
@@ -369,60 +368,7 @@ def _take(result: tuple, b: BlobInput, i: int, chunks: list[ChunkRef], packer: _
     packer.add(r)
 
 
-def _writer() -> str:
-    from .. import __version__
-    return f"deltackpt {__version__}"
-
-
-#: how often a commit re-parents after losing the swap of ``latest`` before giving up
-_SWAP_RETRIES = 16
-
-
 def _commit(repo: Repository, manifest: Manifest, stats: SaveStats, tag: str | None) -> str:
-    """Manifest, then ref.  Racing writers are serialized by the refs lock and re-parented onto
-    whatever ``latest`` is when they get it, so history stays linear and no save is lost.
-
-    ``latest`` moves by compare-and-swap against the value read here: if it moved anyway (our
-    lock was judged stale and broken, or the backend's locks are not atomic), the manifest is
-    re-parented onto the new head and the swap retried, instead of overwriting that version."""
-    with locks.refs_lock(repo.store):
-        if tag is not None and repo.store.exists(TAGS + tag):
-            raise ConflictError(f"tag {tag!r} already names version {repo.read_ref(TAGS + tag)}; nothing was "
-                                "committed (the chunks written are reused by the next save)")
-        for _attempt in range(_SWAP_RETRIES):
-            head = repo.read_ref_bytes(LATEST_REF)
-            manifest.parent = None if head is None else refs.decode_ref(head, what=LATEST_REF)
-            data = manifest.to_bytes()
-            vid = hex_id(data)
-            created = repo.store.put_if_absent(MANIFESTS + vid, data, site="manifest")
-            stats.manifest_bytes = len(data)
-            stats.manifest = manifest
-            if repo.store.swap(LATEST_REF, head, refs.encode_ref(vid), site="ref"):
-                break
-            if created:  # nothing names it: no orphan version left in the log
-                repo.store.delete(MANIFESTS + vid, site="manifest.orphan")
-        else:
-            raise ConflictError(f"{repo.location}: 'latest' kept moving under the refs lock ({_SWAP_RETRIES} tries); "
-                                "nothing was committed (the chunks written are reused by the next save)")
-        if tag is not None:
-            repo.store.put_atomic(TAGS + tag, refs.encode_ref(vid), site="tag")
+    vid, stats.manifest_bytes = commit.commit(repo, manifest, tag)
+    stats.manifest = manifest
     return vid
-
-
-def set_tag(repo: Repository, name: str, vid: str, *, force: bool = False) -> None:
-    refs.check_name(name)
-    with locks.refs_lock(repo.store):
-        if force:
-            repo.store.put_atomic(TAGS + name, refs.encode_ref(vid), site="tag")
-        elif not repo.store.put_if_absent(TAGS + name, refs.encode_ref(vid), site="tag"):
-            raise ConflictError(f"tag {name!r} already names version {repo.read_ref(TAGS + name)}; "
-                                "delete it first or pass force=True")
-
-
-def delete_tag(repo: Repository, name: str) -> None:
-    refs.check_name(name)
-    with locks.refs_lock(repo.store):
-        if not repo.store.exists(TAGS + name):
-            from ..errors import UnknownVersionError
-            raise UnknownVersionError(f"no tag {name!r}")
-        repo.store.delete(TAGS + name, site="tag.delete")
