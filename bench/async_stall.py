@@ -12,10 +12,14 @@ time and torch.save time).  Reported:
 * loop slowdown: wall time of the run over the run without checkpoints (target <= 3% where
   torch.save costs >= 10%);
 * thread vs process: the same background save in a thread of this process and in a forked child
-  (fork after the snapshot, so both see the same bytes), to measure what the GIL costs the loop.
+  (fork after the snapshot, so both see the same bytes), to measure what the GIL costs the loop;
+* cpu-burn, mem-burn, fault-burn, gil-burn: no save, but at each save point a thread burns
+  ``--burn-s`` CPU seconds in one way (see ``Burner``), to tell which part of a background save's
+  work costs the loop on this machine (its own CPU, memory bandwidth, page faults, the GIL).
 
     PYTHONPATH=. python bench/async_stall.py                 # ~3-4 minutes on 2 cores
     PYTHONPATH=. python bench/async_stall.py --steps 30 --threads 2
+    PYTHONPATH=. python bench/async_stall.py --share 0.10 --modes none,torch.save,deltackpt-thread,cpu-burn
 
 Numbers go to stdout and, with --json PATH, to a JSON file.
 """
@@ -29,6 +33,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -137,22 +142,66 @@ def _cpu() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def run(job: Job, steps: int, every: int, mode: str, workdir: str) -> dict:
+class Burner:
+    """A background thread that burns CPU for a while, one way or another, to tell which kind of
+    background work costs the training loop: ``cpu`` (zstd over a 32 KiB buffer: in cache, GIL
+    released), ``mem`` (copying 64 MiB buffers: memory bandwidth), ``fault`` (fresh 2 MiB buffers
+    written once: page faults, as a save's new buffers take) or ``gil`` (pure Python: holds the GIL)."""
+
+    KINDS = ("cpu", "mem", "fault", "gil")
+
+    def __init__(self, seconds: float, kind: str = "cpu") -> None:
+        import numpy as np
+        import zstandard
+        self.seconds, self.kind = seconds, kind
+        self.cctx = zstandard.ZstdCompressor(level=1)
+        self.buf = os.urandom(1 << 14) * 2
+        self.big = np.ones(1 << 26, dtype=np.uint8) if kind == "mem" else None
+        self.thread: threading.Thread | None = None
+
+    def _burn(self) -> None:
+        import numpy as np
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < self.seconds:
+            if self.kind == "cpu":
+                self.cctx.compress(self.buf)
+            elif self.kind == "mem":
+                self.big.copy()
+            elif self.kind == "fault":
+                np.empty(1 << 21, dtype=np.uint8).fill(1)
+            else:
+                sum(i * i for i in range(10000))
+
+    def start(self) -> None:
+        self.wait()
+        self.thread = threading.Thread(target=self._burn, daemon=True)
+        self.thread.start()
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+
+
+def run(job: Job, steps: int, every: int, mode: str, workdir: str, burn_s: float = 1.0) -> dict:
     """Run ``steps`` steps saving every ``every`` in ``mode``; returns wall time and stalls."""
     stalls: list[float] = []
     repo = os.path.join(workdir, f"repo-{mode}")
     shutil.rmtree(repo, ignore_errors=True)
     path = os.path.join(workdir, "torch.pt")
     forker = ForkSaver(repo) if mode == "deltackpt-fork" else None
+    burner = Burner(burn_s, mode.split("-")[0]) if mode.endswith("-burn") else None
     _set_save_thread_nice(10 if mode == "deltackpt-thread-nice10" else async_save.BACKGROUND_NICE or 0)
     handles = []
     step_times: list[float] = []
+    step_cpu: list[float] = []
     c0 = _cpu()
     t0 = time.perf_counter()
     for i in range(1, steps + 1):
-        s_start = time.perf_counter()
+        s_start, c_start = time.perf_counter(), time.thread_time()
         job.step()
         step_times.append(time.perf_counter() - s_start)
+        step_cpu.append(time.thread_time() - c_start)
         if mode == "none" or i % every:
             continue
         s0 = time.perf_counter()
@@ -166,12 +215,16 @@ def run(job: Job, steps: int, every: int, mode: str, workdir: str) -> dict:
             deltackpt.save(job.state(), repo, step=i)
         elif mode == "deltackpt-fork":
             forker.save(job.state(), i)
+        elif burner is not None:
+            burner.start()
         stalls.append(time.perf_counter() - s0)
     wall = time.perf_counter() - t0
     # the last background save finishes after the loop: report it, it is not loop time
     tail0 = time.perf_counter()
     if forker:
         forker.wait()
+    if burner:
+        burner.wait()
     for h in handles:
         h.wait()
     tail = time.perf_counter() - tail0
@@ -181,7 +234,58 @@ def run(job: Job, steps: int, every: int, mode: str, workdir: str) -> dict:
     return {"mode": mode, "wall_s": wall, "stalls_s": stalls, "stall_median_s": statistics.median(stalls) if stalls else 0.0,
             "saves": len(stalls), "tail_s": tail, "background_median_s": statistics.median(bg) if bg else None,
             "step_mean_s": statistics.mean(step_times), "step_median_s": statistics.median(step_times),
+            "step_cpu_mean_s": statistics.mean(step_cpu),
             "cpu_s": cpu}
+
+
+def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str, burn_s: float) -> dict:
+    """Cycles of ``every`` steps, the modes taking turns cycle by cycle; a cycle starts with its
+    mode's save and ends when its steps are done AND its background work has finished (a later
+    save would wait for it: that wait is loop time).  Load from elsewhere drifts slowly, so a mode's
+    cycle is compared with the ``none`` cycle next to it: slowdown = median over rounds of
+    (cycle time / none cycle time of the same round) - 1.  Robust where whole runs differ by 5%."""
+    repo = os.path.join(workdir, "repo-paired")
+    shutil.rmtree(repo, ignore_errors=True)
+    path = os.path.join(workdir, "torch.pt")
+    burners = {m: Burner(burn_s, m.split("-")[0]) for m in modes if m.endswith("-burn")}
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    stalls: dict[str, list[float]] = {m: [] for m in modes}
+    step = 0
+    for c in range(cycles + 1):              # round 0 warms up (first save is a keyframe)
+        order = modes[c % len(modes):] + modes[:c % len(modes)]   # rotate: no mode always follows another
+        for mode in order:
+            t0 = time.perf_counter()
+            handle = None
+            if mode == "torch.save":
+                torch_save(job.state(), path, fsync=False)
+            elif mode == "torch.save+fsync":
+                torch_save(job.state(), path, fsync=True)
+            elif mode == "deltackpt-thread":
+                handle = deltackpt.save(job.state(), repo, step=step, blocking=False)
+            elif mode == "deltackpt-blocking":
+                deltackpt.save(job.state(), repo, step=step)
+            elif mode in burners:
+                burners[mode].start()
+            elif mode != "none":
+                raise SystemExit(f"--paired does not run mode {mode}")
+            stalls[mode].append(time.perf_counter() - t0)
+            for _ in range(every):
+                job.step()
+                step += 1
+            if handle is not None:
+                handle.wait()
+            if mode in burners:
+                burners[mode].wait()
+            if c:
+                times[mode].append(time.perf_counter() - t0)
+    Repo(repo).close() if os.path.exists(repo) else None
+    out = {}
+    for mode in modes:
+        ratios = [t / n - 1 for t, n in zip(times[mode], times["none"])]
+        out[mode] = {"slowdown_median": statistics.median(ratios), "slowdown_mean": statistics.mean(ratios),
+                     "slowdown_total": sum(times[mode]) / sum(times["none"]) - 1, "cycle_s": times[mode],
+                     "stall_median_s": statistics.median(stalls[mode][1:])}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,10 +295,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--frozen", action="store_true", help="freeze the encoder but its last layer (minilm-frozen)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the training loop")
-    ap.add_argument("--every", type=int, default=0, help="save interval in steps (0: torch.save costs ~15%%)")
+    ap.add_argument("--every", type=int, default=0, help="save interval in steps (0: from --share)")
+    ap.add_argument("--share", type=float, default=0.15, help="interval where torch.save costs this share of the loop")
+    ap.add_argument("--burn-s", type=float, default=1.0, help="CPU seconds per save point of the cpu-burn mode")
     ap.add_argument("--repeats", type=int, default=3, help="runs per mode (the faster is kept: shared machine)")
     ap.add_argument("--dir", default=None, help="working directory (default: a temp dir)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--paired", type=int, default=0, metavar="ROUNDS",
+                    help="instead of whole runs per mode: ROUNDS rounds of one cycle per mode (see run_paired)")
     ap.add_argument("--modes", default="none,torch.save,torch.save+fsync,deltackpt-thread,deltackpt-fork,deltackpt-blocking")
     args = ap.parse_args(argv)
 
@@ -215,16 +323,30 @@ def main(argv: list[str] | None = None) -> int:
         torch_save(job.state(), os.path.join(workdir, "torch.pt"), fsync=False)
         saves.append(time.perf_counter() - s0)
     torch_save_s = statistics.median(saves)
-    every = args.every or max(1, int(torch_save_s / (0.15 * step_s)))
+    every = args.every or max(1, round(torch_save_s / (args.share * step_s)))
     print(f"state {nbytes / 1e6:.0f} MB; step {step_s:.3f} s; torch.save {torch_save_s:.3f} s; "
           f"saving every {every} steps ({torch_save_s / (every * step_s):.0%} of the loop for torch.save); "
           f"{args.threads} training thread(s), {os.cpu_count()} cores", flush=True)
 
     modes = args.modes.split(",")
+    if args.paired:
+        if "none" not in modes:
+            modes = ["none"] + modes
+        res = run_paired(job, every, modes, args.paired, workdir, args.burn_s)
+        print("\n| mode | stall per save | loop slowdown (median of paired cycles) | mean | total |")
+        print("|---|---|---|---|---|")
+        for mode, r in res.items():
+            print(f"| {mode} | {r['stall_median_s']:.4f} s | {r['slowdown_median']:+.1%} | {r['slowdown_mean']:+.1%} | "
+                  f"{r['slowdown_total']:+.1%} |")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"frozen": args.frozen, "state_bytes": nbytes, "step_s": step_s, "torch_save_s": torch_save_s,
+                           "every": every, "rounds": args.paired, "paired": res}, f, indent=1)
+        return 0
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     for r in range(args.repeats):
         for mode in modes:   # interleaved, so a burst of load from elsewhere hits every mode alike
-            res = run(job, args.steps, every, mode, workdir)
+            res = run(job, args.steps, every, mode, workdir, args.burn_s)
             runs[mode].append(res)
             print(f"  run {r + 1} {mode:20s} wall {res['wall_s']:7.2f} s  stall/save {res['stall_median_s']:.4f} s  "
                   f"mean step {res['step_mean_s']:.3f} s  cpu {res['cpu_s']:.1f} s", flush=True)
@@ -235,21 +357,24 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print()
     print("| mode | stall per save (median of all saves) | stall / torch.save | loop slowdown (best run) | "
-          "mean step time vs none (contention) | CPU s per save | background s per save |")
-    print("|---|---|---|---|---|---|---|")
+          "mean step time vs none (contention) | train-thread CPU per step vs none | CPU s per save | "
+          "background s per save |")
+    print("|---|---|---|---|---|---|---|---|")
     for mode in modes:
         b = best[mode]
         all_stalls = [s for r in runs[mode] for s in r["stalls_s"]]
         stall = statistics.median(all_stalls) if all_stalls else 0.0
         slowdown = b["wall_s"] / base["wall_s"] - 1
         step_ratio = min(r["step_mean_s"] for r in runs[mode]) / min(r["step_mean_s"] for r in runs["none"]) - 1
+        thread_ratio = (min(r["step_cpu_mean_s"] for r in runs[mode])
+                        / min(r["step_cpu_mean_s"] for r in runs["none"]) - 1)
         cpu_per_save = (min(r["cpu_s"] for r in runs[mode]) - min(r["cpu_s"] for r in runs["none"])) / max(1, b["saves"])
         bgs = [r["background_median_s"] for r in runs[mode] if r["background_median_s"]]
         bg = f"{statistics.median(bgs):.2f}" if bgs else "-"
         rows.append({**b, "stall_all_median_s": stall, "slowdown": slowdown, "stall_ratio": stall / ref,
-                     "step_inflation": step_ratio, "cpu_per_save_s": cpu_per_save, "runs": runs[mode]})
+                     "step_inflation": step_ratio, "thread_cpu_inflation": thread_ratio, "cpu_per_save_s": cpu_per_save, "runs": runs[mode]})
         print(f"| {mode} | {stall:.4f} s | {stall / ref:.3f}x | {slowdown:+.1%} | {step_ratio:+.1%} | "
-              f"{cpu_per_save:.2f} | {bg} |")
+              f"{thread_ratio:+.1%} | {cpu_per_save:.2f} | {bg} |")
     out = {"frozen": args.frozen, "state_bytes": nbytes, "step_s": step_s, "torch_save_s": torch_save_s, "every": every,
            "steps": args.steps, "threads": args.threads, "cores": os.cpu_count(), "rows": rows}
     if args.json:

@@ -15,7 +15,7 @@ class ByteGroupZstd(Codec):
     name = "bg-zstd"
 
     def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded:
-        params, payload = encode_planes(raw, width_for(ctx.itemsize, len(raw)), ctx.level, literals=True)
+        params, payload = encode_planes(raw, width_for(ctx.itemsize, len(raw)), ctx.level)
         return Encoded(params, payload)
 
     def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes, base: bytes | None = None) -> None:

@@ -21,6 +21,7 @@ class ChunkMemo:
     depth: int           # delta-chain depth of the stored object
     source_id: bytes     # hash of the bytes the user handed in (equal to chunk_id when lossless)
     age: int = 0         # star only: lossless deltas written against this chunk at this position so far
+    winner: int | None = None  # the delta codec stored at this position last time (tried first next time)
 
 
 class DeltaCache:

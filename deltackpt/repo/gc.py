@@ -92,14 +92,15 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
                     direct.add(c.chunk_id)
                     widths[c.chunk_id] = blob.itemsize
         packs_on_disk = _pack_files(repo)
-        # a chunk may be indexed in several packs (concurrent saves, an interrupted gc): use a
-        # copy whose pack exists, and never write an index that drops a chunk a kept version needs
+        # a chunk may be indexed in several packs (concurrent saves, an interrupted gc): use the
+        # shallowest copy whose pack exists, and never write an index that drops a chunk a kept
+        # version needs
         by_pack: dict[str, list[PackEntry]] = {}
         chosen: dict[bytes, tuple[str, PackEntry]] = {}
         for cid, pid, e in repo.index_items(all_copies=True):
             by_pack.setdefault(pid, []).append(e)
-            if pid in packs_on_disk and cid not in chosen:
-                chosen[cid] = (pid, e)
+            if pid in packs_on_disk and (cid not in chosen or e.depth < chosen[cid][1].depth):
+                chosen[cid] = (pid, e)  # the shallowest copy: a rebased keyframe needs no base
         # a keyframe that several kept deltas use as their base (lossless deltas form a star
         # around their keyframe) is cheaper to keep than to rebase every one of them
         users_of: dict[bytes, int] = {}

@@ -139,11 +139,20 @@ class Repository(ChunkReader):
             raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file){hint}") from None
 
     def add_index_entries(self, pack_id: str, entries: Iterable[PackEntry]) -> None:
+        """Index a pack's entries.  Of several copies of a chunk the shallowest is preferred: after
+        gc rebased a delta into a keyframe and died before deleting the old index files, the old
+        copy's base may be gone while the keyframe copy needs nothing."""
         with self._lock:
             for e in entries:
                 first = self._index.setdefault(e.chunk_id, (pack_id, e))
-                if first[0] != pack_id:
-                    self._alternates.setdefault(e.chunk_id, []).append((pack_id, e))
+                if first[0] == pack_id:
+                    continue
+                alts = self._alternates.setdefault(e.chunk_id, [])
+                if e.depth < first[1].depth:
+                    self._index[e.chunk_id] = (pack_id, e)
+                    alts.insert(0, first)
+                else:
+                    alts.append((pack_id, e))
 
     def entries_for(self, cid: bytes) -> list[tuple[str, PackEntry]]:
         """Every known copy of a chunk, the preferred one first."""

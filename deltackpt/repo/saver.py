@@ -188,7 +188,9 @@ def _encode_one(repo: Repository, raw: memoryview | bytes, ctx: ChunkContext, me
     if (memo is not None and repo.has_chunk(memo.chunk_id) and len(memo.data) == len(data)
             and (not star or memo.age < repo.config.keyframe_interval)):
         base = BaseChunk(memo.chunk_id, memo.data, repo.entry(memo.chunk_id)[1].depth)
-    choice = encode_chunk(data, ctx, mode=mode, base=base, keyframe_interval=repo.config.keyframe_interval)
+    prefer = memo.winner if memo is not None and base is not None else None
+    choice = encode_chunk(data, ctx, mode=mode, base=base, keyframe_interval=repo.config.keyframe_interval,
+                          prefer=prefer)
     recon = choice.encoded.recon
     cid = src if recon is None else digest(recon)
     kept = data if recon is None else recon
@@ -203,7 +205,8 @@ def _encode_one(repo: Repository, raw: memoryview | bytes, ctx: ChunkContext, me
     head = EncodedObject(choice.encoding, len(data), params, b"").head()
     r = _ChunkResult(cid, len(data), [head, choice.encoded.payload], choice.encoding, base_id, choice.depth,
                      choice.encoded.max_abs_err, recon is not None)
-    stored = ChunkMemo(cid, kept, choice.depth, src)
+    winner = choice.encoding if choice.lossless and choice.base is not None else None
+    stored = ChunkMemo(cid, kept, choice.depth, src, winner=winner)
     return r, _next_base(memo, stored, base_id) if star else stored
 
 

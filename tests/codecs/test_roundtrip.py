@@ -250,6 +250,25 @@ def test_pipeline_uses_a_delta_when_it_pays():
     assert len(delta.encoded.payload) < 0.8 * len(key.encoded.payload)
 
 
+def test_pipeline_tries_only_the_preferred_delta_codec_and_falls_back_when_it_cannot_apply():
+    """``prefer`` (the last winner at this position) skips sampling: the preferred codec is used
+    even where sampling would pick another; one that does not apply (no shared decay ratio for
+    scaled-delta) falls back to sampling, and without a base it is ignored."""
+    from deltackpt.codecs.registry import BG_ZSTD, SCALED_DELTA, XOR_DELTA
+    rng = np.random.default_rng(4)
+    base = rng.standard_normal(1 << 16).astype(np.float32)
+    new = base + rng.standard_normal(1 << 16).astype(np.float32) * 1e-3
+    ctx = ChunkContext("float32", 4, 4 * 256)
+    base_chunk = BaseChunk(b"\1" * 16, base.tobytes(), 0)
+    sampled = encode_chunk(new.tobytes(), ctx, base=base_chunk)
+    assert sampled.encoding != XOR_DELTA          # the premise: sampling picks another codec
+    forced = encode_chunk(new.tobytes(), ctx, base=base_chunk, prefer=XOR_DELTA)
+    assert forced.encoding == XOR_DELTA and forced.base is base_chunk
+    fallback = encode_chunk(new.tobytes(), ctx, base=base_chunk, prefer=SCALED_DELTA)
+    assert fallback.encoding == sampled.encoding
+    assert encode_chunk(new.tobytes(), ctx, prefer=XOR_DELTA).encoding == BG_ZSTD
+
+
 def test_pipeline_respects_the_keyframe_interval():
     """A base already K deep is ignored: the chunk becomes a keyframe, so chains stay <= K."""
     rng = np.random.default_rng(3)
@@ -301,6 +320,6 @@ def test_keyframe_planes_past_the_sample_round_trip_and_pick_the_smaller_compres
     assert bytes(codec.decode(enc.params, bytes(enc.payload), len(raw))) == raw
     planes = bytegroup.group(raw, 4)
     sample = memoryview(planes[3])[:bytegroup._SAMPLE]
-    cctx, size = bytegroup._choose(sample, 1, True)
+    cctx, size = bytegroup._choose(sample, 1)
     assert size <= len(bytegroup.zstd_compress(sample, 1))
     assert enc.params["m"][3] == 1 and enc.params["s"][3] <= len(bytegroup.zstd_compress(memoryview(planes[3]), 1)) * 1.02

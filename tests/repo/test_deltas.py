@@ -235,3 +235,19 @@ def test_gc_keeps_a_keyframe_that_several_kept_deltas_share(repo_path):
     for v, state in (saved[3], saved[5]):
         assert_bit_identical(state, deltackpt.load(repo_path, v.id))
     assert repo.verify().ok and max(_depths(repo)) <= 1
+
+
+def test_a_delta_position_remembers_its_codec_and_the_next_save_reuses_it(tmp_path):
+    """Sampling the delta codecs runs once per chain: the delta cache records the codec each position
+    was stored with, and the next save through the same handle encodes that position with it."""
+    from deltackpt.codecs.registry import get
+    repo = deltackpt.Repo(str(tmp_path / "repo"), create=True)
+    step = _trainer()
+    repo.save(step(20))
+    repo.save(step(5))
+    winners = {k: m.winner for k, m in repo.core.delta_cache._items.items() if m.winner is not None}
+    assert winners and {get(w).name for w in winners.values()} <= DELTA_CODECS
+    repo.save(step(5))
+    after = repo.core.delta_cache._items
+    still = [k for k in winners if after[k].winner is not None]
+    assert still and all(after[k].winner == winners[k] for k in still)

@@ -65,3 +65,41 @@ def test_a_manifest_declaring_an_impossible_blob_is_a_typed_error(repo_path):
     with pytest.raises(deltackpt.DeltackptError) as info:  # refused before allocating (chunks not backed)
         deltackpt.load(repo_path, vid)
     assert vid[:10] in str(info.value)
+
+
+def test_after_gc_dies_deleting_old_index_files_readers_use_the_rebased_copy(repo_path):
+    """gc rebased a delta into a keyframe (new pack, new index) and died before deleting the old
+    index file and pack that still name the delta, whose base is gone.  Of the two copies, readers
+    and the next gc use the shallower one, so the kept version restores; before, the first copy
+    met (the delta) made it unreadable and gc refused to run."""
+    import shutil
+    from deltackpt.format.index import decode
+    torch.manual_seed(0)
+    w = torch.randn(256, 64)
+    deltackpt.save({"w": w}, repo_path, step=0)
+    index_dir, packs_dir = os.path.join(repo_path, "index"), os.path.join(repo_path, "packs")
+    before = set(os.listdir(index_dir))
+    state = {"w": w + 1e-3 * torch.randn(256, 64)}
+    deltackpt.save(state, repo_path, step=1)
+    (second_index,) = set(os.listdir(index_dir)) - before
+    saved = os.path.join(repo_path, "..", "second-save")
+    os.makedirs(saved)
+    shutil.copy(os.path.join(index_dir, second_index), saved)
+    packs = decode(open(os.path.join(index_dir, second_index), "rb").read())
+    assert any(e.depth > 0 for _, entries in packs.values() for e in entries)  # the premise: a delta
+    for pid in packs:
+        shutil.copy(os.path.join(packs_dir, pid[:2], pid), saved)
+    deltackpt.frontend.api._OPEN.clear()
+    report = deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)
+    assert report.chunks_rebased > 0
+    # the crash: the old index file (sorting first) and its pack are still there
+    shutil.copy(os.path.join(saved, second_index), os.path.join(index_dir, "0" * 32))
+    for pid in packs:
+        os.makedirs(os.path.join(packs_dir, pid[:2]), exist_ok=True)
+        shutil.copy(os.path.join(saved, pid), os.path.join(packs_dir, pid[:2], pid))
+    deltackpt.frontend.api._OPEN.clear()
+    assert torch.equal(deltackpt.load(repo_path)["w"], state["w"])
+    deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)
+    deltackpt.frontend.api._OPEN.clear()
+    assert torch.equal(deltackpt.load(repo_path)["w"], state["w"])
+    assert deltackpt.Repo(repo_path).verify().ok
