@@ -7,8 +7,8 @@ dense candidates are compared on a sample of the chunk and only the winner encod
 whatever wins is stored raw if it is not smaller than the raw bytes.
 
 Lossy (only when asked): q8/q4 block-quantized delta against the decoded base (plain, or scaled
-by a fitted decay factor: whichever is smaller), or a cast to fp16/bf16.  Chunks a lossy codec cannot take (non-finite values, non-float dtypes, no base) fall
-back to lossless.
+by a fitted decay factor: whichever is smaller), or a cast to fp16/bf16.  Chunks a lossy codec
+cannot take (non-finite values, non-float dtypes, no base) fall back to lossless.
 """
 
 from __future__ import annotations

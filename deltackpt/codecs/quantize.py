@@ -54,7 +54,8 @@ class QuantizedDelta(Codec):
         return scales
 
     # -- shared ---------------------------------------------------------------------------------
-    def _codes(self, d: np.ndarray, v: np.ndarray, nonneg: bool, extra: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    def _codes(self, d: np.ndarray, v: np.ndarray, nonneg: bool,
+               extra: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """Scales and int8 codes of the residual ``d`` (blocks of BLOCK; ``v``: the new values)."""
         peak = np.abs(d).max(axis=1)
         scales = (peak / self.qmax).astype(np.float32)
@@ -99,6 +100,8 @@ class QuantizedDelta(Codec):
                 return None
         scales = self._final_scales(scales, q)  # (leaves rec_f as it is)
         recon = from_float(rec_f, ctx.dtype)
+        if not np.isfinite(to_float(recon, ctx.dtype)).all():
+            return None  # the prediction or the rounding to dt overflowed: keep the chunk exact
         packed = q if self.bits == 8 else _pack4(q)
         payload = zstd_compress(scales.tobytes() + packed.tobytes(), ctx.level)
         return Encoded({"dt": ctx.dtype, "n": n} | extra, payload, recon, max_abs_err(recon, raw, ctx.dtype))
