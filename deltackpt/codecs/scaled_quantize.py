@@ -25,9 +25,8 @@ from .quantize import BLOCK, REL_STEP, QuantizedDelta
 from .scaled_delta import fit_alpha
 
 _SAMPLE_BLOCKS = 256  # whole blocks, so each sampled element is coded with its own block's step
-DECAY = 1e-3
-"""0 < alpha < 1 - DECAY marks a decaying chunk (Adam moments: beta**k), which gets the
-value-relative step floor; weights under weight decay shrink far less per save and keep REL_STEP."""
+DECAY = 1e-2
+"""A fitted alpha within DECAY of 1 is taken as 1 (see _decaying for what gets the coarser floor)."""
 PEAK_FLOOR = 0.5
 """In a decaying chunk the step is at least PEAK_FLOOR * peak|new block| / qmax.  1 would round away
 all of an untouched element's inherited error (minilm-full q4 everything: 0.039 of torch.save);
@@ -52,7 +51,7 @@ class ScaledQuantizedDelta(QuantizedDelta):
         # REL_STEP of the rms for every tensor (bf16 keeps 8 bits; q8/q4-delta spare second moments
         # this floor, but against a scaled base their untouched rows need it to round to zero)
         f = np.sqrt(np.mean(np.square(v.astype(np.float64)), axis=1)) * REL_STEP
-        if 0 < extra["a"] < 1.0 - DECAY:
+        if _decaying(extra["a"], nonneg):
             f = np.maximum(f, PEAK_FLOOR * np.abs(v).max(axis=1) / self.qmax)
         return f.astype(np.float32)
 
@@ -93,10 +92,18 @@ class ScaledQuantizedDelta(QuantizedDelta):
         # a coarser floor must not make a poor prediction look cheap
         costs = [float(np.abs(n[ok] - b[ok] * a).sum()) for a in cands]
         best = cands[int(np.argmin(costs))]  # ties go to the earliest: 1.0
-        return best if math.isfinite(best) and 0 < abs(best) < 1e6 else 1.0
+        # within DECAY of 1 the fitted ratio is the base's noise (or a weight decay too small to
+        # matter), and a ratio that is slightly off only inflates every residual, hence the step
+        if not (math.isfinite(best) and 0 < abs(best) < 1e6) or abs(best - 1.0) <= DECAY:
+            return 1.0
+        return best
 
 
-def _weighted_median(r: np.ndarray, w: np.ndarray) -> float:
-    order = np.argsort(r)
-    cum = np.cumsum(w[order])
-    return float(r[order][min(np.searchsorted(cum, cum[-1] / 2), len(r) - 1)])
+def _decaying(alpha: float, nonneg: bool) -> bool:
+    """Whether a chunk looks like an Adam moment, whose untouched elements get the value-relative
+    step floor: a second moment (>= 0) shrunk by more than DECAY (beta2**k, k >= 11 steps between
+    saves) or a signed tensor at least halved (beta1**k, k >= 7).  Weights never shrink like that
+    between saves (weight decay is ~lr*wd per step), but a weight matrix that moved everywhere can
+    show a median ratio of, say, 0.99: it keeps the fine REL_STEP floor."""
+    return 0 < alpha < (1.0 - DECAY if nonneg else 0.5)
+

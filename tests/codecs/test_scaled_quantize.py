@@ -18,7 +18,7 @@ from deltackpt.codecs.base import ChunkContext
 from deltackpt.codecs.pipeline import BaseChunk, encode_chunk
 from deltackpt.codecs.quantize import REL_STEP
 from deltackpt.codecs.registry import Q4_DELTA, Q4_SCALED_DELTA, Q8_DELTA, Q8_SCALED_DELTA, get
-from deltackpt.codecs.scaled_quantize import DECAY, PEAK_FLOOR
+from deltackpt.codecs.scaled_quantize import PEAK_FLOOR, _decaying
 from deltackpt.errors import CorruptObjectError
 from deltackpt.format import objects
 
@@ -81,7 +81,7 @@ def _steps(eid: int, enc, new: np.ndarray) -> np.ndarray:
     v[:n] = new
     v = v.reshape(nblocks, 256)
     floor = np.sqrt(np.mean(v * v, axis=1)) * REL_STEP
-    if 0 < enc.params["a"] < 1 - DECAY:
+    if _decaying(enc.params["a"], bool((new >= 0).all())):
         floor = np.maximum(floor, PEAK_FLOOR * np.abs(v).max(axis=1) / get(eid).qmax)
     return np.repeat(np.where(scales > 0, scales, floor.astype(np.float32)), 256)[:n]
 
