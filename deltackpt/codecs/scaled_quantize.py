@@ -24,7 +24,7 @@ from ..errors import CorruptObjectError
 from .quantize import BLOCK, REL_STEP, QuantizedDelta
 from .scaled_delta import fit_alpha
 
-_SAMPLE_BLOCKS = 256  # whole blocks, so each sampled element is coded with its own block's step
+_SAMPLE_BLOCKS = 256  # whole blocks, so each sampled element can be compared with its block's peak
 DECAY = 1e-2
 """A fitted alpha within DECAY of 1 is taken as 1 (see _decaying for what gets the coarser floor)."""
 PEAK_FLOOR = 0.5
@@ -66,12 +66,12 @@ class ScaledQuantizedDelta(QuantizedDelta):
             raise CorruptObjectError(f"{self.name}: alpha is malformed")
 
     def _fit_alpha(self, new: np.ndarray, base: np.ndarray) -> float:
-        """The candidate alpha whose codes cost least on a sample of whole blocks, or 1.0.
+        """The decay factor most elements share, or 1.0, fitted on a sample of whole blocks.
 
         scaled-delta's fit_alpha buckets exact ratios to 4 decimals; against a DECODED lossy base
         the ratios carry the base's quantization error (up to ~7% of a block's peak for q4) and do
-        not bucket.  A least-absolute-deviation fit (the |base|-weighted median of new/base) is
-        robust to that noise and to the minority of elements that got a gradient."""
+        not bucket.  The median ratio is robust to that noise and to the minority of elements that
+        got a gradient; it is kept when its absolute residual beats 1 and fit_alpha's answer."""
         nb = len(new) // BLOCK
         if nb == 0:
             return 1.0
