@@ -103,7 +103,25 @@ def codec_vectors() -> dict[str, list[dict]]:
     adam_base = (np.abs(rng.standard_normal(256)) * 1e-3).astype("<f4")
     adam_new = (adam_base.astype(np.float64) * 0.9).astype("<f4")
     adam_new[::7] += np.float32(1e-6)  # a few elements also got a gradient
+    sbase = (rng.standard_normal(300) * 0.05).astype("<f4")
+    snew = (sbase.astype(np.float64) * 0.9 ** 20).astype("<f4")  # an untouched Adam exp_avg, 20 steps on
+    snew[:256:13] = (rng.standard_normal(20) * 0.05).astype("<f4")  # these got a gradient; block 2 did not
+    sb_base = (rng.standard_normal(300) * 0.1).astype("<f4")
+    sb_new = (sb_base.astype(np.float64) * 0.9).astype("<f4")
+    sb_new[::7] += (rng.standard_normal(43) * 0.01).astype("<f4")
+    sb_base16, sb_new16 = ((x.view("<u4") >> 16).astype("<u2") for x in (sb_base, sb_new))
+    sh_base = (rng.standard_normal(300) * 0.1).astype("<f2")
+    sh_new = (sh_base.astype(np.float64) * 0.9).astype("<f2")
+    sh_new[::7] = (rng.standard_normal(43) * 0.1).astype("<f2")
     return {
+        "q8-scaled-delta": [codec_case("q8-scaled-delta", snew.tobytes(), "float32", 4, 4, sbase.tobytes(),
+                                       note="300 float32 decayed by 0.9**20 (a decaying chunk: value-relative step floor), every 13th of block 1 new; block 2's codes are all 0, so its scale is 0"),
+                            codec_case("q8-scaled-delta", sb_new16.tobytes(), "bfloat16", 2, 2, sb_base16.tobytes(),
+                                       note="bfloat16, decayed by 0.9 (signed, so not a decaying chunk: rms floor only): alpha*base in float64 rounded to float32, float32 arithmetic, result rounded to bfloat16")],
+        "q4-scaled-delta": [codec_case("q4-scaled-delta", snew.tobytes(), "float32", 4, 4, sbase.tobytes(),
+                                       note="the q8-scaled-delta input: nibbles low-first, block 2 all zero"),
+                            codec_case("q4-scaled-delta", sh_new.tobytes(), "float16", 2, 2, sh_base.tobytes(),
+                                       note="float16: float32 arithmetic, result rounded to float16 (nearest even)")],
         "raw": [codec_case("raw", specials, "float32", 4, 4, note="-0.0, a subnormal and a NaN with payload 0x7fc01234 kept bit for bit")],
         "bg-zstd": [codec_case("bg-zstd", smooth.tobytes(), "float32", 4, 4,
                                note="64 float32: high planes compress (mode 1), low mantissa plane stays raw (mode 0)")],

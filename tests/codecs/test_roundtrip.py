@@ -141,7 +141,7 @@ def test_q8_delta_error_is_bounded_by_the_block_step():
         assert err.max() == pytest.approx(enc.max_abs_err)
 
 
-@pytest.mark.parametrize("eid", [5, 6])
+@pytest.mark.parametrize("eid", [5, 6, 10, 11])
 def test_quantized_deltas_keep_second_moments_positive(eid):
     """Tiny positive values next to large ones in a block (Adam's exp_avg_sq) never decode to <= 0."""
     from deltackpt.codecs.registry import get

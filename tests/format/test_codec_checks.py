@@ -61,7 +61,8 @@ def test_zstd_frame_must_declare_its_exact_size():
         refused(codec, params | {"s": sizes[:3] + [len(frame)]}, payload[:start] + frame, n, base)
 
 
-@pytest.mark.parametrize("name", ["xor-delta", "sub-delta", "sparse", "q8-delta", "q4-delta"])
+@pytest.mark.parametrize("name", ["xor-delta", "sub-delta", "sparse", "q8-delta", "q4-delta", "q8-scaled-delta",
+                                  "q4-scaled-delta"])
 def test_delta_needs_a_base_of_the_right_length(name):
     """Every delta codec refuses a missing base or one whose length is not RAW_LEN."""
     codec, params, payload, n, base = case(name)
@@ -82,12 +83,31 @@ def test_sparse_parameters(change):
     refused(codec, params | change, payload, n, base)
 
 
-@pytest.mark.parametrize("name", ["q8-delta", "q4-delta"])
+@pytest.mark.parametrize("name", ["q8-delta", "q4-delta", "q8-scaled-delta", "q4-scaled-delta"])
 @pytest.mark.parametrize("change", [{"dt": "int8"}, {"n": 299}, {"n": -1}, {"n": 1 << 40}])
 def test_quantized_parameters(name, change):
-    """q8/q4-delta: dt is a float type and n matches the base's element count."""
+    """q8/q4-delta and their scaled variants: dt is a float type and n matches the base's element count."""
     codec, params, payload, n, base = case(name)
     refused(codec, params | change, payload, n, base)
+
+
+@pytest.mark.parametrize("name", ["q8-scaled-delta", "q4-scaled-delta"])
+@pytest.mark.parametrize("alpha", [None, float("nan"), float("inf"), "0.9", 1])
+def test_scaled_quantized_alpha(name, alpha):
+    """q8/q4-scaled-delta: a is present, a float and finite."""
+    codec, params, payload, n, base = case(name)
+    params = {k: v for k, v in params.items() if k != "a"} | ({} if alpha is None else {"a": alpha})
+    refused(codec, params, payload, n, base)
+
+
+@pytest.mark.parametrize("name", ["q8-scaled-delta", "q4-scaled-delta"])
+def test_scaled_quantized_frame_size(name):
+    """q8/q4-scaled-delta: the frame must declare exactly the content size of n elements."""
+    codec, params, payload, n, base = case(name)
+    body = zstandard.ZstdDecompressor().decompress(payload)
+    for bad in (body[:-1], body + b"\0", body[:4]):
+        refused(codec, params, zstandard.ZstdCompressor().compress(bad), n, base)
+    refused(codec, params, zstandard.ZstdCompressor(write_content_size=False).compress(body), n, base)
 
 
 @pytest.mark.parametrize("name", ["fp16", "bf16"])
