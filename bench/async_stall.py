@@ -250,6 +250,7 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
     burners = {m: Burner(burn_s, m.split("-")[0]) for m in modes if m.endswith("-burn")}
     times: dict[str, list[float]] = {m: [] for m in modes}
     stalls: dict[str, list[float]] = {m: [] for m in modes}
+    background: list[float] = []
     step = 0
     for c in range(cycles + 1):              # round 0 warms up (first save is a keyframe)
         order = modes[c % len(modes):] + modes[:c % len(modes)]   # rotate: no mode always follows another
@@ -274,6 +275,8 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
                 step += 1
             if handle is not None:
                 handle.wait()
+                if c and handle.background_seconds is not None:
+                    background.append(handle.background_seconds)
             if mode in burners:
                 burners[mode].wait()
             if c:
@@ -285,6 +288,8 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
         out[mode] = {"slowdown_median": statistics.median(ratios), "slowdown_mean": statistics.mean(ratios),
                      "slowdown_total": sum(times[mode]) / sum(times["none"]) - 1, "cycle_s": times[mode],
                      "stall_median_s": statistics.median(stalls[mode][1:])}
+    if background:
+        out["deltackpt-thread"]["background_median_s"] = statistics.median(background)
     return out
 
 

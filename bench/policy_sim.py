@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import random
 import sys
 from dataclasses import dataclass
@@ -143,6 +144,23 @@ def trace(seed: int, mtbf_s: float, horizon_s: float) -> list[float]:
     return out
 
 
+def bench_ratios(b: dict, thread_mode: str) -> tuple[float, float, float]:
+    """(stall, contention, background) / torch.save stall from bench/async_stall.py's JSON."""
+    if "paired" in b:   # --paired: the loop cost per save beyond the stall, from paired cycles
+        p = b["paired"]
+        ref, th = p["torch.save"]["stall_median_s"], p[thread_mode]
+        loop_cost = th["slowdown_median"] * statistics.median(p["none"]["cycle_s"])
+        return (th["stall_median_s"] / ref, max(0.0, loop_cost - th["stall_median_s"]) / ref,
+                (th.get("background_median_s") or 0.0) / ref)
+    rows = {r["mode"]: r for r in b["rows"]}
+    th = rows[thread_mode]
+    ref = rows["torch.save"]["stall_all_median_s"]
+    # whole runs, interleaved (repeat k of every mode ran back to back): pair them, take the median
+    paired = sorted(t["step_mean_s"] - n["step_mean_s"] for t, n in zip(th["runs"], rows["none"]["runs"]))
+    return (th["stall_all_median_s"] / ref, max(0.0, paired[len(paired) // 2]) * b["every"] / ref,
+            (th["background_median_s"] or 0.0) / ref)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hours", type=float, default=24.0, help="useful training time")
@@ -164,16 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     source = "defaults"
     if args.from_bench:
         with open(args.from_bench) as f:
-            b = json.load(f)
-        rows = {r["mode"]: r for r in b["rows"]}
-        ts, th = rows["torch.save"], rows[args.thread_mode]
-        ref = ts["stall_all_median_s"]
-        args.stall_ratio = th["stall_all_median_s"] / ref
-        # loop time the background work costs per save: the slower steps between two saves
-        # runs are interleaved (repeat k of every mode ran back to back): pair them, take the median
-        paired = sorted(t["step_mean_s"] - n["step_mean_s"] for t, n in zip(th["runs"], rows["none"]["runs"]))
-        args.contention_ratio = max(0.0, paired[len(paired) // 2]) * b["every"] / ref
-        args.background_ratio = (th["background_median_s"] or 0.0) / ref
+            args.stall_ratio, args.contention_ratio, args.background_ratio = bench_ratios(json.load(f), args.thread_mode)
         source = args.from_bench
     mtbf = args.mtbf_h * 3600
     steps = int(args.hours * 3600 / args.step_s)
