@@ -250,7 +250,7 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
     burners = {m: Burner(burn_s, m.split("-")[0]) for m in modes if m.endswith("-burn")}
     times: dict[str, list[float]] = {m: [] for m in modes}
     stalls: dict[str, list[float]] = {m: [] for m in modes}
-    background: list[float] = []
+    background: dict[str, list[float]] = {}
     step = 0
     for c in range(cycles + 1):              # round 0 warms up (first save is a keyframe)
         order = modes[c % len(modes):] + modes[:c % len(modes)]   # rotate: no mode always follows another
@@ -261,7 +261,8 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
                 torch_save(job.state(), path, fsync=False)
             elif mode == "torch.save+fsync":
                 torch_save(job.state(), path, fsync=True)
-            elif mode == "deltackpt-thread":
+            elif mode in ("deltackpt-thread", "deltackpt-process"):
+                async_save.BACKGROUND = mode.split("-")[1]
                 handle = deltackpt.save(job.state(), repo, step=step, blocking=False)
             elif mode == "deltackpt-blocking":
                 deltackpt.save(job.state(), repo, step=step)
@@ -276,7 +277,7 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
             if handle is not None:
                 handle.wait()
                 if c and handle.background_seconds is not None:
-                    background.append(handle.background_seconds)
+                    background.setdefault(mode, []).append(handle.background_seconds)
             if mode in burners:
                 burners[mode].wait()
             if c:
@@ -288,8 +289,8 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
         out[mode] = {"slowdown_median": statistics.median(ratios), "slowdown_mean": statistics.mean(ratios),
                      "slowdown_total": sum(times[mode]) / sum(times["none"]) - 1, "cycle_s": times[mode],
                      "stall_median_s": statistics.median(stalls[mode][1:])}
-    if background:
-        out["deltackpt-thread"]["background_median_s"] = statistics.median(background)
+    for mode, seconds in background.items():
+        out[mode]["background_median_s"] = statistics.median(seconds)
     return out
 
 

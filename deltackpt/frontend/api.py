@@ -90,10 +90,12 @@ class Repo:
 
     def close(self) -> None:
         """Drop this process's handle and its delta cache."""
+        from .async_save import close_in_encoder
         for k, v in list(_OPEN.items()):
             if v is self.core:
                 del _OPEN[k]
         self.core.delta_cache.clear()
+        close_in_encoder(self.core)
 
     @property
     def location(self) -> str:
@@ -277,21 +279,27 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
         check_name(tag)
     r = _repo(repo, create=True)
 
-    def write(leaves: list, tree: Any, devices: list[str] | None = None, threads: int | None = workers) -> Version:
+    def write(leaves: list, tree: Any, devices: list[str] | None = None, threads: int | None = workers,
+              encoder: Any = None, segment: Any = None, owner: Any = None) -> Version:
         blobs, entries = plan_blobs(leaves, encoding)
+        for b in blobs:   # background saves lend their staging copy to the delta cache
+            b.owner = owner
         if devices is not None:  # staged copies live on the CPU; record where the tensors lived
             for e, device in zip(entries, devices):
                 e.device = device
-        total = sum(len(b.data) for b in blobs)
-        with bar("save", total if devices is None else 0) as update:
-            vid, stats = saver.write_version(r.core, blobs, entries, tree, step=step, metrics=plain_metrics,
-                                             meta=plain_meta, tag=tag, progress=update, workers=threads)
+        kwargs = dict(step=step, metrics=plain_metrics, meta=plain_meta, tag=tag, workers=threads)
+        if encoder is not None:
+            vid, stats = encoder.write_version(r.core, blobs, entries, tree, segment=segment, **kwargs)
+        else:
+            total = sum(len(b.data) for b in blobs)
+            with bar("save", total if devices is None else 0) as update:
+                vid, stats = saver.write_version(r.core, blobs, entries, tree, progress=update, **kwargs)
         return r.core.version(vid, manifest=stats.manifest)
 
     if not blocking:
         devices = [str(leaf.tensor.device) for leaf in leaves]
         threads = workers or async_save.spare_cores()
-        return async_save.submit(r, leaves, tree, lambda staged, t: write(staged, t, devices, threads))
+        return async_save.submit(r, leaves, tree, lambda staged, t, **where: write(staged, t, devices, threads, **where))
     async_save.drain(r.core)
     return write(leaves, tree)
 

@@ -31,6 +31,7 @@ nobody waited for it, from the next save to the same repository (which then does
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from ..repo import encoder_process
 from ..repo.versions import Version
 
 if TYPE_CHECKING:
@@ -46,11 +48,19 @@ if TYPE_CHECKING:
 
 MAX_IN_FLIGHT = 1
 
+BACKGROUND = "thread"
+"""Where a background save hashes, encodes and writes: ``"thread"`` (a thread of this process)
+or ``"process"`` (a persistent encoder process fed through shared memory; see
+:mod:`deltackpt.repo.encoder_process`)."""
+
 _executor: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
 _in_flight: dict[int, list["SaveHandle"]] = {}   # id(Repository) -> handles not yet collected
 _staging: dict[tuple, list[torch.Tensor]] = {}   # (shape, dtype, pinned) -> free buffers
 _staging_bytes = 0
+_segments: list[encoder_process.SharedSegment] = []   # free staging segments (process mode)
+_encoder: encoder_process.EncoderProcess | None = None
+ALIGN = 64  # staged tensors start on cache-line boundaries (and on any element size)
 
 
 BACKGROUND_NICE: int | None = None
@@ -184,18 +194,79 @@ def _give_back(buffers: list[torch.Tensor], pinned: list[bool]) -> None:
         _staging_bytes += nbytes
 
 
-def snapshot(leaves: list) -> tuple[list, list[torch.Tensor], list[bool], Any]:
-    """Copy each leaf's tensor into host staging memory; tensors sharing a storage are copied as
-    one storage and rebuilt as views of it, so sharing survives.  Returns (new leaves, staging
-    buffers, pinned flags, CUDA event to wait on or None)."""
-    from .flatten import TensorLeaf
-
+def _sharing(leaves: list) -> dict[int, list[int]]:
+    """Leaf index -> the leaves sharing its storage (only for storages shared by several)."""
     groups: dict[tuple, list[int]] = {}
     for i, leaf in enumerate(leaves):
         t = leaf.tensor
         if t.untyped_storage().nbytes():
             groups.setdefault((t.device, t.untyped_storage().data_ptr()), []).append(i)
-    shared = {i: g for g in groups.values() if len(g) > 1 for i in g}
+    return {i: g for g in groups.values() if len(g) > 1 for i in g}
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _segment_allocator(leaves: list, shared: dict[int, list[int]]):
+    """A staging segment big enough for ``leaves`` (reused from an earlier save when one is free)
+    and an allocator that carves it, in snapshot order, into contiguous tensors."""
+    total = 0
+    for i, leaf in enumerate(leaves):
+        group = shared.get(i)
+        if group is None:
+            total += _aligned(leaf.tensor.numel() * leaf.tensor.element_size())
+        elif group[0] == i:
+            total += _aligned(leaf.tensor.untyped_storage().nbytes())
+    with _lock:
+        fits = [s for s in _segments if s.size >= total]
+        seg = min(fits, key=lambda s: s.size) if fits else None
+        if seg is not None:
+            _segments.remove(seg)
+    if seg is None:
+        seg = encoder_process.SharedSegment(total)
+        seg.tensor = torch.frombuffer(seg.map, dtype=torch.uint8)
+    pos = 0
+
+    def alloc(shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+        nonlocal pos
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        strides = [1] * len(shape)
+        for d in range(len(shape) - 2, -1, -1):
+            strides[d] = strides[d + 1] * max(1, shape[d + 1])
+        out = torch.empty(0, dtype=dtype).set_(seg.tensor.untyped_storage(), pos // itemsize, shape, strides)
+        n = 1
+        for d in shape:
+            n *= d
+        pos += _aligned(n * itemsize)
+        return out
+
+    return seg, alloc
+
+
+def _give_back_segment(seg: encoder_process.SharedSegment) -> None:
+    with _lock:
+        _segments.append(seg)
+        # keep at most MAX_IN_FLIGHT segments: the largest (the state grew; older ones are too small)
+        _segments.sort(key=lambda s: s.size, reverse=True)
+        extra = _segments[MAX_IN_FLIGHT:]
+        del _segments[MAX_IN_FLIGHT:]
+    for s in extra:
+        if _encoder is not None:
+            _encoder.forget(s)
+        s.close()
+
+
+def snapshot(leaves: list, alloc: Callable[[torch.Size, torch.dtype, bool], torch.Tensor] | None = None,
+             shared: dict[int, list[int]] | None = None) -> tuple[list, list[torch.Tensor], list[bool], Any]:
+    """Copy each leaf's tensor into host staging memory; tensors sharing a storage are copied as
+    one storage and rebuilt as views of it, so sharing survives.  Returns (new leaves, staging
+    buffers, pinned flags, CUDA event to wait on or None).  ``alloc``: where the copies go
+    (default: reusable per-shape buffers, pinned for CUDA tensors)."""
+    from .flatten import TensorLeaf
+
+    alloc = alloc or _take
+    shared = _sharing(leaves) if shared is None else shared
     out: list = [None] * len(leaves)
     buffers: list[torch.Tensor] = []
     pinned: list[bool] = []
@@ -209,7 +280,7 @@ def snapshot(leaves: list) -> tuple[list, list[torch.Tensor], list[bool], Any]:
             pin = on_cuda and torch.cuda.is_available()
             group = shared.get(i)
             if group is None:
-                dst = _take(t.shape, t.dtype, pin)
+                dst = alloc(t.shape, t.dtype, pin)
                 dst.copy_(t, non_blocking=pin)
                 buffers.append(dst)
                 pinned.append(pin)
@@ -219,13 +290,15 @@ def snapshot(leaves: list) -> tuple[list, list[torch.Tensor], list[bool], Any]:
             if gid not in storage_copy:
                 src = t.untyped_storage()
                 raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(src)
-                dst = _take(raw.shape, torch.uint8, pin)
+                dst = alloc(raw.shape, torch.uint8, pin)
                 dst.copy_(raw, non_blocking=pin)
                 buffers.append(dst)
                 pinned.append(pin)
                 storage_copy[gid] = dst
             base = storage_copy[gid]
-            view = torch.empty(0, dtype=t.dtype).set_(base.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+            # base may be a slice of a larger staging segment: offsets count from its start
+            offset = base.storage_offset() // t.element_size() + t.storage_offset()
+            view = torch.empty(0, dtype=t.dtype).set_(base.untyped_storage(), offset, t.shape, t.stride())
             out[i] = TensorLeaf(leaf.index, leaf.key, leaf.name, view)
     event = None
     if cuda_used and torch.cuda.is_available():
@@ -234,31 +307,113 @@ def snapshot(leaves: list) -> tuple[list, list[torch.Tensor], list[bool], Any]:
     return out, buffers, pinned, event
 
 
-def submit(repo: "Repo", leaves: list, tree: Any, write: Callable[[list, Any], Version],
+def _encoder_process() -> encoder_process.EncoderProcess:
+    global _encoder
+    with _lock:
+        if _encoder is None or not _encoder.alive:
+            _encoder = encoder_process.EncoderProcess()
+            atexit.register(_encoder.close)
+        return _encoder
+
+
+def close_in_encoder(core: Any) -> None:
+    """Drop the encoder process's handle on ``core``'s repository (``Repo.close``)."""
+    release_lent(core)
+    if _encoder is not None:
+        # after any save to it already sent: the child serves one message at a time, in order
+        _encoder.close_repo(core.location)
+
+
+def uses_process(repo: "Repo", leaves: list) -> bool:
+    """Whether a background save of ``leaves`` to ``repo`` runs in the encoder process: with
+    ``BACKGROUND = "process"``, on a local repository, for a state held in CPU memory (CUDA
+    tensors stay on the thread path, which copies them into pinned memory without blocking)."""
+    from ..store.local import LocalStore
+    return (BACKGROUND == "process" and encoder_process.supported() and isinstance(repo.core.store, LocalStore)
+            and all(leaf.tensor.device.type == "cpu" for leaf in leaves))
+
+
+class _Staged:
+    """One save's staging memory.  After its save commits it stays lent to the repository's delta
+    cache (the next save's delta bases view it, so the saver copies nothing) until the next save to
+    that repository commits; then its memos are dropped and the memory goes back to the pool."""
+
+    def __init__(self, core: Any, buffers: list[torch.Tensor], pinned: list[bool],
+                 segment: encoder_process.SharedSegment | None) -> None:
+        self.core, self.buffers, self.pinned, self.segment = core, buffers, pinned, segment
+        self.owner = ("segment", segment.id) if segment is not None else ("staging", id(self))
+
+    def release(self) -> None:
+        if self.segment is not None:
+            if _encoder is not None:
+                _encoder.drop_owner(self.owner)   # the child reads it before any later save
+            _give_back_segment(self.segment)
+        else:
+            self.core.delta_cache.drop_owner(self.owner)
+            _give_back(self.buffers, self.pinned)
+        self.buffers = []
+
+
+_lent: dict[int, _Staged] = {}   # id(Repository) -> staging of its last committed background save
+
+
+def _settle(staged: _Staged, ok: bool) -> None:
+    """After a background save: on success its staging replaces the repository's lent one; on
+    failure it is dropped (some memos may already view it)."""
+    if not ok:
+        staged.release()
+        return
+    with _lock:
+        previous = _lent.pop(id(staged.core), None)
+        _lent[id(staged.core)] = staged
+    if previous is not None:
+        previous.release()
+
+
+def release_lent(core: Any) -> None:
+    """Give back the staging memory lent to ``core``'s delta cache (``Repo.close``)."""
+    with _lock:
+        staged = _lent.pop(id(core), None)
+    if staged is not None:
+        staged.release()
+
+
+def submit(repo: "Repo", leaves: list, tree: Any, write: Callable[..., Version],
            after: Callable[[Version], None] | None = None) -> SaveHandle:
-    """Snapshot ``leaves`` now and run ``write(staged_leaves, tree)`` (then ``after(version)``)
-    in the background.  Used by :func:`deltackpt.save` with ``blocking=False``."""
+    """Snapshot ``leaves`` now and run ``write(staged_leaves, tree, encoder=..., segment=...,
+    owner=...)`` (then ``after(version)``) in the background; ``encoder`` and ``segment`` are None
+    on the thread path, ``owner`` marks the staging memory lent to the delta cache.  Used by
+    :func:`deltackpt.save` with ``blocking=False``."""
     core = repo.core
     drain(core, keep=MAX_IN_FLIGHT - 1)
     t0 = time.perf_counter()
-    staged, buffers, pinned, event = snapshot(leaves)
+    segment = None
+    if uses_process(repo, leaves):
+        shared = _sharing(leaves)
+        segment, alloc = _segment_allocator(leaves, shared)
+        staged, buffers, pinned, event = snapshot(leaves, alloc, shared)
+    else:
+        staged, buffers, pinned, event = snapshot(leaves)
     stall = time.perf_counter() - t0
     nbytes = sum(b.numel() * b.element_size() for b in buffers)
     timing: dict[str, float] = {}
+    staging = _Staged(core, buffers, pinned, segment)
 
     def work() -> Version:
         start = time.perf_counter()
+        ok = False
         try:
             if event is not None:
                 event.synchronize()
-            version = write(staged, tree)
+            encoder = _encoder_process() if segment is not None else None
+            version = write(staged, tree, encoder=encoder, segment=segment, owner=staging.owner)
+            ok = True
             if after is not None:
                 after(version)
             return version
         finally:
             staged.clear()
-            _give_back(buffers, pinned)
-            buffers.clear()
+            _settle(staging, ok)
             timing["background"] = time.perf_counter() - start
 
     handle = SaveHandle(_pool().submit(work), nbytes, stall, timing)

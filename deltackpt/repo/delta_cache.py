@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class ChunkMemo:
     source_id: bytes     # hash of the bytes the user handed in (equal to chunk_id when lossless)
     age: int = 0         # star only: lossless deltas written against this chunk at this position so far
     winner: int | None = None  # the delta codec stored at this position last time (tried first next time)
+    owner: Any = None    # set when ``data`` views memory the saver's caller lent (see BlobInput.owner)
 
 
 class DeltaCache:
@@ -46,6 +48,13 @@ class DeltaCache:
             if self._bytes + len(memo.data) <= self.max_bytes:
                 self._items[key] = memo
                 self._bytes += len(memo.data)
+
+    def drop_owner(self, owner: Any) -> None:
+        """Forget every memo whose bytes view memory lent under ``owner``: its lender is about to
+        reuse that memory."""
+        with self._lock:
+            for key in [k for k, m in self._items.items() if m.owner is not None and m.owner == owner]:
+                self._bytes -= len(self._items.pop(key).data)
 
     def clear(self) -> None:
         with self._lock:

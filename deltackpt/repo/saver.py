@@ -48,6 +48,10 @@ class BlobInput:
     mode: str = "lossless"
     max_abs_err: float = 0.0  # filled in by the saver for lossy blobs
     exact: bool = True
+    owner: Any = None
+    """Set by a caller that lends ``data``: it promises the bytes stay unchanged until it calls
+    ``repo.delta_cache.drop_owner(owner)``.  The delta cache then keeps views of them as the next
+    save's delta bases instead of copying every chunk (a background save's staging copy)."""
 
 
 @dataclass
@@ -164,10 +168,14 @@ class _CopyArena:
 
 
 def _encode_one(repo: Repository, raw: memoryview | bytes, ctx: ChunkContext, memo: ChunkMemo | None, mode: str,
-                known: Callable[[bytes], bool], copy_to: np.ndarray | None = None) -> tuple[_ChunkResult, ChunkMemo]:
+                known: Callable[[bytes], bool], copy_to: np.ndarray | None = None,
+                owner: Any = None) -> tuple[_ChunkResult, ChunkMemo]:
     # the one copy (into ``copy_to``, or a fresh bytes): the caller's tensor may change once save()
-    # returns, and the id must be the hash of exactly the bytes encoded
-    if copy_to is None:
+    # returns, and the id must be the hash of exactly the bytes encoded.  Lent bytes (``owner``)
+    # stay as they are until the owner is dropped from the cache: no copy.
+    if owner is not None:
+        data = raw
+    elif copy_to is None:
         data = raw if isinstance(raw, bytes) else bytes(raw)
     else:
         np.copyto(copy_to, np.frombuffer(raw, dtype=np.uint8))
@@ -179,7 +187,7 @@ def _encode_one(repo: Repository, raw: memoryview | bytes, ctx: ChunkContext, me
     if mode == "lossless":
         if known(src):
             r = _ChunkResult(src, len(data), None, 0, None, depth_of(src), 0.0, False)
-            stored = ChunkMemo(src, data, r.depth, src)
+            stored = ChunkMemo(src, data, r.depth, src, owner=owner)
             return r, _next_base(memo, stored, None) if star else stored
     elif memo is not None and memo.source_id == src and known(memo.chunk_id):
         # unchanged since the last lossy save: reuse the stored approximation as is
@@ -196,7 +204,7 @@ def _encode_one(repo: Repository, raw: memoryview | bytes, ctx: ChunkContext, me
     kept = data if recon is None else recon
     if known(cid):
         r = _ChunkResult(cid, len(data), None, 0, None, depth_of(cid), choice.encoded.max_abs_err, recon is not None)
-        stored = ChunkMemo(cid, kept, r.depth, src)
+        stored = ChunkMemo(cid, kept, r.depth, src, owner=owner if recon is None else None)
         return r, _next_base(memo, stored, None) if star else stored
     params = dict(choice.encoded.params)
     base_id = choice.base.chunk_id if choice.base else None
@@ -206,7 +214,7 @@ def _encode_one(repo: Repository, raw: memoryview | bytes, ctx: ChunkContext, me
     r = _ChunkResult(cid, len(data), [head, choice.encoded.payload], choice.encoding, base_id, choice.depth,
                      choice.encoded.max_abs_err, recon is not None)
     winner = choice.encoding if choice.lossless and choice.base is not None else None
-    stored = ChunkMemo(cid, kept, choice.depth, src, winner=winner)
+    stored = ChunkMemo(cid, kept, choice.depth, src, winner=winner, owner=owner if recon is None else None)
     return r, _next_base(memo, stored, base_id) if star else stored
 
 
@@ -324,8 +332,12 @@ def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stat
         remaining[bi] -= 1
         finish_ready()
 
+    # a star keeps a keyframe as the base for several saves: longer than a lender's promise
+    lent = [b.owner if b.owner is not None and b.mode == "lossless" and repo.config.delta_base != "keyframe" else None
+            for b in blobs]
     arena = _CopyArena(min(repo.delta_cache.max_bytes,
-                           sum(len(b.data) for b in blobs if b.mode == "lossless" and not hasattr(b.data, "read_range"))))
+                           sum(len(b.data) for b, o in zip(blobs, lent)
+                               if b.mode == "lossless" and o is None and not hasattr(b.data, "read_range"))))
     with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
         for bi, b in enumerate(blobs):
             bounds = chunk_bounds(len(b.data), b.row_bytes, b.itemsize, repo.config.chunk_bytes)
@@ -341,8 +353,9 @@ def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stat
                 if staged:  # read_range returns a private copy already
                     raw, copy_to = staged(s, e), None
                 else:
-                    raw, copy_to = view[s:e], arena.take(e - s) if b.mode == "lossless" else None
-                in_flight.append((bi, i, pool.submit(_encode_one, repo, raw, ctx, memo, b.mode, known, copy_to)))
+                    raw, copy_to = view[s:e], arena.take(e - s) if b.mode == "lossless" and lent[bi] is None else None
+                in_flight.append((bi, i, pool.submit(_encode_one, repo, raw, ctx, memo, b.mode, known, copy_to,
+                                                     lent[bi])))
                 while len(in_flight) >= WINDOW:
                     consume_oldest()
             submitted[bi] = True

@@ -111,16 +111,18 @@ def test_unchanged_chunks_are_not_written(repo_path):
     assert shown["written"]["chunks_new"] == 0 and shown["written"]["chunks_reused"] > 0
 
 
-def test_staging_buffers_are_reused(repo_path):
-    """The second save of the same shapes copies into the first save's staging buffers (bounded host memory)."""
+def test_staging_buffers_alternate_between_two_sets(repo_path):
+    """A save's staging copy stays lent to the delta cache until the next save commits, then the
+    save after that copies into it: two sets of buffers however many saves (bounded host memory)."""
     m = _model()
-    deltackpt.save(m, repo_path, step=1, blocking=False).wait()
-    pooled = {id(t) for free in async_save._staging.values() for t in free}
-    assert pooled
-    h = deltackpt.save(m, repo_path, step=2, blocking=False)
-    in_use = {id(t) for free in async_save._staging.values() for t in free}
-    assert pooled - in_use          # buffers were taken from the pool for this snapshot
-    h.wait()
+    sets = []
+    for step in range(4):
+        with torch.no_grad():
+            m[0].weight.add_(1e-3)
+        h = deltackpt.save(m, repo_path, step=step, blocking=False)
+        h.wait()
+        sets.append(frozenset(id(t) for t in async_save._lent[id(deltackpt.Repo(repo_path).core)].buffers))
+    assert sets[0] == sets[2] and sets[1] == sets[3] and not sets[0] & sets[1]
     assert async_save._staging_bytes <= async_save.MAX_IN_FLIGHT * h.staged_bytes
 
 
