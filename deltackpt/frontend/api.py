@@ -232,7 +232,7 @@ def _metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
 def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None = None,
          metrics: Mapping[str, Any] | None = None, meta: Any = None, tag: str | None = None,
          encoding: Mapping[str, str] | str | None = None, blocking: bool = True,
-         workers: int | None = None) -> "Version | SaveHandle":
+         workers: int | None = None, background: str | None = None) -> "Version | SaveHandle":
     """Save a module's state_dict, a state dict or a nested training state as a new version.
 
     Unchanged chunks are not written again; changed ones are stored as deltas against the last
@@ -240,9 +240,14 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
     by name pattern (``{"optimizer.*": "q8-delta"}``); the default is lossless.
 
     ``blocking=False`` returns a :class:`~deltackpt.frontend.async_save.SaveHandle` as soon as
-    the tensors are copied to host memory; the rest runs in a background thread
+    the tensors are copied to host memory; the rest runs in the background
     (``handle.wait()`` returns the Version).  Any save first waits for a background save to the
     same repository still in flight, and raises its error if nobody has waited for it.
+
+    ``background``: where a background save runs, ``"thread"`` or ``"process"`` (a persistent
+    encoder process fed through shared memory: the save's Python then never takes the training
+    loop's GIL; local repositories and CPU tensors only, others use the thread).  Default:
+    ``deltackpt.frontend.async_save.BACKGROUND`` (``"thread"``).
 
     ``workers``: encoder threads.  By default a blocking save uses every core (up to 4) and a
     background save the cores the training loop leaves free (``os.cpu_count()`` minus
@@ -269,6 +274,8 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
     if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
         raise UnsupportedLeafError(f"step must be an int, got {type(step).__name__}")
     plain_metrics, plain_meta = _metrics(metrics), _plain(meta, "meta")
+    if background not in (None, "thread", "process"):
+        raise DeltackptError(f"background must be 'thread' or 'process', got {background!r}")
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
         raise DeltackptError(f"workers must be a positive int (encoder threads), got {workers!r}")
     # everything that can refuse the input does so before a repository is created or touched
@@ -299,7 +306,8 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
     if not blocking:
         devices = [str(leaf.tensor.device) for leaf in leaves]
         threads = workers or async_save.spare_cores()
-        return async_save.submit(r, leaves, tree, lambda staged, t, **where: write(staged, t, devices, threads, **where))
+        return async_save.submit(r, leaves, tree, lambda staged, t, **where: write(staged, t, devices, threads, **where),
+                                 background=background)
     async_save.drain(r.core)
     return write(leaves, tree)
 

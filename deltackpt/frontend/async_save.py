@@ -3,15 +3,16 @@
 ``deltackpt.save(state, repo, blocking=False)`` copies every tensor into staging buffers (pinned
 host memory for CUDA tensors, copied with ``non_blocking`` and fenced by a CUDA event the
 background thread waits on) and returns a :class:`SaveHandle`.  Hashing, deduplication (chunks
-whose hash is already stored are not written), encoding and writing then run in one background
-thread of this process.
+whose hash is already stored are not written), encoding and writing then run in the background.
 
-Why a thread and not a process: every expensive step of the background work (xxh3 over large
-buffers, zstd, numpy XOR, file writes and fsync) runs in C with the GIL released, so a training
-loop loses little to the GIL (bench/async_stall.py measures it against a forked writer process:
-see the figures in its output).  A thread also keeps the repository handle's delta cache (the
-previous version's bytes, against which deltas are computed) in the same address space; a
-process would have to receive every byte through shared memory and keep its own cache.
+Where (``BACKGROUND``): ``"thread"`` (default) runs them in one background thread of this
+process; ``"process"`` in a persistent encoder process (:mod:`deltackpt.repo.encoder_process`),
+the staging copy then being a shared ``memfd`` segment both processes map, so the save's Python
+never holds the training loop's GIL and its allocations never fault pages in the training
+process.  The process path takes local repositories and states in CPU memory; anything else
+uses the thread.  On the 2-vCPU project machine both cost a MiniLM fine-tune the same within
+noise (bench/ASYNC.md): every expensive step already runs in C with the GIL released, and what
+the loop loses is the other vCPU's work itself (cache and memory traffic).  Measure on yours.
 
 Priority: ``BACKGROUND_NICE`` can run the save thread at a lower CPU priority (Linux); off by
 default, see its comment for the measurement.  If a save is still running when the next one is
@@ -19,11 +20,12 @@ due, the next one waits for it (the loop stalls): saves more frequent than the b
 cost loop time.
 
 Memory: at most ``MAX_IN_FLIGHT`` (default 1) saves are in flight; a save submitted while that
-many are running first waits for the oldest.  Each in-flight save holds one staging copy of the
-state (its logical size); staging buffers are reused by the next save of the same shapes, so a
-training loop holds at most ``MAX_IN_FLIGHT`` x state size of staging memory, plus the
-repository's delta cache (``Repo(..., delta_cache_bytes=...)``, default at most 4 GiB) and a
-window of encoded chunks (16 chunks of at most ``chunk_bytes`` each).
+many are running first waits for the oldest.  A save's staging copy (its state's logical size)
+stays lent to the repository's delta cache after it commits: the next save computes its deltas
+against it, so the saver copies nothing.  It returns to the pool when the next save commits, and
+the save after that copies into it.  A training loop saving in the background therefore holds
+``MAX_IN_FLIGHT + 1`` staging copies of its state, the delta cache views them instead of holding
+its own copy, plus a window of encoded chunks (16 chunks of at most ``chunk_bytes`` each).
 
 Errors: a failed background save raises its exception from :meth:`SaveHandle.wait`, or, when
 nobody waited for it, from the next save to the same repository (which then does not start).
@@ -114,7 +116,8 @@ class SaveHandle:
         self._observed = False
         self._timing = timing
         self.staged_bytes = staged_bytes
-        """Bytes of host memory this save holds until it finishes."""
+        """Bytes of host memory this save's staging copy takes (lent to the delta cache until the
+        next save commits)."""
         self.stall_seconds = stall_seconds
         """Seconds the caller was blocked (snapshot of the tensors)."""
 
@@ -324,12 +327,12 @@ def close_in_encoder(core: Any) -> None:
         _encoder.close_repo(core.location)
 
 
-def uses_process(repo: "Repo", leaves: list) -> bool:
-    """Whether a background save of ``leaves`` to ``repo`` runs in the encoder process: with
-    ``BACKGROUND = "process"``, on a local repository, for a state held in CPU memory (CUDA
-    tensors stay on the thread path, which copies them into pinned memory without blocking)."""
+def uses_process(repo: "Repo", leaves: list, background: str | None = None) -> bool:
+    """Whether a background save of ``leaves`` to ``repo`` runs in the encoder process: when asked
+    (``background``, else ``BACKGROUND``), on a local repository, for a state held in CPU memory
+    (CUDA tensors stay on the thread path, which copies them into pinned memory without blocking)."""
     from ..store.local import LocalStore
-    return (BACKGROUND == "process" and encoder_process.supported() and isinstance(repo.core.store, LocalStore)
+    return ((background or BACKGROUND) == "process" and encoder_process.supported() and isinstance(repo.core.store, LocalStore)
             and all(leaf.tensor.device.type == "cpu" for leaf in leaves))
 
 
@@ -360,7 +363,7 @@ _lent: dict[int, _Staged] = {}   # id(Repository) -> staging of its last committ
 def _settle(staged: _Staged, ok: bool) -> None:
     """After a background save: on success its staging replaces the repository's lent one; on
     failure it is dropped (some memos may already view it)."""
-    if not ok:
+    if not ok or staged.core.delta_cache.max_bytes == 0:   # (no cache: nothing would view it)
         staged.release()
         return
     with _lock:
@@ -379,7 +382,7 @@ def release_lent(core: Any) -> None:
 
 
 def submit(repo: "Repo", leaves: list, tree: Any, write: Callable[..., Version],
-           after: Callable[[Version], None] | None = None) -> SaveHandle:
+           after: Callable[[Version], None] | None = None, background: str | None = None) -> SaveHandle:
     """Snapshot ``leaves`` now and run ``write(staged_leaves, tree, encoder=..., segment=...,
     owner=...)`` (then ``after(version)``) in the background; ``encoder`` and ``segment`` are None
     on the thread path, ``owner`` marks the staging memory lent to the delta cache.  Used by
@@ -388,7 +391,7 @@ def submit(repo: "Repo", leaves: list, tree: Any, write: Callable[..., Version],
     drain(core, keep=MAX_IN_FLIGHT - 1)
     t0 = time.perf_counter()
     segment = None
-    if uses_process(repo, leaves):
+    if uses_process(repo, leaves, background):
         shared = _sharing(leaves)
         segment, alloc = _segment_allocator(leaves, shared)
         staged, buffers, pinned, event = snapshot(leaves, alloc, shared)

@@ -222,6 +222,7 @@ class Checkpointer:
     ``gc_every`` saves (in the background thread, after the save commits).  ``state`` passed to
     :meth:`step` may be a callable, called only when a save is due.  ``start_step``: the step a
     resumed run starts from (``resume(...).step``), so schedules continue instead of restarting.
+    ``background``: ``"thread"`` or ``"process"``, as in :func:`deltackpt.save`.
 
     Example::
 
@@ -236,8 +237,10 @@ class Checkpointer:
     def __init__(self, repo: "str | os.PathLike | Repo", policy: "Policy | int | list | None" = None, *,
                  retention: Retention | None = None, blocking: bool = False, gc_every: int = 1,
                  encoding: Any = None, grace_seconds: float = DEFAULT_GRACE_SECONDS,
-                 start_step: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 start_step: int | None = None, clock: Callable[[], float] = time.monotonic,
+                 background: str | None = None) -> None:
         self.repo = _repo(repo, create=True)
+        self.background = background
         self.policy = as_policy(policy)
         self.retention = retention
         self.blocking = blocking
@@ -271,7 +274,7 @@ class Checkpointer:
         if obj is None:
             raise DeltackptError("Checkpointer.step: a save is due but no state was given")
         result = save(obj, self.repo, step=step, metrics=metrics, meta=meta, tag=tag, encoding=self.encoding,
-                      blocking=self.blocking)
+                      blocking=self.blocking, background=self.background)
         self.saves += 1
         if self.retention is not None and self.saves % self.gc_every == 0:
             self._collect()

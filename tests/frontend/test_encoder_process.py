@@ -159,3 +159,20 @@ def test_a_save_survives_its_training_process_being_killed(tmp_path):
     assert [v.step for v in r.log()] == [2, 1]
     expected = torch.load(str(tmp_path / "expected.pt"))
     assert torch.equal(deltackpt.load(repo)["w"], expected["w"]) and r.verify().ok
+
+
+def test_checkpointer_saves_through_the_encoder_process_when_asked(repo_path):
+    """``background="process"`` reaches the encoder process from the Checkpointer, and an unknown
+    value is refused before anything is written."""
+    with pytest.raises(deltackpt.DeltackptError, match="background must be"):
+        deltackpt.save({"w": torch.ones(3)}, repo_path, blocking=False, background="fork")
+    ckpt = deltackpt.Checkpointer(repo_path, policy=1, background="process")
+    w = torch.randn(128, 64)
+    for step in range(1, 4):
+        w.add_(1e-3)
+        ckpt.step({"w": w}, step=step)
+    ckpt.close()
+    core = deltackpt.Repo(repo_path).core
+    assert async_save._lent[id(core)].segment is not None    # the staging copy is a shared segment
+    assert [v.step for v in deltackpt.Repo(repo_path).log()] == [3, 2, 1]
+    assert torch.equal(deltackpt.load(repo_path)["w"], w)
