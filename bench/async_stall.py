@@ -177,6 +177,9 @@ class Burner:
         self.thread = threading.Thread(target=self._burn, daemon=True)
         self.thread.start()
 
+    def busy(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
     def wait(self) -> None:
         if self.thread is not None:
             self.thread.join()
@@ -249,13 +252,19 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
     path = os.path.join(workdir, "torch.pt")
     burners = {m: Burner(burn_s, m.split("-")[0]) for m in modes if m.endswith("-burn")}
     times: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}   # the loop thread's own CPU time per cycle
     stalls: dict[str, list[float]] = {m: [] for m in modes}
     background: dict[str, list[float]] = {}
+    local: dict[str, list[float]] = {m: [] for m in modes}
     step = 0
+    # torch.save leaves its file's pages dirty; their writeback (kernel threads on the other vCPU,
+    # seconds later) would land in whichever cycle comes next.  Flush before starting, and run
+    # torch.save in a rotation of its own (--modes none,torch.save) to keep it out of the others'.
+    os.sync()
     for c in range(cycles + 1):              # round 0 warms up (first save is a keyframe)
         order = modes[c % len(modes):] + modes[:c % len(modes)]   # rotate: no mode always follows another
         for mode in order:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             handle = None
             if mode == "torch.save":
                 torch_save(job.state(), path, fsync=False)
@@ -271,9 +280,19 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
             elif mode != "none":
                 raise SystemExit(f"--paired does not run mode {mode}")
             stalls[mode].append(time.perf_counter() - t0)
+            steps: list[tuple[float, bool]] = []   # (seconds, ran while the background save did)
             for _ in range(every):
+                busy = (handle is not None and not handle.done()) or (mode in burners and burners[mode].busy())
+                s0 = time.perf_counter()
                 job.step()
+                steps.append((time.perf_counter() - s0, busy))
                 step += 1
+            clean = [d for d, busy in steps if not busy]
+            if c and len(clean) >= 3:
+                # the cycle's own clean steps are the baseline: drift from elsewhere cancels
+                base = statistics.median(clean)
+                extra = stalls[mode][-1] + sum(d - base for d, busy in steps if busy)
+                local[mode].append(extra / (every * base))
             if handle is not None:
                 handle.wait()
                 if c and handle.background_seconds is not None:
@@ -282,13 +301,23 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
                 burners[mode].wait()
             if c:
                 times[mode].append(time.perf_counter() - t0)
+                cpu[mode].append(time.thread_time() - c0)
     Repo(repo).close() if os.path.exists(repo) else None
     out = {}
     for mode in modes:
         ratios = [t / n - 1 for t, n in zip(times[mode], times["none"])]
         out[mode] = {"slowdown_median": statistics.median(ratios), "slowdown_mean": statistics.mean(ratios),
                      "slowdown_total": sum(times[mode]) / sum(times["none"]) - 1, "cycle_s": times[mode],
-                     "stall_median_s": statistics.median(stalls[mode][1:])}
+                     # > 0: the loop's own instructions ran slower (caches, memory bandwidth); the
+                     # rest of the slowdown is waiting (GIL, run queue, the save's stall)
+                     "loop_cpu_slowdown_median": statistics.median(
+                         a / b - 1 for a, b in zip(cpu[mode], cpu["none"])),
+                     "stall_median_s": statistics.median(stalls[mode][1:]),
+                     # (stall + extra time of the steps that overlapped the background work) / the
+                     # cycle at its clean steps' pace; misses effects that outlast the save (torch.save's
+                     # writeback), so it flatters torch.save, not deltackpt
+                     "slowdown_overlap_median": statistics.median(local[mode]) if local[mode] else None,
+                     "slowdown_overlap_mean": statistics.mean(local[mode]) if local[mode] else None}
     for mode, seconds in background.items():
         out[mode]["background_median_s"] = statistics.median(seconds)
     return out
@@ -309,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--paired", type=int, default=0, metavar="ROUNDS",
                     help="instead of whole runs per mode: ROUNDS rounds of one cycle per mode (see run_paired)")
-    ap.add_argument("--modes", default="none,torch.save,torch.save+fsync,deltackpt-thread,deltackpt-fork,deltackpt-blocking")
+    ap.add_argument("--modes", default="none,torch.save,torch.save+fsync,deltackpt-thread,deltackpt-fork,deltackpt-blocking",
+                    help="comma-separated; with --paired, ';' separates rotations run one after the other")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -334,16 +364,25 @@ def main(argv: list[str] | None = None) -> int:
           f"saving every {every} steps ({torch_save_s / (every * step_s):.0%} of the loop for torch.save); "
           f"{args.threads} training thread(s), {os.cpu_count()} cores", flush=True)
 
-    modes = args.modes.split(",")
+    modes = args.modes.replace(";", ",").split(",")
     if args.paired:
-        if "none" not in modes:
-            modes = ["none"] + modes
-        res = run_paired(job, every, modes, args.paired, workdir, args.burn_s)
-        print("\n| mode | stall per save | loop slowdown (median of paired cycles) | mean | total |")
-        print("|---|---|---|---|---|")
+        # "a,b;c,d": separate rotations (each with its own none cycles), results merged; slowdowns
+        # are always against the none cycles of the mode's own rotation
+        res: dict = {}
+        for rotation in args.modes.split(";"):
+            rmodes = rotation.split(",")
+            if "none" not in rmodes:
+                rmodes = ["none"] + rmodes
+            for mode, r in run_paired(job, every, rmodes, args.paired, workdir, args.burn_s).items():
+                res.setdefault(mode, r)
+        print("\n| mode | stall per save | loop slowdown (median of paired cycles) | mean | total | "
+              "overlap estimate (median / mean) |")
+        print("|---|---|---|---|---|---|")
         for mode, r in res.items():
+            ov = "-" if r["slowdown_overlap_median"] is None else \
+                f"{r['slowdown_overlap_median']:+.1%} / {r['slowdown_overlap_mean']:+.1%}"
             print(f"| {mode} | {r['stall_median_s']:.4f} s | {r['slowdown_median']:+.1%} | {r['slowdown_mean']:+.1%} | "
-                  f"{r['slowdown_total']:+.1%} |")
+                  f"{r['slowdown_total']:+.1%} | {ov} |")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"frozen": args.frozen, "state_bytes": nbytes, "step_s": step_s, "torch_save_s": torch_save_s,

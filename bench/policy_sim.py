@@ -149,7 +149,9 @@ def bench_ratios(b: dict, thread_mode: str) -> tuple[float, float, float]:
     if "paired" in b:   # --paired: the loop cost per save beyond the stall, from paired cycles
         p = b["paired"]
         ref, th = p["torch.save"]["stall_median_s"], p[thread_mode]
-        loop_cost = th["slowdown_median"] * statistics.median(p["none"]["cycle_s"])
+        # the overlap estimate when the run has it: the larger and steadier of the two here
+        slowdown = max(th["slowdown_median"], th.get("slowdown_overlap_median") or 0.0)
+        loop_cost = slowdown * statistics.median(p["none"]["cycle_s"])
         return (th["stall_median_s"] / ref, max(0.0, loop_cost - th["stall_median_s"]) / ref,
                 (th.get("background_median_s") or 0.0) / ref)
     rows = {r["mode"]: r for r in b["rows"]}

@@ -10,9 +10,11 @@ process; ``"process"`` in a persistent encoder process (:mod:`deltackpt.repo.enc
 the staging copy then being a shared ``memfd`` segment both processes map, so the save's Python
 never holds the training loop's GIL and its allocations never fault pages in the training
 process.  The process path takes local repositories and states in CPU memory; anything else
-uses the thread.  On the 2-vCPU project machine both cost a MiniLM fine-tune the same within
-noise (bench/ASYNC.md): every expensive step already runs in C with the GIL released, and what
-the loop loses is the other vCPU's work itself (cache and memory traffic).  Measure on yours.
+uses the thread.  On the 2-vCPU project machine the process costs a MiniLM fine-tune as much as
+the thread or more (bench/ASYNC.md).  Every expensive step already runs in C with the GIL
+released, so what the loop loses is the save's memory traffic, and shared memory gets no huge
+pages there.  What the process does give: a save it has received still commits if the training
+process is killed, and it keeps the save's Python off a Python-bound loop's GIL.
 
 Priority: ``BACKGROUND_NICE`` can run the save thread at a lower CPU priority (Linux); off by
 default, see its comment for the measurement.  If a save is still running when the next one is

@@ -1,10 +1,12 @@
 """A persistent child process that stores the versions of background saves.
 
 Why a process: a background save in a thread of the training process hashes, encodes and writes
-in C with the GIL released, but the Python between those calls (about 0.1-0.2 s per save of a
-271 MB state) still takes the GIL from the training loop, and the save's fresh allocations fault
-pages in the training process's address space.  On a 2-vCPU machine that was half of the loop
-slowdown a background save caused (bench/ASYNC.md).  The child has its own GIL and address space.
+in C with the GIL released, but the Python between those calls still takes the GIL from the
+training loop, and the save's allocations fault pages in the training process's address space.
+The child has its own GIL and address space, and a save it has received commits even if the
+training process is killed meanwhile.  It is an option, not the default: on the 2-vCPU project
+machine it cost a MiniLM fine-tune no less than the thread (bench/ASYNC.md), because what the loop
+loses there is memory bandwidth, which a process shares too.
 
 How the bytes get there: the parent snapshots tensors into a :class:`SharedSegment` (a
 ``memfd``, mapped in both processes, reused by the next save), then sends the child the blobs as
