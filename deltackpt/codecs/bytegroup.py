@@ -164,7 +164,15 @@ def encode_planes(data: bytes | memoryview | np.ndarray, width: int, level: int)
     arr = _as_bytes(data)
     n = len(arr) // width if width else 0
     out = np.empty(width * n, dtype=np.uint8)
-    planes = group_into(arr, width, out.reshape(width, n))
+    group_into(arr, width, out.reshape(width, n))
+    return compress_planes(out, width, level)
+
+
+def compress_planes(out: np.ndarray, width: int, level: int) -> tuple[dict[str, Any], memoryview]:
+    """The second half of :func:`encode_planes`: ``out`` holds ``width`` planes back to back
+    (grouped by the caller); each plane that pays is compressed in place.  Returns (params, payload)."""
+    n = len(out) // width if width else 0
+    planes = out.reshape(width, n)
     modes: list[int] = []
     sizes: list[int] = []
     pos = 0

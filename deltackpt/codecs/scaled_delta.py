@@ -19,8 +19,8 @@ import numpy as np
 from ..errors import CorruptObjectError
 from ._delta_util import base_array
 from .base import ChunkContext, Codec, Encoded
-from .bytegroup import decode_planes, encode_planes, scratch
-from .sub_delta import _BLOCK, _zigzag, unzigzag_add
+from .bytegroup import compress_planes, decode_planes, scratch
+from .sub_delta import _BLOCK, unzigzag_add, zigzag_delta_planes
 
 _FLOATS = {"float32": (np.float32, np.uint32), "float64": (np.float64, np.uint64)}
 _FIT_SAMPLE = 1 << 12  # enough to find a ratio shared by a tenth of the elements; the sort dominated
@@ -65,10 +65,9 @@ class ScaledDelta(Codec):
         alpha = fit_alpha(new, old)
         if alpha is None:
             return None
-        pred = _predict(old, alpha, ftype)
-        with np.errstate(over="ignore"):
-            z = _zigzag(new.view(utype) - pred.view(utype), np.dtype(utype).itemsize * 8)
-        params, payload = encode_planes(z.view(np.uint8), np.dtype(utype).itemsize, ctx.level)
+        out = zigzag_delta_planes(new.view(utype), old.view(utype),
+                                  lambda block: _predict(block.view(ftype), alpha, ftype).view(utype))
+        params, payload = compress_planes(out, np.dtype(utype).itemsize, ctx.level)
         params.update({"dt": ctx.dtype, "a": alpha})
         return Encoded(params, payload)
 
