@@ -205,33 +205,28 @@ class EncoderProcess:
         repo.refresh_index()
         return vid, stats
 
-    def forget(self, segment: SharedSegment) -> None:
-        """Tell the child to unmap a segment the parent is dropping."""
-        if segment.sent_to == self.proc.pid and self.alive:
+    def _tell(self, *message: Any) -> None:
+        """Send a message that needs no reply; a dead child needs none either."""
+        if self.alive:
             with self.lock:
                 try:
-                    _send(self.sock, ("drop", segment.id))
+                    _send(self.sock, message)
                 except OSError:
                     pass
+
+    def forget(self, segment: SharedSegment) -> None:
+        """Tell the child to unmap a segment the parent is dropping."""
+        if segment.sent_to == self.proc.pid:
+            self._tell("drop", segment.id)
 
     def drop_owner(self, owner: Any) -> None:
         """The parent is about to reuse the memory lent under ``owner``: the child forgets the delta
         bases that view it (before it reads any later save, which is all that could use them)."""
-        if self.alive:
-            with self.lock:
-                try:
-                    _send(self.sock, ("drop_owner", owner))
-                except OSError:
-                    pass
+        self._tell("drop_owner", owner)
 
     def close_repo(self, location: str) -> None:
         """Drop the child's handle (and delta cache) of the repository at ``location``."""
-        if self.alive:
-            with self.lock:
-                try:
-                    _send(self.sock, ("close", location))
-                except OSError:
-                    pass
+        self._tell("close", location)
 
     def close(self, timeout: float = 60.0) -> None:
         """Close the socket; the child finishes what it received and exits."""

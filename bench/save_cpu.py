@@ -1,0 +1,71 @@
+"""CPU time of background delta saves of a MiniLM fine-tune (minilm-full), without a training loop
+competing: what a save costs the machine, apart from what it costs the loop (bench/async_stall.py).
+
+Trains the shipped MiniLM with AdamW, keeps copies of the state every ``--every`` steps, then saves
+them one after the other with ``blocking=False`` and waits for each.  Prints user + sys CPU, page
+faults and wall time per delta save (the first save, a keyframe, is left out).  To compare two
+commits, run it from a worktree of each, interleaved (this machine's runs spread by ±7%):
+
+    PYTHONPATH=. python bench/save_cpu.py --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import deltackpt  # noqa: E402
+from async_stall import Job  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--versions", type=int, default=6, help="states saved per run (the first is a keyframe)")
+    ap.add_argument("--every", type=int, default=8, help="training steps between two states")
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--background", default="thread", choices=["thread", "process"])
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    job = Job(8, 64)
+    states = []
+    for k in range(args.versions):
+        for _ in range(args.every if k else 3):
+            job.step()
+        st = job.state()
+        states.append({"model": {n: t.clone() for n, t in st["model"].items()}, "optimizer": copy.deepcopy(st["optimizer"])})
+    del job
+    medians = []
+    for run in range(args.runs):
+        repo = tempfile.mkdtemp(prefix="save-cpu-")
+        cpu, wall, faults = [], [], []
+        for i, state in enumerate(states):
+            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            deltackpt.save(state, repo, step=i, blocking=False, background=args.background).wait()
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            if i:   # the encoder process's CPU is not this process's: use --background thread to count it
+                cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+                wall.append(time.perf_counter() - t0)
+                faults.append(r1.ru_minflt - r0.ru_minflt)
+        deltackpt.Repo(repo).close()
+        shutil.rmtree(repo, ignore_errors=True)
+        medians.append(statistics.median(cpu))
+        print(f"run {run + 1}: CPU s per delta save median {statistics.median(cpu):.3f} "
+              f"({' '.join(f'{c:.2f}' for c in cpu)}); page faults median {statistics.median(faults):.0f}; "
+              f"wall median {statistics.median(wall):.3f} s", flush=True)
+    print(f"median of run medians: {statistics.median(medians):.3f} CPU s per delta save")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
