@@ -36,7 +36,7 @@ def fit_alpha(new: np.ndarray, base: np.ndarray) -> float | None:
         return None
     with np.errstate(all="ignore"):
         r = n[ok] / b[ok]
-    buckets = np.round(r, 4)
+        buckets = np.round(r, 4)   # a huge ratio overflows to inf here; the bound below rejects it
     vals, counts = np.unique(buckets, return_counts=True)
     top = counts.argmax()
     if counts[top] < 0.1 * len(r) or vals[top] == 1.0 or vals[top] == 0.0:

@@ -156,3 +156,22 @@ def test_background_save_takes_only_the_cores_training_leaves(monkeypatch, tmp_p
     assert not (tmp_path / "r").exists()
     h = deltackpt.save({"w": torch.ones(2)}, tmp_path / "r", blocking=False, workers=1)
     assert h.wait().logical_bytes == 8
+
+
+def test_a_large_snapshot_is_copied_by_two_threads(repo_path, monkeypatch):
+    """Above PARALLEL_COPY_BYTES, with a core the training threads leave free, the copies after the
+    half-way byte mark run on a helper thread: every tensor on both sides of the cut (a shared
+    storage included) is in the version, bit for bit, and the helper ran."""
+    monkeypatch.setattr(async_save, "PARALLEL_COPY_BYTES", 1)
+    monkeypatch.setattr(async_save, "_copier", None)
+    monkeypatch.setattr(async_save.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(async_save.torch, "get_num_threads", lambda: 1)
+    w = torch.randn(64, 64)
+    state = {f"t{i}": torch.randn(1000 * (i + 1)) for i in range(6)}
+    state.update({"w": w, "rows": w[10:20], "last": torch.arange(7, dtype=torch.int64)})
+    v = deltackpt.save(state, repo_path, step=1, blocking=False).wait()
+    assert async_save._copier is not None                                 # the helper thread ran
+    loaded = deltackpt.load(repo_path, v.id)
+    for k, t in state.items():
+        assert torch.equal(loaded[k], t), k
+    assert loaded["rows"].untyped_storage().data_ptr() == loaded["w"].untyped_storage().data_ptr()
