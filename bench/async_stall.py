@@ -42,7 +42,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 import deltackpt  # noqa: E402
-from deltackpt.frontend import async_save  # noqa: E402
+from deltackpt.frontend import async_save, staging  # noqa: E402
 from deltackpt.frontend.api import Repo  # noqa: E402
 
 
@@ -105,7 +105,7 @@ class ForkSaver:
         from deltackpt.frontend.flatten import flatten, unflatten
         self.wait()
         tree, leaves = flatten(state)
-        staged, _buffers, _pinned, _event = async_save.snapshot(leaves)
+        staged, _buffers, _pinned, _event = staging.snapshot(leaves)
         copy = unflatten(tree, lambda i: staged[i].tensor)
         pid = os.fork()
         if pid == 0:  # child: no torch threads needed for hashing/encoding/writing

@@ -90,12 +90,12 @@ class Repo:
 
     def close(self) -> None:
         """Drop this process's handle and its delta cache."""
-        from .async_save import close_in_encoder
+        from .async_save import on_repo_close
         for k, v in list(_OPEN.items()):
             if v is self.core:
                 del _OPEN[k]
         self.core.delta_cache.clear()
-        close_in_encoder(self.core)
+        on_repo_close(self.core)
 
     @property
     def location(self) -> str:

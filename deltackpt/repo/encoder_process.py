@@ -37,6 +37,8 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from ..errors import DeltackptError
 from ..format.manifest import TensorEntry
 from . import saver
@@ -72,13 +74,10 @@ class SharedSegment:
 
     def offset_of(self, view: memoryview) -> int:
         """Where ``view`` (a slice of this segment's memory) starts in it; -1 if it is elsewhere."""
-        import ctypes
-
-        import numpy as np
-        start = np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0] if view.nbytes else 0
-        base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
-        off = start - base
-        return off if view.nbytes and 0 <= off and off + view.nbytes <= self.size else -1
+        if not view.nbytes:
+            return -1
+        off = _address(view) - _address(self.map)
+        return off if 0 <= off and off + view.nbytes <= self.size else -1
 
     def close(self) -> None:
         try:
@@ -86,6 +85,11 @@ class SharedSegment:
         except BufferError:
             pass  # a tensor still views it: the mapping goes when that tensor does
         os.close(self.fd)
+
+
+def _address(buffer: Any) -> int:
+    """The address of a buffer's first byte (numpy reads it without keeping an export alive)."""
+    return np.frombuffer(buffer, dtype=np.uint8).__array_interface__["data"][0]
 
 
 def _send(sock: socket.socket, obj: Any, fds: list[int] | None = None) -> None:
@@ -180,9 +184,10 @@ class EncoderProcess:
             if off < 0 and view.nbytes:
                 raise EncoderProcessError(f"blob {b.key!r} is not in the staging segment")
             spans.append(replace(b, data=(max(off, 0), view.nbytes)))
-        settings = {"repo_id": repo.config.repo_id, "chunk_bytes": repo.config.chunk_bytes, "keyframe_interval": repo.config.keyframe_interval,
-                    "delta_base": repo.config.delta_base, "level": repo.level,
-                    "delta_cache_bytes": repo.delta_cache.max_bytes, "workers": workers}
+        cfg = repo.config
+        settings = {"repo_id": cfg.repo_id, "chunk_bytes": cfg.chunk_bytes, "keyframe_interval": cfg.keyframe_interval,
+                    "delta_base": cfg.delta_base, "level": repo.level, "delta_cache_bytes": repo.delta_cache.max_bytes,
+                    "workers": workers}
         job = _Job(repo.location, settings, segment.id, spans, tensors, tree, kwargs)
         with self.lock:
             try:

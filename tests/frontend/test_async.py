@@ -9,7 +9,7 @@ import torch
 
 import deltackpt
 from deltackpt import faults
-from deltackpt.frontend import async_save
+from deltackpt.frontend import async_save, staging
 
 
 def _model() -> torch.nn.Module:
@@ -121,9 +121,9 @@ def test_staging_buffers_alternate_between_two_sets(repo_path):
             m[0].weight.add_(1e-3)
         h = deltackpt.save(m, repo_path, step=step, blocking=False)
         h.wait()
-        sets.append(frozenset(id(t) for t in async_save._lent[id(deltackpt.Repo(repo_path).core)].buffers))
+        sets.append(frozenset(id(t) for t in staging._lent[id(deltackpt.Repo(repo_path).core)].buffers))
     assert sets[0] == sets[2] and sets[1] == sets[3] and not sets[0] & sets[1]
-    assert async_save._staging_bytes <= async_save.MAX_IN_FLIGHT * h.staged_bytes
+    assert staging._staging_bytes <= async_save.MAX_IN_FLIGHT * h.staged_bytes
 
 
 def test_background_nice_applies_to_save_thread_and_its_workers(monkeypatch):
@@ -145,7 +145,7 @@ def test_background_nice_applies_to_save_thread_and_its_workers(monkeypatch):
 def test_background_save_takes_only_the_cores_training_leaves(monkeypatch, tmp_path):
     """A background save encodes with the cores torch's intra-op threads leave free (at least one);
     an explicit ``workers`` wins, and a bad one is refused before anything is written."""
-    from deltackpt.frontend import async_save
+    from deltackpt.frontend import async_save, staging
     monkeypatch.setattr(async_save.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(async_save.torch, "get_num_threads", lambda: 6)
     assert async_save.spare_cores() == 2
@@ -162,15 +162,15 @@ def test_a_large_snapshot_is_copied_by_two_threads(repo_path, monkeypatch):
     """Above PARALLEL_COPY_BYTES, with a core the training threads leave free, the copies after the
     half-way byte mark run on a helper thread: every tensor on both sides of the cut (a shared
     storage included) is in the version, bit for bit, and the helper ran."""
-    monkeypatch.setattr(async_save, "PARALLEL_COPY_BYTES", 1)
-    monkeypatch.setattr(async_save, "_copier", None)
-    monkeypatch.setattr(async_save.os, "cpu_count", lambda: 4)
-    monkeypatch.setattr(async_save.torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(staging, "PARALLEL_COPY_BYTES", 1)
+    monkeypatch.setattr(staging, "_copier", None)
+    monkeypatch.setattr(staging.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(staging.torch, "get_num_threads", lambda: 1)
     w = torch.randn(64, 64)
     state = {f"t{i}": torch.randn(1000 * (i + 1)) for i in range(6)}
     state.update({"w": w, "rows": w[10:20], "last": torch.arange(7, dtype=torch.int64)})
     v = deltackpt.save(state, repo_path, step=1, blocking=False).wait()
-    assert async_save._copier is not None                                 # the helper thread ran
+    assert staging._copier is not None                                 # the helper thread ran
     loaded = deltackpt.load(repo_path, v.id)
     for k, t in state.items():
         assert torch.equal(loaded[k], t), k

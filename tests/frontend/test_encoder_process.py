@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import deltackpt
-from deltackpt.frontend import async_save
+from deltackpt.frontend import async_save, staging
 from deltackpt.repo import encoder_process
 from tests.conftest import ROOT
 
@@ -73,7 +73,7 @@ def test_two_staging_segments_alternate_and_the_lent_one_serves_as_delta_base(re
     for step in range(5):
         w.add_(1e-4)
         deltackpt.save({"w": w}, repo_path, step=step, blocking=False).wait()
-        used.append(async_save._lent[id(core)].segment.id)
+        used.append(staging._lent[id(core)].segment.id)
     assert len(set(used)) == 2 and used[0::2] == [used[0]] * 3 and used[1::2] == [used[1]] * 2
     written = deltackpt.Repo(repo_path).show("latest")["written"]["encodings"]
     assert "bg-zstd" not in written and "raw" not in written, written   # stored as a delta
@@ -136,7 +136,7 @@ def test_a_save_survives_its_training_process_being_killed(tmp_path):
     repo = str(tmp_path / "repo")
     script = textwrap.dedent(f"""
         import os, signal, time, torch, deltackpt
-        from deltackpt.frontend import async_save
+        from deltackpt.frontend import async_save, staging
         async_save.BACKGROUND = "process"
         state = {{"w": torch.randn(512, 1024), "step": 7}}
         deltackpt.save(state, {repo!r}, step=1, blocking=False).wait()
@@ -173,6 +173,6 @@ def test_checkpointer_saves_through_the_encoder_process_when_asked(repo_path):
         ckpt.step({"w": w}, step=step)
     ckpt.close()
     core = deltackpt.Repo(repo_path).core
-    assert async_save._lent[id(core)].segment is not None    # the staging copy is a shared segment
+    assert staging._lent[id(core)].segment is not None    # the staging copy is a shared segment
     assert [v.step for v in deltackpt.Repo(repo_path).log()] == [3, 2, 1]
     assert torch.equal(deltackpt.load(repo_path)["w"], w)

@@ -14,6 +14,16 @@ from deltackpt.format.manifest import Blob, ChunkRef, Manifest, TensorEntry, Ten
 from deltackpt.repo.repository import Repository
 
 
+def _loads_before_and_after_gc(repo_path: str, expected: torch.Tensor) -> None:
+    """A fresh handle loads ``expected``; after gc (keep the latest) too; and the repository verifies."""
+    deltackpt.frontend.api._OPEN.clear()
+    assert torch.equal(deltackpt.load(repo_path)["w"], expected)
+    deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)
+    deltackpt.frontend.api._OPEN.clear()
+    assert torch.equal(deltackpt.load(repo_path)["w"], expected)
+    assert deltackpt.Repo(repo_path).verify().ok
+
+
 def test_an_index_file_naming_a_missing_pack_neither_hides_the_chunk_nor_makes_gc_drop_it(repo_path):
     """A stale index entry (a pack that is gone) sorting first: load uses the good copy, gc keeps it."""
     torch.manual_seed(0)
@@ -23,12 +33,7 @@ def test_an_index_file_naming_a_missing_pack_neither_hides_the_chunk_nor_makes_g
     plen = max(e.offset + e.length for _, _, e in items) + 20
     with open(os.path.join(repo_path, "index", "0" * 32), "wb") as f:  # sorts before the real index file
         f.write(index_fmt.encode({"0" * 32: (plen, [e for _, _, e in items])}))
-    deltackpt.frontend.api._OPEN.clear()
-    assert torch.equal(deltackpt.load(repo_path)["w"], state["w"])
-    deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)
-    deltackpt.frontend.api._OPEN.clear()
-    assert torch.equal(deltackpt.load(repo_path)["w"], state["w"])
-    assert deltackpt.Repo(repo_path).verify().ok
+    _loads_before_and_after_gc(repo_path, state["w"])
 
 
 def test_gc_stops_before_deleting_when_a_live_chunk_is_in_no_pack(repo_path):
@@ -97,9 +102,4 @@ def test_after_gc_dies_deleting_old_index_files_readers_use_the_rebased_copy(rep
     for pid in packs:
         os.makedirs(os.path.join(packs_dir, pid[:2]), exist_ok=True)
         shutil.copy(os.path.join(saved, pid), os.path.join(packs_dir, pid[:2], pid))
-    deltackpt.frontend.api._OPEN.clear()
-    assert torch.equal(deltackpt.load(repo_path)["w"], state["w"])
-    deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)
-    deltackpt.frontend.api._OPEN.clear()
-    assert torch.equal(deltackpt.load(repo_path)["w"], state["w"])
-    assert deltackpt.Repo(repo_path).verify().ok
+    _loads_before_and_after_gc(repo_path, state["w"])
