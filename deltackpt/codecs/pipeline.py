@@ -72,9 +72,12 @@ def encode_chunk(raw: bytes, ctx: ChunkContext, *, mode: str = "lossless", base:
     """Encode one chunk.  ``candidates`` restricts the lossless codecs tried (benchmarks use it).
 
     ``prefer``: the delta codec that won at this chunk's position last time.  With a base at hand
-    it is the only dense codec tried (no sampling): sampling four codecs cost a third of a delta
-    save's CPU on minilm-full, and the winner at a position rarely changes within a chain.  The
-    caller samples afresh after each keyframe by not passing it.
+    it is the only codec tried (no sampling, and no sparse attempt when it is a dense one): sampling
+    four codecs cost a third of a delta save's CPU on minilm-full, and the winner at a position
+    rarely changes within a chain.  Sparse rows are costly to rule out where up to half the rows
+    changed (the Adam moments of an embedding table: a full XOR, row test and gather), and a dense
+    delta compresses unchanged rows to almost nothing anyway.  The caller samples afresh after
+    each keyframe by not passing it.
 
     Example::
 
@@ -96,17 +99,16 @@ def encode_chunk(raw: bytes, ctx: ChunkContext, *, mode: str = "lossless", base:
             return lossy
     allowed = candidates or (BG_ZSTD, XOR_DELTA, SUB_DELTA, SCALED_DELTA, SPARSE)
     best: ChunkEncoding | None = None
-    if base is not None and SPARSE in allowed:
-        enc = get(SPARSE).encode(raw, ctx, base.data)
-        if enc is not None:
-            best = ChunkEncoding(SPARSE, enc, base)
     dense = [c for c in allowed if c != SPARSE and (base is not None or not get(c).needs_base)]
     if base is not None and prefer in dense and get(prefer).needs_base:
         enc = get(prefer).encode(raw, ctx, base.data)
         if enc is not None:
             dense = []
-            if best is None or len(enc.payload) < len(best.encoded.payload):
-                best = ChunkEncoding(prefer, enc, base)
+            best = ChunkEncoding(prefer, enc, base)
+    if best is None and base is not None and SPARSE in allowed:
+        enc = get(SPARSE).encode(raw, ctx, base.data)
+        if enc is not None:
+            best = ChunkEncoding(SPARSE, enc, base)
     if len(dense) > 1:
         align = max(ctx.row_bytes if ctx.row_bytes and ctx.row_bytes <= _SAMPLE else 1, 16)
         s = _sample(raw, align)

@@ -269,6 +269,24 @@ def test_pipeline_tries_only_the_preferred_delta_codec_and_falls_back_when_it_ca
     assert encode_chunk(new.tobytes(), ctx, prefer=XOR_DELTA).encoding == BG_ZSTD
 
 
+def test_a_preferred_dense_delta_codec_is_not_second_guessed_by_sparse_rows():
+    """Where a dense delta won last time, sparse rows are not tried (ruling them out costs a full
+    pass where up to half the rows changed), even on a chunk where they would be smaller; where
+    sparse won last time, or the preferred codec does not apply, sparse is tried as before."""
+    from deltackpt.codecs.registry import SCALED_DELTA, SPARSE, SUB_DELTA
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal((512, 256)).astype(np.float32)
+    new = base.copy()
+    new[::10] = rng.standard_normal((len(new[::10]), 256)).astype(np.float32)  # a tenth of the rows rewritten
+    ctx = ChunkContext("float32", 4, 4 * 256)
+    base_chunk = BaseChunk(b"\1" * 16, base.tobytes(), 0)
+    assert encode_chunk(new.tobytes(), ctx, base=base_chunk).encoding == SPARSE   # the premise
+    assert encode_chunk(new.tobytes(), ctx, base=base_chunk, prefer=SPARSE).encoding == SPARSE
+    forced = encode_chunk(new.tobytes(), ctx, base=base_chunk, prefer=SUB_DELTA)
+    assert forced.encoding == SUB_DELTA and forced.base is base_chunk
+    assert encode_chunk(new.tobytes(), ctx, base=base_chunk, prefer=SCALED_DELTA).encoding == SPARSE  # no shared decay
+
+
 def test_pipeline_respects_the_keyframe_interval():
     """A base already K deep is ignored: the chunk becomes a keyframe, so chains stay <= K."""
     rng = np.random.default_rng(3)
