@@ -252,7 +252,6 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
     ``workers``: encoder threads.  By default a blocking save uses every core (up to 4) and a
     background save the cores the training loop leaves free (``os.cpu_count()`` minus
     ``torch.get_num_threads()``, at least 1), so that it does not compete with training for CPU.
-    With one, a single thread both encodes and writes.
 
     Example::
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -86,26 +86,6 @@ class _ChunkResult:
 
 def default_workers() -> int:
     return max(1, min(4, os.cpu_count() or 1))
-
-
-class _InlineExecutor(Executor):
-    """Runs each task on the submitting thread: with one worker, the save's encoding and its pack
-    writes take turns on one thread instead of overlapping on two.  A background save on the one
-    core a training loop leaves free would otherwise keep two threads runnable, and the scheduler
-    takes turns on the loop's core too."""
-
-    def submit(self, fn, /, *args, **kwargs) -> Future:  # type: ignore[override]
-        fut: Future = Future()
-        try:
-            fut.set_result(fn(*args, **kwargs))
-        except Exception as e:  # re-raised by result(), in submission order as with a pool
-            fut.set_exception(e)
-        return fut
-
-
-def _executor(workers: int | None) -> Executor:
-    n = workers or default_workers()
-    return _InlineExecutor() if n == 1 else ThreadPoolExecutor(max_workers=n)
 
 
 class _Packer:
@@ -358,7 +338,7 @@ def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stat
     arena = _CopyArena(min(repo.delta_cache.max_bytes,
                            sum(len(b.data) for b, o in zip(blobs, lent)
                                if b.mode == "lossless" and o is None and not hasattr(b.data, "read_range"))))
-    with _executor(workers) as pool:
+    with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
         for bi, b in enumerate(blobs):
             bounds = chunk_bounds(len(b.data), b.row_bytes, b.itemsize, repo.config.chunk_bytes)
             # a source with read_range (a GPU tensor staged through a host buffer) is read a chunk

@@ -158,44 +158,6 @@ def test_background_save_takes_only_the_cores_training_leaves(monkeypatch, tmp_p
     assert h.wait().logical_bytes == 8
 
 
-@pytest.mark.parametrize("blocking", [True, False])
-def test_one_worker_encodes_and_writes_on_the_save_thread_alone(repo_path, blocking, monkeypatch):
-    """``workers=1``: every chunk is encoded on the thread that writes the packs, so a background
-    save on the one core training leaves free never has two threads of its own runnable (on a
-    2-core machine the other background tests take this path too: a failed pack write raises at
-    wait() with nothing committed)."""
-    import sys
-    from deltackpt.codecs import pipeline
-    from deltackpt.repo import saver
-    encoders, writers = set(), set()
-
-    def watch(frame, event, arg):
-        if event == "call":
-            if frame.f_code is pipeline.encode_chunk.__code__:
-                encoders.add(threading.get_ident())
-            elif frame.f_code is saver._Packer.add.__code__:
-                writers.add(threading.get_ident())
-
-    state = {f"t{i}": torch.randn(4096) + i for i in range(6)}
-    async_save.drain_all()
-    monkeypatch.setattr(async_save, "_executor", None)   # a save thread started under the profiler
-    threading.setprofile(watch)
-    sys.setprofile(watch)
-    try:
-        for step in range(2):
-            h = deltackpt.save(state, repo_path, step=step, blocking=blocking, workers=1)
-            v = h if blocking else h.wait()
-            state = {k: t + 1e-3 for k, t in state.items()}
-    finally:
-        sys.setprofile(None)
-        threading.setprofile(None)
-        async_save.drain_all()
-        if async_save._executor is not None:
-            async_save._executor.shutdown()
-    assert encoders and encoders == writers, (encoders, writers)
-    assert deltackpt.load(repo_path, v.id)["t5"].shape == (4096,)
-
-
 def test_a_large_snapshot_is_copied_by_two_threads(repo_path, monkeypatch):
     """Above PARALLEL_COPY_BYTES, with a core the training threads leave free, the copies after the
     half-way byte mark run on a helper thread: every tensor on both sides of the cut (a shared
