@@ -241,6 +241,16 @@ def run(job: Job, steps: int, every: int, mode: str, workdir: str, burn_s: float
             "cpu_s": cpu}
 
 
+def median_ci(values: list[float], level: float = 0.90, resamples: int = 2000) -> list[float]:
+    """Percentile-bootstrap interval of the median (seeded): how far this run's median could be
+    from the machine's, given the cycle-to-cycle spread."""
+    import random
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    lo = meds[int((1 - level) / 2 * resamples)]
+    return [lo, meds[min(resamples - 1, int((1 + level) / 2 * resamples))]]
+
+
 def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str, burn_s: float) -> dict:
     """Cycles of ``every`` steps, the modes taking turns cycle by cycle; a cycle starts with its
     mode's save and ends when its steps are done AND its background work has finished (a later
@@ -256,6 +266,8 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
     stalls: dict[str, list[float]] = {m: [] for m in modes}
     background: dict[str, list[float]] = {}
     local: dict[str, list[float]] = {m: [] for m in modes}
+    none_steps: list[list[float]] = []      # the none cycles' step times, for the placebo below
+    busy_steps: dict[str, list[int]] = {m: [] for m in modes}
     step = 0
     # torch.save leaves its file's pages dirty; their writeback (kernel threads on the other vCPU,
     # seconds later) would land in whichever cycle comes next.  Flush before starting, and run
@@ -288,6 +300,10 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
                 steps.append((time.perf_counter() - s0, busy))
                 step += 1
             clean = [d for d, busy in steps if not busy]
+            if c and mode == "none":
+                none_steps.append([d for d, _ in steps])
+            if c:
+                busy_steps[mode].append(sum(busy for _, busy in steps))
             if c and len(clean) >= 3:
                 # the cycle's own clean steps are the baseline: drift from elsewhere cancels
                 base = statistics.median(clean)
@@ -307,6 +323,7 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
     for mode in modes:
         ratios = [t / n - 1 for t, n in zip(times[mode], times["none"])]
         out[mode] = {"slowdown_median": statistics.median(ratios), "slowdown_mean": statistics.mean(ratios),
+                     "slowdown_median_ci90": median_ci(ratios),
                      "slowdown_total": sum(times[mode]) / sum(times["none"]) - 1, "cycle_s": times[mode],
                      # > 0: the loop's own instructions ran slower (caches, memory bandwidth); the
                      # rest of the slowdown is waiting (GIL, run queue, the save's stall)
@@ -320,6 +337,15 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
                      "slowdown_overlap_mean": statistics.mean(local[mode]) if local[mode] else None}
     for mode, seconds in background.items():
         out[mode]["background_median_s"] = statistics.median(seconds)
+    for mode in modes:
+        k = round(statistics.median(busy_steps[mode])) if busy_steps[mode] else 0
+        if out[mode]["slowdown_overlap_median"] is not None and 0 < k <= every - 3 and none_steps:
+            # the same estimate on the none cycles, taking their first k steps as if busy: what the
+            # first steps of any cycle cost with no save at all (the estimate's own bias)
+            placebo = [sum(d - statistics.median(st[k:]) for d in st[:k]) / (every * statistics.median(st[k:]))
+                       for st in none_steps]
+            out[mode]["slowdown_overlap_placebo_median"] = statistics.median(placebo)
+            out[mode]["busy_steps_median"] = k
     return out
 
 
@@ -375,14 +401,18 @@ def main(argv: list[str] | None = None) -> int:
                 rmodes = ["none"] + rmodes
             for mode, r in run_paired(job, every, rmodes, args.paired, workdir, args.burn_s).items():
                 res.setdefault(mode, r)
-        print("\n| mode | stall per save | loop slowdown (median of paired cycles) | mean | total | "
-              "overlap estimate (median / mean) |")
-        print("|---|---|---|---|---|---|")
+        print("\n| mode | stall per save | loop slowdown (median of paired cycles) [90% CI] | mean | total | "
+              "overlap estimate (median / mean) | its placebo on none cycles |")
+        print("|---|---|---|---|---|---|---|")
         for mode, r in res.items():
             ov = "-" if r["slowdown_overlap_median"] is None else \
                 f"{r['slowdown_overlap_median']:+.1%} / {r['slowdown_overlap_mean']:+.1%}"
-            print(f"| {mode} | {r['stall_median_s']:.4f} s | {r['slowdown_median']:+.1%} | {r['slowdown_mean']:+.1%} | "
-                  f"{r['slowdown_total']:+.1%} | {ov} |")
+            pl = r.get("slowdown_overlap_placebo_median")
+            pl = "-" if pl is None else f"{pl:+.1%} (first {r['busy_steps_median']} steps)"
+            lo, hi = r["slowdown_median_ci90"]
+            print(f"| {mode} | {r['stall_median_s']:.4f} s | {r['slowdown_median']:+.1%} [{lo:+.1%}, {hi:+.1%}] | "
+                  f"{r['slowdown_mean']:+.1%} | "
+                  f"{r['slowdown_total']:+.1%} | {ov} | {pl} |")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"frozen": args.frozen, "state_bytes": nbytes, "step_s": step_s, "torch_save_s": torch_save_s,

@@ -7,6 +7,9 @@ faults and wall time per delta save (the first save, a keyframe, is left out).  
 commits, run it from a worktree of each, interleaved (this machine's runs spread by ±7%):
 
     PYTHONPATH=. python bench/save_cpu.py --runs 3
+
+Both commits can save the very same states: train once with ``--keep-states FILE``, then pass
+``--states FILE`` to each run (the bytes written per version then compare exactly too).
 """
 
 from __future__ import annotations
@@ -35,24 +38,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=8, help="training steps between two states")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--background", default="thread", choices=["thread", "process"])
+    ap.add_argument("--states", help="load the states from this file (written by --keep-states) instead of training")
+    ap.add_argument("--keep-states", help="write the trained states to this file (torch.save)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    job = Job(8, 64)
-    states = []
-    for k in range(args.versions):
-        for _ in range(args.every if k else 3):
-            job.step()
-        st = job.state()
-        states.append({"model": {n: t.clone() for n, t in st["model"].items()}, "optimizer": copy.deepcopy(st["optimizer"])})
-    del job
+    if args.states:
+        states = torch.load(args.states, weights_only=True)
+    else:
+        job = Job(8, 64)
+        states = []
+        for k in range(args.versions):
+            for _ in range(args.every if k else 3):
+                job.step()
+            st = job.state()
+            states.append({"model": {n: t.clone() for n, t in st["model"].items()},
+                           "optimizer": copy.deepcopy(st["optimizer"])})
+        del job
+        if args.keep_states:
+            torch.save(states, args.keep_states)
     medians = []
     for run in range(args.runs):
         repo = tempfile.mkdtemp(prefix="save-cpu-")
-        cpu, wall, faults = [], [], []
+        cpu, wall, faults, written = [], [], [], []
         for i, state in enumerate(states):
             r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-            deltackpt.save(state, repo, step=i, blocking=False, background=args.background).wait()
+            v = deltackpt.save(state, repo, step=i, blocking=False, background=args.background).wait()
             r1 = resource.getrusage(resource.RUSAGE_SELF)
+            written.append(v.written_bytes / 1e6)
             if i:   # the encoder process's CPU is not this process's: use --background thread to count it
                 cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
                 wall.append(time.perf_counter() - t0)
@@ -62,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         medians.append(statistics.median(cpu))
         print(f"run {run + 1}: CPU s per delta save median {statistics.median(cpu):.3f} "
               f"({' '.join(f'{c:.2f}' for c in cpu)}); page faults median {statistics.median(faults):.0f}; "
-              f"wall median {statistics.median(wall):.3f} s", flush=True)
+              f"wall median {statistics.median(wall):.3f} s; MB written per version {' '.join(f'{w:.2f}' for w in written)}",
+              flush=True)
     print(f"median of run medians: {statistics.median(medians):.3f} CPU s per delta save")
     return 0
 
