@@ -251,6 +251,12 @@ def median_ci(values: list[float], level: float = 0.90, resamples: int = 2000) -
     return [lo, meds[min(resamples - 1, int((1 + level) / 2 * resamples))]]
 
 
+def overlap_estimate(durations: list[float], busy: list[bool], stall: float) -> float:
+    """(stall + extra time of the busy steps over the cycle's clean pace) / the cycle at that pace."""
+    base = statistics.median(d for d, b in zip(durations, busy) if not b)
+    return (stall + sum(d - base for d, b in zip(durations, busy) if b)) / (len(durations) * base)
+
+
 def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str, burn_s: float) -> dict:
     """Cycles of ``every`` steps, the modes taking turns cycle by cycle; a cycle starts with its
     mode's save and ends when its steps are done AND its background work has finished (a later
@@ -306,9 +312,7 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
                 busy_steps[mode].append(sum(busy for _, busy in steps))
             if c and len(clean) >= 3:
                 # the cycle's own clean steps are the baseline: drift from elsewhere cancels
-                base = statistics.median(clean)
-                extra = stalls[mode][-1] + sum(d - base for d, busy in steps if busy)
-                local[mode].append(extra / (every * base))
+                local[mode].append(overlap_estimate([d for d, _ in steps], [b for _, b in steps], stalls[mode][-1]))
             if handle is not None:
                 handle.wait()
                 if c and handle.background_seconds is not None:
@@ -342,8 +346,7 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
         if out[mode]["slowdown_overlap_median"] is not None and 0 < k <= every - 3 and none_steps:
             # the same estimate on the none cycles, taking their first k steps as if busy: what the
             # first steps of any cycle cost with no save at all (the estimate's own bias)
-            placebo = [sum(d - statistics.median(st[k:]) for d in st[:k]) / (every * statistics.median(st[k:]))
-                       for st in none_steps]
+            placebo = [overlap_estimate(st, [i < k for i in range(every)], 0.0) for st in none_steps]
             out[mode]["slowdown_overlap_placebo_median"] = statistics.median(placebo)
             out[mode]["busy_steps_median"] = k
     return out

@@ -166,11 +166,15 @@ def _h2(p: float) -> float:
     return 0.0 if p <= 0 or p >= 1 else float(-(p * np.log2(p) + (1 - p) * np.log2(1 - p)))
 
 
+def _zigzag32(d: np.ndarray) -> np.ndarray:
+    """Zigzag of a uint32 wrapping difference, as sub-delta stores it (0, -1, 1, -2 -> 0, 1, 2, 3)."""
+    return (d << 1) ^ (d.view(np.int32) >> 31).view(np.uint32)
+
+
 def entropy_pass(prev: dict, cur: dict) -> dict:
     """Per tensor kind: order-0 byte-plane entropy of the value itself, of the XOR and of the zigzag
     integer delta (the smallest per tensor is what a per-plane entropy coder could reach), and the
     fraction of rows that changed at all."""
-    from deltackpt.codecs.sub_delta import _zigzag
     out: dict = {}
     for name, arr in cur.items():
         base = prev.get(name)
@@ -182,7 +186,7 @@ def entropy_pass(prev: dict, cur: dict) -> dict:
             out[(k, "raw")] = out.get((k, "raw"), 0) + arr.nbytes
             continue
         with np.errstate(over="ignore"):
-            cands = {"value": a, "xor": a ^ b, "sub": _zigzag(a - b, 32)}
+            cands = {"value": a, "xor": a ^ b, "sub": _zigzag32(a - b)}
         h = {c: _plane_entropy_bytes(v.view(np.uint8), 4) for c, v in cands.items()}
         h["best"] = min(h.values())
         rows = arr.reshape(arr.shape[0], -1) if arr.ndim > 1 else arr.reshape(-1, 1)

@@ -16,15 +16,6 @@ from .bytegroup import compress_planes, decode_planes, scratch, width_for
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def _zigzag(d: np.ndarray, bits: int) -> np.ndarray:
-    signed = d.view(f"i{bits // 8}")
-    return ((d << 1) ^ (signed >> (bits - 1)).view(d.dtype)).astype(d.dtype, copy=False)
-
-
-def _unzigzag(z: np.ndarray) -> np.ndarray:
-    return (z >> 1) ^ (-(z & 1).view(f"i{z.dtype.itemsize}")).view(z.dtype)
-
-
 _BLOCK = 1 << 15  # elements per step: the scratch and the slices stay in the core's cache
 _ENC_BLOCK = 1 << 17  # elements per encode step: fewer numpy calls (GIL held between them), still in L2
 

@@ -145,7 +145,6 @@ def test_background_nice_applies_to_save_thread_and_its_workers(monkeypatch):
 def test_background_save_takes_only_the_cores_training_leaves(monkeypatch, tmp_path):
     """A background save encodes with the cores torch's intra-op threads leave free (at least one);
     an explicit ``workers`` wins, and a bad one is refused before anything is written."""
-    from deltackpt.frontend import async_save, staging
     monkeypatch.setattr(async_save.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(async_save.torch, "get_num_threads", lambda: 6)
     assert async_save.spare_cores() == 2

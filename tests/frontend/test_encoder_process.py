@@ -136,7 +136,7 @@ def test_a_save_survives_its_training_process_being_killed(tmp_path):
     repo = str(tmp_path / "repo")
     script = textwrap.dedent(f"""
         import os, signal, time, torch, deltackpt
-        from deltackpt.frontend import async_save, staging
+        from deltackpt.frontend import async_save
         async_save.BACKGROUND = "process"
         state = {{"w": torch.randn(512, 1024), "step": 7}}
         deltackpt.save(state, {repo!r}, step=1, blocking=False).wait()
