@@ -27,6 +27,7 @@ MODES = ("lossless", "q8-delta", "q4-delta", "fp16", "bf16")
 _LOSSY = {"q8-delta": (Q8_SCALED_DELTA, Q8_DELTA), "q4-delta": (Q4_SCALED_DELTA, Q4_DELTA),
           "fp16": (CAST_FP16,), "bf16": (CAST_BF16,)}
 _SAMPLE = 64 * 1024
+_OUTGROWN = 1.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class BaseChunk:
     chunk_id: bytes
     data: bytes
     depth: int
+    stored_bytes: int = 0  # its stored object's size (0: unknown); a keyframe's tells when a delta has outgrown it
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,8 @@ def encode_chunk(raw: bytes, ctx: ChunkContext, *, mode: str = "lossless", base:
     rarely changes within a chain.  Sparse rows are costly to rule out where up to half the rows
     changed (the Adam moments of an embedding table: a full XOR, row test and gather), and a dense
     delta compresses unchanged rows to almost nothing anyway.  The caller samples afresh after
-    each keyframe by not passing it.
+    each keyframe by not passing it.  When the base is a keyframe whose ``stored_bytes`` the
+    preferred delta does not undercut, the others are sampled again (a fresh keyframe included).
 
     Example::
 
@@ -103,8 +106,11 @@ def encode_chunk(raw: bytes, ctx: ChunkContext, *, mode: str = "lossless", base:
     if base is not None and prefer in dense and get(prefer).needs_base:
         enc = get(prefer).encode(raw, ctx, base.data)
         if enc is not None:
-            dense = []
             best = ChunkEncoding(prefer, enc, base)
+            # a delta nearly as large as the keyframe it is taken against (a star delta far from its
+            # keyframe) may now lose to the others, a fresh keyframe included: they are sampled again
+            outgrown = base.depth == 0 and len(enc.payload) >= _OUTGROWN * base.stored_bytes > 0
+            dense = [c for c in dense if c != prefer] if outgrown else []
     if best is None and base is not None and SPARSE in allowed:
         enc = get(SPARSE).encode(raw, ctx, base.data)
         if enc is not None:

@@ -195,7 +195,8 @@ def _encode_one(repo: Repository, raw: memoryview | bytes, ctx: ChunkContext, me
     base = None
     if (memo is not None and repo.has_chunk(memo.chunk_id) and len(memo.data) == len(data)
             and (not star or memo.age < repo.config.keyframe_interval)):
-        base = BaseChunk(memo.chunk_id, memo.data, repo.entry(memo.chunk_id)[1].depth)
+        entry = repo.entry(memo.chunk_id)[1]
+        base = BaseChunk(memo.chunk_id, memo.data, entry.depth, entry.length)
     prefer = memo.winner if memo is not None and base is not None else None
     choice = encode_chunk(data, ctx, mode=mode, base=base, keyframe_interval=repo.config.keyframe_interval,
                           prefer=prefer)
@@ -226,7 +227,8 @@ def _next_base(memo: ChunkMemo | None, stored: ChunkMemo, base_id: bytes | None)
     if stored.depth == 0:
         return stored
     if memo is not None and base_id == memo.chunk_id:
-        return replace(memo, age=memo.age + 1)
+        # the keyframe stays the base; the codec this delta won with is remembered all the same
+        return replace(memo, age=memo.age + 1, winner=stored.winner)
     return stored if memo is None else memo
 
 

@@ -287,6 +287,26 @@ def test_a_preferred_dense_delta_codec_is_not_second_guessed_by_sparse_rows():
     assert encode_chunk(new.tobytes(), ctx, base=base_chunk, prefer=SCALED_DELTA).encoding == SPARSE  # no shared decay
 
 
+def test_a_preferred_delta_that_outgrew_its_keyframe_competes_with_a_fresh_keyframe():
+    """A delta no smaller than the keyframe it is taken against (a star delta far from its keyframe)
+    is not kept blindly: the other codecs are sampled again, and a fresh keyframe wins where it is
+    smaller.  With the keyframe's size unknown, or a delta below it, the preferred codec stands."""
+    from deltackpt.codecs.registry import BG_ZSTD, SUB_DELTA
+    rng = np.random.default_rng(8)
+    base = rng.standard_normal(1 << 16).astype(np.float32)          # noise: its keyframe hardly shrinks
+    new = np.repeat(rng.standard_normal(1 << 8), 1 << 8).astype(np.float32)  # runs: zstd alone does well
+    ctx = ChunkContext("float32", 4, 4)
+    raw, data = new.tobytes(), base.tobytes()
+    kept = encode_chunk(raw, ctx, base=BaseChunk(b"\1" * 16, data, 0), prefer=SUB_DELTA)
+    assert kept.encoding == SUB_DELTA                                # the keyframe's size unknown
+    small = encode_chunk(raw, ctx, base=BaseChunk(b"\1" * 16, data, 0, stored_bytes=len(data)), prefer=SUB_DELTA)
+    assert small.encoding == SUB_DELTA                               # the delta is below the keyframe
+    fresh = encode_chunk(raw, ctx, base=BaseChunk(b"\1" * 16, data, 0, stored_bytes=1000), prefer=SUB_DELTA)
+    assert fresh.encoding == BG_ZSTD and fresh.base is None and len(fresh.encoded.payload) < len(kept.encoded.payload)
+    deep = encode_chunk(raw, ctx, base=BaseChunk(b"\1" * 16, data, 1, stored_bytes=1000), prefer=SUB_DELTA)
+    assert deep.encoding == SUB_DELTA        # a base that is itself a delta: its size says nothing of a keyframe
+
+
 def test_pipeline_respects_the_keyframe_interval():
     """A base already K deep is ignored: the chunk becomes a keyframe, so chains stay <= K."""
     rng = np.random.default_rng(3)

@@ -251,3 +251,20 @@ def test_a_delta_position_remembers_its_codec_and_the_next_save_reuses_it(tmp_pa
     after = repo.core.delta_cache._items
     still = [k for k in winners if after[k].winner is not None]
     assert still and all(after[k].winner == winners[k] for k in still)
+
+
+def test_a_star_position_remembers_its_codec_while_its_keyframe_stays_the_base(tmp_path):
+    """With delta_base="keyframe" the memo of a position stays its keyframe (one older per delta);
+    the codec its last delta was stored with is remembered all the same, so star saves skip the
+    sampling too."""
+    from deltackpt.codecs.registry import get
+    path = str(tmp_path / "repo")
+    deltackpt.Repo.init(path, keyframe_interval=8, delta_base="keyframe")
+    repo = deltackpt.Repo(path)
+    step = _trainer()
+    repo.save(step(20))
+    repo.save(step(5))
+    items = repo.core.delta_cache._items
+    winners = {k: m.winner for k, m in items.items() if m.winner is not None}
+    assert winners and {get(w).name for w in winners.values()} <= DELTA_CODECS
+    assert all(items[k].depth == 0 and items[k].age == 1 for k in winners), "the keyframe stays the base"
