@@ -13,6 +13,8 @@ time and torch.save time).  Reported:
   torch.save costs >= 10%);
 * thread vs process: the same background save in a thread of this process and in a forked child
   (fork after the snapshot, so both see the same bytes), to measure what the GIL costs the loop;
+* deltackpt-thread-normal: the thread save at normal priority instead of SCHED_IDLE (the A/B of
+  ``async_save.BACKGROUND_IDLE``); ``--paired`` also reports the loop thread's run-queue wait;
 * cpu-burn, mem-burn, fault-burn, gil-burn: no save, but at each save point a thread burns
   ``--burn-s`` CPU seconds in one way (see ``Burner``), to tell which part of a background save's
   work costs the loop on this machine (its own CPU, memory bandwidth, page faults, the GIL).
@@ -136,6 +138,16 @@ def _set_save_thread_nice(value: int) -> None:
     async_save._pool().submit(set_it).result()
 
 
+def _runq() -> float:
+    """Seconds the calling thread has waited on a run queue (Linux schedstat; 0 elsewhere): the part
+    of a slowdown that is the loop being ready to run with no core for it."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def _cpu() -> float:
     """CPU seconds of this process (all threads) and of its reaped children (the forked savers)."""
     t = os.times()
@@ -195,6 +207,7 @@ def run(job: Job, steps: int, every: int, mode: str, workdir: str, burn_s: float
     forker = ForkSaver(repo) if mode == "deltackpt-fork" else None
     burner = Burner(burn_s, mode.split("-")[0]) if mode.endswith("-burn") else None
     _set_save_thread_nice(10 if mode == "deltackpt-thread-nice10" else async_save.BACKGROUND_NICE or 0)
+    async_save.BACKGROUND_IDLE = mode != "deltackpt-thread-normal"
     handles = []
     step_times: list[float] = []
     step_cpu: list[float] = []
@@ -212,7 +225,7 @@ def run(job: Job, steps: int, every: int, mode: str, workdir: str, burn_s: float
             torch_save(job.state(), path, fsync=False)
         elif mode == "torch.save+fsync":
             torch_save(job.state(), path, fsync=True)
-        elif mode in ("deltackpt-thread", "deltackpt-thread-nice10"):
+        elif mode in ("deltackpt-thread", "deltackpt-thread-nice10", "deltackpt-thread-normal"):
             handles.append(deltackpt.save(job.state(), repo, step=i, blocking=False))
         elif mode == "deltackpt-blocking":
             deltackpt.save(job.state(), repo, step=i)
@@ -269,6 +282,7 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
     burners = {m: Burner(burn_s, m.split("-")[0]) for m in modes if m.endswith("-burn")}
     times: dict[str, list[float]] = {m: [] for m in modes}
     cpu: dict[str, list[float]] = {m: [] for m in modes}   # the loop thread's own CPU time per cycle
+    runq: dict[str, list[float]] = {m: [] for m in modes}  # the loop thread's run-queue wait per cycle
     stalls: dict[str, list[float]] = {m: [] for m in modes}
     background: dict[str, list[float]] = {}
     local: dict[str, list[float]] = {m: [] for m in modes}
@@ -282,13 +296,14 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
     for c in range(cycles + 1):              # round 0 warms up (first save is a keyframe)
         order = modes[c % len(modes):] + modes[:c % len(modes)]   # rotate: no mode always follows another
         for mode in order:
-            t0, c0 = time.perf_counter(), time.thread_time()
+            async_save.BACKGROUND_IDLE = mode != "deltackpt-thread-normal"   # the A/B of SCHED_IDLE
+            t0, c0, q0 = time.perf_counter(), time.thread_time(), _runq()
             handle = None
             if mode == "torch.save":
                 torch_save(job.state(), path, fsync=False)
             elif mode == "torch.save+fsync":
                 torch_save(job.state(), path, fsync=True)
-            elif mode in ("deltackpt-thread", "deltackpt-process"):
+            elif mode in ("deltackpt-thread", "deltackpt-process", "deltackpt-thread-normal"):
                 async_save.BACKGROUND = mode.split("-")[1]
                 handle = deltackpt.save(job.state(), repo, step=step, blocking=False)
             elif mode == "deltackpt-blocking":
@@ -322,6 +337,7 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
             if c:
                 times[mode].append(time.perf_counter() - t0)
                 cpu[mode].append(time.thread_time() - c0)
+                runq[mode].append(_runq() - q0)
     Repo(repo).close() if os.path.exists(repo) else None
     out = {}
     for mode in modes:
@@ -333,6 +349,7 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
                      # rest of the slowdown is waiting (GIL, run queue, the save's stall)
                      "loop_cpu_slowdown_median": statistics.median(
                          a / b - 1 for a, b in zip(cpu[mode], cpu["none"])),
+                     "loop_runq_median_s": statistics.median(runq[mode]),
                      "stall_median_s": statistics.median(stalls[mode][1:]),
                      # (stall + extra time of the steps that overlapped the background work) / the
                      # cycle at its clean steps' pace; misses effects that outlast the save (torch.save's
@@ -405,8 +422,8 @@ def main(argv: list[str] | None = None) -> int:
             for mode, r in run_paired(job, every, rmodes, args.paired, workdir, args.burn_s).items():
                 res.setdefault(mode, r)
         print("\n| mode | stall per save | loop slowdown (median of paired cycles) [90% CI] | mean | total | "
-              "overlap estimate (median / mean) | its placebo on none cycles |")
-        print("|---|---|---|---|---|---|---|")
+              "overlap estimate (median / mean) | its placebo on none cycles | loop's run-queue wait per cycle |")
+        print("|---|---|---|---|---|---|---|---|")
         for mode, r in res.items():
             ov = "-" if r["slowdown_overlap_median"] is None else \
                 f"{r['slowdown_overlap_median']:+.1%} / {r['slowdown_overlap_mean']:+.1%}"
@@ -415,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
             lo, hi = r["slowdown_median_ci90"]
             print(f"| {mode} | {r['stall_median_s']:.4f} s | {r['slowdown_median']:+.1%} [{lo:+.1%}, {hi:+.1%}] | "
                   f"{r['slowdown_mean']:+.1%} | "
-                  f"{r['slowdown_total']:+.1%} | {ov} | {pl} |")
+                  f"{r['slowdown_total']:+.1%} | {ov} | {pl} | {r['loop_runq_median_s']:.3f} s |")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"frozen": args.frozen, "state_bytes": nbytes, "step_s": step_s, "torch_save_s": torch_save_s,

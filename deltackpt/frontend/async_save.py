@@ -16,10 +16,12 @@ released, so what the loop loses is the save's memory traffic, and shared memory
 pages there.  What the process does give: a save it has received still commits if the training
 process is killed, and it keeps the save's Python off a Python-bound loop's GIL.
 
-Priority: ``BACKGROUND_NICE`` can run the save thread at a lower CPU priority (Linux); off by
-default, see its comment for the measurement.  If a save is still running when the next one is
-due, the next one waits for it (the loop stalls): saves more frequent than the background time
-cost loop time.
+Priority: on Linux a background save runs under ``SCHED_IDLE`` (``BACKGROUND_IDLE``), so its
+threads never take a core the training loop is ready to use, and is put back to normal priority
+as soon as anyone waits for it (:mod:`.priority`).  ``BACKGROUND_NICE`` can lower the priority of
+the save thread by a nice increment instead (off by default, see its comment).  If a save is still
+running when the next one is due, the next one waits for it (the loop stalls): saves more frequent
+than the background time cost loop time.
 
 Memory: at most ``MAX_IN_FLIGHT`` (default 1) saves are in flight; a save submitted while that
 many are running first waits for the oldest.  A save's staging copy (its state's logical size)
@@ -45,7 +47,7 @@ import torch
 
 from ..repo import encoder_process
 from ..repo.versions import Version
-from . import staging
+from . import priority, staging
 
 if TYPE_CHECKING:
     from .api import Repo
@@ -62,6 +64,11 @@ _lock = threading.Lock()
 _in_flight: dict[int, list["SaveHandle"]] = {}   # id(Repository) -> handles not yet collected
 _encoder: encoder_process.EncoderProcess | None = None
 
+
+BACKGROUND_IDLE = True
+"""Run background saves under SCHED_IDLE where the platform allows leaving it again, boosted back
+to normal priority when waited for (:mod:`.priority`).  Measured on the 2-vCPU project machine
+(bench/ASYNC.md): it halves the time the training loop spends waiting beside a save."""
 
 BACKGROUND_NICE: int | None = None
 """Nice increment for the save thread (Linux: per thread; its encoder threads inherit it); set it
@@ -131,6 +138,8 @@ class SaveHandle:
     def wait(self, timeout: float | None = None) -> Version:
         """Block until the version is committed and return it; re-raise the save's exception."""
         self._observed = True
+        if not self._future.done():
+            priority.boost()  # the caller waits now: the save must not yield to anything
         return self._future.result(timeout)
 
     def exception(self) -> BaseException | None:
@@ -145,6 +154,8 @@ def drain(core: Any, *, keep: int = 0) -> None:
     nobody has observed (so a background error surfaces at the next save)."""
     with _lock:
         handles = list(_in_flight.get(id(core), []))
+    if any(not h.done() for h in handles[: max(0, len(handles) - keep)]):
+        priority.boost()
     for h in handles[: max(0, len(handles) - keep)]:
         exc = None
         try:
@@ -164,6 +175,8 @@ def drain_all() -> None:
     """Wait for every background save of this process (errors are left to their handles)."""
     with _lock:
         handles = [h for lst in _in_flight.values() for h in lst]
+    if any(not h.done() for h in handles):
+        priority.boost()
     for h in handles:
         try:
             h._future.result()
@@ -214,6 +227,7 @@ def submit(repo: "Repo", leaves: list, tree: Any, write: Callable[..., Version],
     def work() -> Version:
         start = time.perf_counter()
         ok = False
+        priority.run_idle(BACKGROUND_IDLE)
         try:
             if event is not None:
                 event.synchronize()
@@ -241,6 +255,7 @@ def run_after(core: Any, fn: Callable[[], Any]) -> SaveHandle:
 
     def work() -> Any:
         start = time.perf_counter()
+        priority.run_idle(BACKGROUND_IDLE)
         try:
             return fn()
         finally:

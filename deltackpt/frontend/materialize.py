@@ -12,6 +12,7 @@ import torch
 from ..errors import CorruptObjectError, DeltackptError, OutOfMemoryError
 from ..format.manifest import Manifest, TensorEntry
 from ..repo.repository import Repository
+from . import priority
 from .dtypes import dtype_of
 from .flatten import contiguous_strides
 from .tensor_bytes import from_bytes
@@ -22,7 +23,10 @@ _pool: ThreadPoolExecutor | None = None
 def pool() -> ThreadPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="deltackpt-read")
+        # reads serve a caller that waits: never at idle priority, even if first asked for from a
+        # background save's thread (whose policy new threads would inherit)
+        _pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="deltackpt-read",
+                                   initializer=priority.run_idle, initargs=(False,))
     return _pool
 
 

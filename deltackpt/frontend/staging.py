@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from ..repo.encoder_process import EncoderProcess, SharedSegment
+from . import priority
 
 ALIGN = 64  # staged tensors start on cache-line boundaries (and on any element size)
 
@@ -201,7 +202,9 @@ def _copy_all(copies: list[tuple[torch.Tensor, torch.Tensor, bool]]) -> None:
             cut = k + 1
             break
     if _copier is None:
-        _copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltackpt-snapshot")
+        # the snapshot is the caller's stall: never at idle priority (see materialize.pool)
+        _copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltackpt-snapshot",
+                                     initializer=priority.run_idle, initargs=(False,))
     other = _copier.submit(_copy_list, host[cut:])
     _copy_list(host[:cut])
     other.result()
