@@ -252,6 +252,9 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
     ``workers``: encoder threads.  By default a blocking save uses every core (up to 4) and a
     background save the cores the training loop leaves free (``os.cpu_count()`` minus
     ``torch.get_num_threads()``, at least 1), so that it does not compete with training for CPU.
+    On Linux a background save's threads also run under ``SCHED_IDLE``, so they never preempt the
+    training loop, and return to normal priority once anyone waits for the save
+    (:mod:`deltackpt.frontend.priority`; ``async_save.BACKGROUND_IDLE = False`` turns it off).
 
     Example::
 
