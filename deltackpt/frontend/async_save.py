@@ -12,8 +12,8 @@ never holds the training loop's GIL and its allocations never fault pages in the
 process.  The process path takes local repositories and states in CPU memory; anything else
 uses the thread.  On the 2-vCPU project machine the process costs a MiniLM fine-tune as much as
 the thread or more (bench/ASYNC.md).  Every expensive step already runs in C with the GIL
-released, so what the loop loses is the save's memory traffic, and shared memory gets no huge
-pages there.  What the process does give: a save it has received still commits if the training
+released, so what the loop loses is the save's memory traffic and cores (below: ``Priority``),
+and shared memory gets no huge pages there.  What the process does give: a save it has received still commits if the training
 process is killed, and it keeps the save's Python off a Python-bound loop's GIL.
 
 Priority: on Linux a background save runs under ``SCHED_IDLE`` (``BACKGROUND_IDLE``), so its
@@ -68,7 +68,8 @@ _encoder: encoder_process.EncoderProcess | None = None
 BACKGROUND_IDLE = True
 """Run background saves under SCHED_IDLE where the platform allows leaving it again, boosted back
 to normal priority when waited for (:mod:`.priority`).  Measured on the 2-vCPU project machine
-(bench/ASYNC.md): it halves the time the training loop spends waiting beside a save."""
+(bench/ASYNC.md, minilm-full every 8 steps): the loop's run-queue wait per checkpoint interval fell
+4-7x, and its slowdown from +2.3..+5.5% to +0.1..+3.1% (torch.save: +8.6..+10.7%)."""
 
 BACKGROUND_NICE: int | None = None
 """Nice increment for the save thread (Linux: per thread; its encoder threads inherit it); set it

@@ -10,9 +10,10 @@ the loop is never preempted by them (bench/ASYNC.md has the figures).
 The price is starvation: on a machine busy with other work (data-loader workers on every core) an
 idle save may make no progress.  So whenever the caller has to wait for a save
 (``SaveHandle.wait``, the next save, the end of the process), :func:`boost` puts its threads back
-to normal priority and the wait is no longer than it was without this.  Leaving ``SCHED_IDLE`` needs ``CAP_SYS_NICE`` or an
-``RLIMIT_NICE`` of 20; where a probe finds that refused (or the platform has no ``SCHED_IDLE``),
-saves run at normal priority: the idle policy is never entered without a way out.
+to normal priority and the wait is no longer than it was without this.  Leaving ``SCHED_IDLE``
+needs ``CAP_SYS_NICE`` or an ``RLIMIT_NICE`` of 20; where a probe finds that refused (or the
+platform has no ``SCHED_IDLE``), saves run at normal priority: the idle policy is never entered
+without a way out.
 
 Example::
 
