@@ -69,7 +69,7 @@ BACKGROUND_IDLE = True
 """Run background saves under SCHED_IDLE where the platform allows leaving it again, boosted back
 to normal priority when waited for (:mod:`.priority`).  Measured on the 2-vCPU project machine
 (bench/ASYNC.md, minilm-full every 8 steps): the loop's run-queue wait per checkpoint interval fell
-4-7x, and its slowdown from +2.3..+5.5% to +0.1..+3.1% (torch.save: +8.6..+10.7%)."""
+4-7x, and its slowdown from +2.3..+5.5% to +0.1..+3.1% (torch.save: +8.6..+11.5%)."""
 
 BACKGROUND_NICE: int | None = None
 """Nice increment for the save thread (Linux: per thread; its encoder threads inherit it); set it
