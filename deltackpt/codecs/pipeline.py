@@ -27,7 +27,6 @@ MODES = ("lossless", "q8-delta", "q4-delta", "fp16", "bf16")
 _LOSSY = {"q8-delta": (Q8_SCALED_DELTA, Q8_DELTA), "q4-delta": (Q4_SCALED_DELTA, Q4_DELTA),
           "fp16": (CAST_FP16,), "bf16": (CAST_BF16,)}
 _SAMPLE = 64 * 1024
-_OUTGROWN = 1.0
 
 
 @dataclass(frozen=True)
@@ -107,9 +106,9 @@ def encode_chunk(raw: bytes, ctx: ChunkContext, *, mode: str = "lossless", base:
         enc = get(prefer).encode(raw, ctx, base.data)
         if enc is not None:
             best = ChunkEncoding(prefer, enc, base)
-            # a delta nearly as large as the keyframe it is taken against (a star delta far from its
+            # a delta no smaller than the keyframe it is taken against (a star delta far from its
             # keyframe) may now lose to the others, a fresh keyframe included: they are sampled again
-            outgrown = base.depth == 0 and len(enc.payload) >= _OUTGROWN * base.stored_bytes > 0
+            outgrown = base.depth == 0 and len(enc.payload) >= base.stored_bytes > 0
             dense = [c for c in dense if c != prefer] if outgrown else []
     if best is None and base is not None and SPARSE in allowed:
         enc = get(SPARSE).encode(raw, ctx, base.data)

@@ -13,8 +13,9 @@ process.  The process path takes local repositories and states in CPU memory; an
 uses the thread.  On the 2-vCPU project machine the process costs a MiniLM fine-tune as much as
 the thread or more (bench/ASYNC.md).  Every expensive step already runs in C with the GIL
 released, so what the loop loses is the save's memory traffic and cores (below: ``Priority``),
-and shared memory gets no huge pages there.  What the process does give: a save it has received still commits if the training
-process is killed, and it keeps the save's Python off a Python-bound loop's GIL.
+and shared memory gets no huge pages there.  What the process does give: a save it has received
+still commits if the training process is killed, and it keeps the save's Python off a
+Python-bound loop's GIL.
 
 Priority: on Linux a background save runs under ``SCHED_IDLE`` (``BACKGROUND_IDLE``), so its
 threads never take a core the training loop is ready to use, and is put back to normal priority
@@ -139,8 +140,7 @@ class SaveHandle:
     def wait(self, timeout: float | None = None) -> Version:
         """Block until the version is committed and return it; re-raise the save's exception."""
         self._observed = True
-        if not self._future.done():
-            priority.boost()  # the caller waits now: the save must not yield to anything
+        _boost_unless_done([self])
         return self._future.result(timeout)
 
     def exception(self) -> BaseException | None:
@@ -150,14 +150,21 @@ class SaveHandle:
         return f"SaveHandle(done={self.done()}, staged_bytes={self.staged_bytes})"
 
 
+def _boost_unless_done(handles: list[SaveHandle]) -> None:
+    """The caller is about to wait for ``handles``: saves still running must no longer yield to
+    anything (:func:`.priority.boost`)."""
+    if any(not h.done() for h in handles):
+        priority.boost()
+
+
 def drain(core: Any, *, keep: int = 0) -> None:
     """Wait until at most ``keep`` saves to ``core`` are in flight; raise the first failure that
     nobody has observed (so a background error surfaces at the next save)."""
     with _lock:
         handles = list(_in_flight.get(id(core), []))
-    if any(not h.done() for h in handles[: max(0, len(handles) - keep)]):
-        priority.boost()
-    for h in handles[: max(0, len(handles) - keep)]:
+    due = handles[: max(0, len(handles) - keep)]
+    _boost_unless_done(due)
+    for h in due:
         exc = None
         try:
             h._future.result()
@@ -176,8 +183,7 @@ def drain_all() -> None:
     """Wait for every background save of this process (errors are left to their handles)."""
     with _lock:
         handles = [h for lst in _in_flight.values() for h in lst]
-    if any(not h.done() for h in handles):
-        priority.boost()
+    _boost_unless_done(handles)
     for h in handles:
         try:
             h._future.result()

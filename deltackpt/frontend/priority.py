@@ -62,9 +62,9 @@ def idle_supported() -> bool:
 
 
 def run_idle(idle: bool) -> None:
-    """Put the calling thread (a background save's) under SCHED_IDLE, or back to normal priority
-    when ``idle`` is False; the threads it starts inherit the policy.  Does nothing where
-    :func:`idle_supported` is False."""
+    """Put the calling thread under SCHED_IDLE (a background save's), or back to normal priority
+    when ``idle`` is False (a pool whose caller waits); the threads it starts inherit the policy.
+    Does nothing where :func:`idle_supported` is False."""
     if not idle_supported():
         return
     tid = threading.get_native_id()

@@ -21,6 +21,13 @@ def _policy() -> int:
     return os.sched_getscheduler(threading.get_native_id())
 
 
+def _until(done, seconds: float = 30) -> None:
+    """Poll until ``done()`` (observing a job without waiting on its handle: a wait boosts)."""
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def test_a_background_save_and_the_threads_it_starts_run_idle_and_the_caller_stays_normal(tmp_path):
     repo = deltackpt.Repo(str(tmp_path / "repo"), create=True)
     seen: dict[str, int] = {}
@@ -32,10 +39,7 @@ def test_a_background_save_and_the_threads_it_starts_run_idle_and_the_caller_sta
         child.join()
 
     async_save.run_after(repo.core, job)
-    # observe without waiting on the handle (a wait boosts): poll until the job has run
-    deadline = time.monotonic() + 30
-    while len(seen) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _until(lambda: len(seen) == 2)
     assert seen == {"save thread": os.SCHED_IDLE, "its thread": os.SCHED_IDLE}
     assert _policy() == os.SCHED_OTHER
     h = deltackpt.save({"w": torch.arange(1000.0)}, repo, blocking=False)
@@ -52,9 +56,7 @@ def test_waiting_for_a_save_boosts_it_back_to_normal_priority(tmp_path):
     def job() -> list[int]:
         seen = [_policy()]
         started.set()
-        deadline = time.monotonic() + 20
-        while _policy() == os.SCHED_IDLE and time.monotonic() < deadline:
-            time.sleep(0.005)
+        _until(lambda: _policy() != os.SCHED_IDLE, 20)
         return seen + [_policy()]
 
     handle = async_save.run_after(repo.core, job)
@@ -71,9 +73,7 @@ def test_a_save_waited_for_by_the_next_one_is_boosted_too(tmp_path):
 
     def job() -> None:
         started.set()
-        deadline = time.monotonic() + 20
-        while _policy() == os.SCHED_IDLE and time.monotonic() < deadline:
-            time.sleep(0.005)
+        _until(lambda: _policy() != os.SCHED_IDLE, 20)
         seen.append(_policy())
 
     async_save.run_after(repo.core, job)
@@ -92,9 +92,7 @@ def test_with_idle_off_background_saves_run_at_normal_priority(tmp_path, monkeyp
         seen.append(_policy())
 
     async_save.run_after(repo.core, job)
-    deadline = time.monotonic() + 30
-    while not seen and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _until(lambda: seen)
     assert seen == [os.SCHED_OTHER]
     repo.close()
 
@@ -112,9 +110,7 @@ def test_the_read_pool_never_inherits_idle_priority_from_a_save_thread(tmp_path,
         seen.append(materialize.pool().submit(_policy).result())
 
     async_save.run_after(repo.core, job)
-    deadline = time.monotonic() + 30
-    while len(seen) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _until(lambda: len(seen) == 2)
     materialize._pool.shutdown()
     assert seen == [os.SCHED_IDLE, os.SCHED_OTHER]
     repo.close()
