@@ -10,6 +10,7 @@ commits, run it from a worktree of each, interleaved (this machine's runs spread
 
 Both commits can save the very same states: train once with ``--keep-states FILE``, then pass
 ``--states FILE`` to each run (the bytes written per version then compare exactly too).
+``--delta-base keyframe`` saves them into a star repository instead.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--background", default="thread", choices=["thread", "process"])
     ap.add_argument("--states", help="load the states from this file (written by --keep-states) instead of training")
     ap.add_argument("--keep-states", help="write the trained states to this file (torch.save)")
+    ap.add_argument("--delta-base", default="parent", choices=["parent", "keyframe"],
+                    help="the repository's delta_base (keyframe: star deltas)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.states:
@@ -59,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     medians = []
     for run in range(args.runs):
         repo = tempfile.mkdtemp(prefix="save-cpu-")
+        deltackpt.Repo.init(repo, delta_base=args.delta_base)
         cpu, wall, faults, written = [], [], [], []
         for i, state in enumerate(states):
             r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
