@@ -33,11 +33,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import TrainerCallback
 
+from ...deps import require
 from ...errors import StateMismatchError
 from .. import rng
 from ..api import Repo, load, save
+
+TrainerCallback = require("transformers", feature="deltackpt's transformers callback").TrainerCallback
 
 
 class DeltackptCallback(TrainerCallback):

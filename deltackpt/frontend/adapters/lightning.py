@@ -36,10 +36,13 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 
+from ...deps import require
 from ...errors import DeltackptError, UnknownVersionError, UnsupportedLeafError
 from ..api import Repo, load, save
+
+CheckpointIO = require("lightning_fabric.plugins.io.checkpoint_io",
+                       feature="deltackpt's Lightning plugin").CheckpointIO
 
 POINTER_MAGIC = "deltackpt"
 
