@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from importlib import metadata
 
 import pytest
@@ -63,6 +62,7 @@ def _modules(dists: set[str]) -> set[str]:
 
 def extras_only_modules() -> tuple[set[str], set[str]]:
     """(top-level modules only the extras bring, modules the core brings), from pyproject.toml."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)["project"]
     core = _closure({_name(r) for r in project["dependencies"]})
