@@ -279,3 +279,16 @@ def test_no_read_thread_outlives_a_resume(tmp_path, repo_path):
     _fit_and_resume(tmp_path, repo_path, str(tmp_path / "ckpts"))
     left = [t.name for t in threading.enumerate() if t.is_alive() and t.name.startswith("deltackpt-read")]
     assert not left, left
+
+
+def test_no_save_thread_outlives_a_background_saving_run(tmp_path, repo_path):
+    """With blocking=False, once fit returns (the plugin's teardown ran) no deltackpt-save thread is
+    left, every save committed, and a later background save starts a new thread."""
+    trainer, _ = _trainer(tmp_path, DeltackptIO(repo_path, blocking=False), 4, str(tmp_path / "ckpts"))
+    trainer.fit(Tiny(), _loader())
+    left = [t.name for t in threading.enumerate() if t.is_alive() and t.name.startswith("deltackpt-save")]
+    assert not left, left
+    assert sorted({v.step for v in deltackpt.Repo(repo_path).log()}) == [2, 4]
+    assert open(tmp_path / "ckpts" / "last.ckpt").read().split()[2] == deltackpt.Repo(repo_path).resolve("ckpt-last").id
+    deltackpt.save({"w": torch.ones(4)}, repo_path, step=5, blocking=False).wait()
+    assert deltackpt.Repo(repo_path).resolve().step == 5

@@ -106,6 +106,8 @@ class DeltackptCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.wait()
+        from .. import async_save
+        async_save.release_idle_thread()  # no thread of ours outlives the training run
 
     def wait(self) -> None:
         """Wait for background saves; raise their errors."""

@@ -172,3 +172,4 @@ class DeltackptIO(CheckpointIO):
         pending, self._pending = self._pending, []
         for h in pending:
             h.wait()
+        async_save.release_idle_thread()  # Lightning checks that no thread outlives the run
