@@ -75,4 +75,12 @@ class CodecError(DeltackptError, ValueError):
     """A codec was asked to do something it cannot (unknown id, wrong parameters)."""
 
 
+class MissingDependencyError(DeltackptError, ImportError):
+    """An optional package a feature needs is not installed; the message says what to pip install."""
+
+
+class CheckpointNotFoundError(UnknownVersionError, FileNotFoundError):
+    """A checkpoint path names neither a pointer file nor a revision (Lightning's contract is FileNotFoundError)."""
+
+
 __all__ = [name for name in dir() if name.endswith("Error")]

@@ -1,8 +1,12 @@
 """`make demo`: train a small real model on CPU, checkpoint it into a deltackpt repository every
-25 steps, then show the repository with the CLI: log, du, a one-layer restore, gc and verify."""
+25 steps, then show the repository with the CLI: log, du, a one-layer restore, gc and verify.
+
+``python examples/demo.py [--dir DIR] [--steps N]`` (default: ./demo-repo and ./demo-out, 300 steps).
+It imports only the core's dependencies (tests/test_core_only.py checks that)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -49,6 +53,14 @@ def cli(*args: str) -> None:
 
 
 def main() -> None:
+    global REPO, OUT, STEPS
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", help="where demo-repo and demo-out go (default: the project root)")
+    ap.add_argument("--steps", type=int, default=STEPS, help="training steps (at least 4 versions: >= 100)")
+    args = ap.parse_args()
+    if args.dir:
+        REPO, OUT = os.path.join(args.dir, "demo-repo"), os.path.join(args.dir, "demo-out")
+    STEPS = max(4 * EVERY, args.steps)
     shutil.rmtree(REPO, ignore_errors=True)
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)

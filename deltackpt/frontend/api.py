@@ -28,6 +28,23 @@ from .restore import restore  # noqa: E402  (re-exported: deltackpt.restore)
 
 
 
+def portable_location(repo: "str | os.PathLike | Store | Repo") -> "str | Store":
+    """What reopens ``repo`` in another process (pickling, spawned ranks): an absolute path or a
+    URL; a Store that is neither local nor fsspec is returned as it is (it pickles or it does not).
+
+    ``portable_location("ckpt")`` -> ``"/abs/ckpt"``"""
+    from ..store.fsspec_store import FsspecStore
+    from ..store.local import LocalStore
+    if isinstance(repo, Repo):
+        repo = repo.core.store
+    if type(repo) in (LocalStore, FsspecStore):
+        return repo.describe()
+    if isinstance(repo, Store):
+        return repo
+    text = os.fspath(repo)
+    return text if "://" in text else os.path.abspath(text)
+
+
 class Repo:
     """A deltackpt repository.
 
@@ -100,6 +117,10 @@ class Repo:
     @property
     def location(self) -> str:
         return self.core.location
+
+    def __reduce__(self) -> tuple:
+        # a Repo holds locks, caches and open files: another process reopens it from its location
+        return (Repo, (portable_location(self),))
 
     def __repr__(self) -> str:
         return f"Repo({self.location!r})"

@@ -249,8 +249,8 @@ def submit(repo: "Repo", leaves: list, tree: Any, write: Callable[..., Version],
             staging.settle(memory, ok, _encoder, MAX_IN_FLIGHT)
             timing["background"] = time.perf_counter() - start
 
-    handle = SaveHandle(_pool().submit(work), memory.nbytes, stall, timing)
-    with _lock:
+    with _lock:  # with release_idle_thread: never submitted to an executor being shut down
+        handle = SaveHandle(_pool().submit(work), memory.nbytes, stall, timing)
         _in_flight.setdefault(id(core), []).append(handle)
     return handle
 
@@ -268,7 +268,19 @@ def run_after(core: Any, fn: Callable[[], Any]) -> SaveHandle:
         finally:
             timing["background"] = time.perf_counter() - start
 
-    handle = SaveHandle(_pool().submit(work), 0, 0.0, timing)
     with _lock:
+        handle = SaveHandle(_pool().submit(work), 0, 0.0, timing)
         _in_flight.setdefault(id(core), []).append(handle)
     return handle
+
+
+def release_idle_thread() -> bool:
+    """Stop the save thread if no save is running or queued (a framework's teardown: no thread of
+    ours outlives the run); the next background save starts a new one.  Returns whether it stopped."""
+    global _executor
+    with _lock:
+        if _executor is None or any(not h.done() for lst in _in_flight.values() for h in lst):
+            return False
+        done, _executor = _executor, None
+    done.shutdown(wait=True)  # idle: its worker exits at once
+    return True

@@ -47,7 +47,7 @@ from ..format.manifest import Blob, Manifest, TensorEntry, TensorRef
 from ..repo import saver
 from ..repo.saver import BlobInput
 from ..store.base import Store
-from .api import Repo, _metrics
+from .api import Repo, _metrics, portable_location
 from .dtypes import dtype_of, name_of
 from .flatten import contiguous_strides
 from .tensor_bytes import byte_view
@@ -78,6 +78,11 @@ def _plain(value: Any, what: str) -> Any:
     if isinstance(value, list):
         return [_plain(v, what) for v in value]
     raise UnsupportedLeafError(f"DCP {what} holds a {type(value).__name__}; deltackpt stores only plain values")
+
+
+def _portable(location: Any) -> Any:
+    """A Repo travels as its location (path, URL or Store); anything else as it is."""
+    return portable_location(location) if isinstance(location, Repo) else location
 
 
 def _shard_name(fqn: str, offsets: "list[int] | None") -> str:
@@ -114,6 +119,10 @@ class Writer(StorageWriter):
 
     def _repo(self) -> Repo:
         return self._location if isinstance(self._location, Repo) else Repo(self._location, create=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # DCP sends storage objects to spawned ranks: the location travels, each rank reopens it
+        return {**self.__dict__, "_location": _portable(self._location)}
 
     # StorageWriter --------------------------------------------------------------------------
     def reset(self, checkpoint_id: "str | os.PathLike | None" = None) -> None:
@@ -259,6 +268,10 @@ class Reader(StorageReader):
 
     def _repo(self) -> Repo:
         return self._location if isinstance(self._location, Repo) else Repo(self._location)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the manifest and index map are read again by the receiving process (read_metadata)
+        return {**self.__dict__, "_location": _portable(self._location), "_manifest": None, "_where": {}}
 
     def reset(self, checkpoint_id: "str | os.PathLike | None" = None) -> None:
         if checkpoint_id is not None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable
+from contextlib import contextmanager
+from typing import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -18,16 +20,35 @@ from .flatten import contiguous_strides
 from .tensor_bytes import from_bytes
 
 _pool: ThreadPoolExecutor | None = None
+_users = 0
+_pool_lock = threading.Lock()
 
 
-def pool() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        # reads serve a caller that waits: never at idle priority, even if first asked for from a
-        # background save's thread (whose policy new threads would inherit)
-        _pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="deltackpt-read",
-                                   initializer=priority.run_idle, initargs=(False,))
-    return _pool
+@contextmanager
+def pool() -> Iterator[ThreadPoolExecutor]:
+    """The read pool, for the duration of one read.  Concurrent reads share it; the last one out
+    shuts it down, so no ``deltackpt-read`` thread outlives a load (frameworks check for leftover
+    threads after a run; a few thread starts per load cost nothing next to decoding)."""
+    global _pool, _users
+    with _pool_lock:
+        if _pool is None:
+            # reads serve a caller that waits: never at idle priority, even if first asked for from a
+            # background save's thread (whose policy new threads would inherit)
+            _pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)),
+                                       thread_name_prefix="deltackpt-read",
+                                       initializer=priority.run_idle, initargs=(False,))
+        _users += 1
+        mine = _pool
+    try:
+        yield mine
+    finally:
+        with _pool_lock:
+            _users -= 1
+            done = _pool if _users == 0 else None
+            if done is not None:
+                _pool = None
+        if done is not None:
+            done.shutdown(wait=True)  # every task has finished: its idle workers exit at once
 
 
 def is_own_blob(m: Manifest, e: TensorEntry) -> bool:
@@ -55,7 +76,8 @@ def read_into(core: Repository, vid: str, m: Manifest, targets: "list[tuple[int,
         for b, _ in targets:
             _check(core, vid, m, b)
     try:
-        core.read_blobs_into([(m.blobs[b], out) for b, out in targets], pool())
+        with pool() as workers:
+            core.read_blobs_into([(m.blobs[b], out) for b, out in targets], workers)
     except DeltackptError as exc:
         n = getattr(exc, "blob_index", None)
         where = f"tensor {_names(m, targets[n][0])}" if n is not None else "a tensor"

@@ -29,7 +29,8 @@ import time
 from typing import Any
 
 from .. import faults
-from ..errors import ObjectNotFoundError, StoreError
+from ..deps import install_hint, require
+from ..errors import MissingDependencyError, ObjectNotFoundError, StoreError
 from .base import Store, check_key
 from .cache import ReadCache, cacheable
 
@@ -57,12 +58,17 @@ class FsspecStore(Store):
 
     def __init__(self, url: str, *, cache_dir: "str | os.PathLike | bool | None" = None,
                  cache_bytes: int | None = None, **storage_options: Any) -> None:
-        import fsspec  # optional dependency: only object-store users need it
+        fsspec = require("fsspec", feature=f"the repository {url}")  # only object-store users need it
 
         self.url = url.rstrip("/")
         try:
             self.fs, root = fsspec.core.url_to_fs(self.url, **storage_options)
-        except (ImportError, ValueError) as exc:
+        except ImportError as exc:  # fsspec knows the protocol, its implementation is not installed
+            proto = self.url.split("://", 1)[0]
+            hint = install_hint("s3fs") if proto in ("s3", "s3a") else f"({exc})"
+            raise MissingDependencyError(f"the repository {url} needs fsspec's {proto}:// support: {hint}",
+                                         name=proto) from None
+        except ValueError as exc:
             raise StoreError(errno.EINVAL, f"{url}: cannot open this URL with fsspec ({exc})") from None
         self.root = root.rstrip("/")
         self.protocol = _protocol(self.fs)

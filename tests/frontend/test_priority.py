@@ -98,19 +98,18 @@ def test_with_idle_off_background_saves_run_at_normal_priority(tmp_path, monkeyp
 
 
 def test_the_read_pool_never_inherits_idle_priority_from_a_save_thread(tmp_path, monkeypatch):
-    """Restores share one read pool; first created from a background save's thread, its threads
-    would inherit SCHED_IDLE and a later restore would crawl on a busy machine."""
+    """The read pool, created from a background save's thread, does not inherit SCHED_IDLE (a
+    restore would crawl on a busy machine)."""
     from deltackpt.frontend import materialize
-    monkeypatch.setattr(materialize, "_pool", None)
     repo = deltackpt.Repo(str(tmp_path / "repo"), create=True)
     seen: list[int] = []
 
     def job() -> None:
         seen.append(_policy())
-        seen.append(materialize.pool().submit(_policy).result())
+        with materialize.pool() as workers:
+            seen.append(workers.submit(_policy).result())
 
     async_save.run_after(repo.core, job)
     _until(lambda: len(seen) == 2)
-    materialize._pool.shutdown()
     assert seen == [os.SCHED_IDLE, os.SCHED_OTHER]
     repo.close()

@@ -33,11 +33,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import TrainerCallback
 
+from ...deps import require
 from ...errors import StateMismatchError
 from .. import rng
-from ..api import Repo, load, save
+from ..api import Repo, load, portable_location, save
+
+TrainerCallback = require("transformers", feature="deltackpt's transformers callback").TrainerCallback
 
 
 class DeltackptCallback(TrainerCallback):
@@ -48,11 +50,31 @@ class DeltackptCallback(TrainerCallback):
 
     def __init__(self, repo: "str | os.PathLike | Repo", *, remove_hf_checkpoints: bool = False,
                  blocking: bool = True, encoding: Any = None) -> None:
-        self.repo = repo if isinstance(repo, Repo) else Repo(repo, create=True)
+        opened = repo if isinstance(repo, Repo) else Repo(repo, create=True)
+        self._location = portable_location(opened)
+        self._repo: Repo | None = opened
         self.remove_hf_checkpoints = remove_hf_checkpoints
         self.blocking = blocking
         self.encoding = encoding
         self.handles: list = []
+
+    @property
+    def repo(self) -> Repo:
+        """The repository, opened in this process at first use."""
+        if self._repo is None:
+            self._repo = Repo(self._location, create=True)
+        return self._repo
+
+    _OPTIONS = ("remove_hf_checkpoints", "blocking", "encoding")
+
+    def __getstate__(self) -> dict[str, Any]:
+        # only the location and options travel (deepcopy, spawned processes): not the open repository
+        return {"location": self._location, **{k: getattr(self, k) for k in self._OPTIONS}}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._location, self._repo, self.handles = state["location"], None, []
+        for k in self._OPTIONS:
+            setattr(self, k, state[k])
 
     def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         if not state.is_world_process_zero:
@@ -84,6 +106,8 @@ class DeltackptCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.wait()
+        from .. import async_save
+        async_save.release_idle_thread()  # no thread of ours outlives the training run
 
     def wait(self) -> None:
         """Wait for background saves; raise their errors."""

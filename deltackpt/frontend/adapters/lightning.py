@@ -9,13 +9,17 @@ ckpt_path=path)`` loads the version the pointer names; ``ckpt_path`` may also be
 the repository itself (``"latest"``, a tag, ``"best:val_loss"``, an id prefix).
 ``remove_checkpoint`` deletes the pointer and the version's tag; ``deltackpt gc`` reclaims it.
 
-What a Lightning checkpoint holds besides tensors, and what happens to it: dicts (also
-``AttributeDict``/``OrderedDict``), lists, tuples, numbers, strings, bytes and None are stored
-as they are (mappings come back as plain dicts); numpy arrays become tensors, numpy scalars
-Python numbers, ``pathlib`` paths, ``torch.dtype`` and ``torch.device`` strings, enums their
-value.  Every such conversion is listed in the version's meta (``converted``).  Anything else
-(an arbitrary object in ``hyper_parameters``, say) raises :class:`~deltackpt.UnsupportedLeafError`
-naming its key: nothing is dropped or pickled silently.
+What a Lightning checkpoint holds besides tensors is stored as plain data, without pickle:
+config objects (OmegaConf, ``argparse.Namespace``, dataclasses, enums, ``AttributeDict``, the
+``hparams_type`` class) with a small type tag, rebuilt at load from an allow-list only; see
+:mod:`deltackpt.frontend.adapters.plain`.  Every conversion is listed in the version's meta
+(``converted``).  Anything else (an arbitrary object in ``hyper_parameters``, say) raises
+:class:`~deltackpt.UnsupportedLeafError` naming its key: nothing is dropped or pickled silently.
+
+Paths: pointer files go through fsspec, as Lightning's own files do, so ``ModelCheckpoint(dirpath=
+"s3://bucket/ckpts")`` or ``"memory://ckpts"`` work (the repository itself may be local or a URL).
+The plugin pickles as its repository's location and options (``ddp_spawn``, ``torch.save(trainer)``,
+``deepcopy``); each process reopens the repository at its first use.
 
 Example::
 
@@ -27,63 +31,34 @@ Example::
 
 from __future__ import annotations
 
-import enum
 import os
-import pathlib
 import re
-from collections.abc import Mapping
 from typing import Any, Optional
 
-import numpy as np
 import torch
-from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 
-from ...errors import DeltackptError, UnknownVersionError, UnsupportedLeafError
-from ..api import Repo, load, save
+from ...deps import require
+from ...errors import CheckpointNotFoundError, DeltackptError, UnknownVersionError
+from ..api import Repo, load, portable_location, save
+from .plain import from_plain, to_plain
+
+__all__ = ["DeltackptIO", "to_plain", "from_plain"]
+
+CheckpointIO = require("lightning_fabric.plugins.io.checkpoint_io",
+                       feature="deltackpt's Lightning plugin").CheckpointIO
+from lightning_fabric.utilities.cloud_io import get_filesystem  # noqa: E402  (installed with CheckpointIO)
 
 POINTER_MAGIC = "deltackpt"
-
-
-def to_plain(obj: Any, path: str = "", converted: dict[str, str] | None = None) -> Any:
-    """A copy of ``obj`` deltackpt can store without pickle; conversions are noted in ``converted``."""
-    where = path or "<root>"
-    if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (bool, int, float, str, bytes)):
-        return obj
-    if isinstance(obj, Mapping):
-        if converted is not None and type(obj) is not dict:
-            converted[where] = f"{type(obj).__name__}->dict"
-        return {k: to_plain(v, f"{path}.{k}" if path else str(k), converted) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple, torch.Size):
-        out = [to_plain(v, f"{path}.{i}" if path else str(i), converted) for i, v in enumerate(obj)]
-        return out if type(obj) is list else tuple(out)
-    note = None
-    value: Any = None
-    if isinstance(obj, np.ndarray):
-        value, note = torch.from_numpy(np.ascontiguousarray(obj)), "ndarray->tensor"
-    elif isinstance(obj, np.generic):
-        value, note = obj.item(), f"{type(obj).__name__}->{type(obj.item()).__name__}"
-    elif isinstance(obj, pathlib.PurePath):
-        value, note = str(obj), "path->str"
-    elif isinstance(obj, (torch.dtype, torch.device)):
-        value, note = str(obj), f"{type(obj).__name__}->str"
-    elif isinstance(obj, enum.Enum):
-        value, note = to_plain(obj.value, path, converted), f"{type(obj).__name__}->value"
-    elif isinstance(obj, (list, tuple)):   # namedtuples and list subclasses
-        value, note = to_plain(list(obj) if isinstance(obj, list) else tuple(obj), path, converted), \
-            f"{type(obj).__name__}->{'list' if isinstance(obj, list) else 'tuple'}"
-    else:
-        raise UnsupportedLeafError(
-            f"Lightning checkpoint entry {where}: {type(obj).__module__}.{type(obj).__qualname__} cannot be stored "
-            "without pickle; make it a plain value (e.g. save_hyperparameters(ignore=[...]) or a str)")
-    if converted is not None:
-        converted[where] = note
-    return value
 
 
 def _tag_for(path: str) -> str:
     stem = os.path.basename(path)
     stem = re.sub(r"\.ckpt$", "", stem)
     return "ckpt-" + re.sub(r"[^A-Za-z0-9_-]+", "_", stem)[:100]
+
+
+def _is_local(fs: Any) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,))
 
 
 class DeltackptIO(CheckpointIO):
@@ -95,19 +70,37 @@ class DeltackptIO(CheckpointIO):
     """
 
     def __init__(self, repo: "str | os.PathLike | Repo", *, blocking: bool = True, encoding: Any = None) -> None:
-        self.repo = repo if isinstance(repo, Repo) else Repo(repo, create=True)
+        opened = repo if isinstance(repo, Repo) else Repo(repo, create=True)
+        self._location = portable_location(opened)
+        self._repo: Repo | None = opened
         self.blocking = blocking
         self.encoding = encoding
         self._pending: list = []
+
+    @property
+    def repo(self) -> Repo:
+        """The repository, opened in this process at first use."""
+        if self._repo is None:
+            self._repo = Repo(self._location, create=True)
+        return self._repo
+
+    def __getstate__(self) -> dict[str, Any]:
+        # only the location and options travel: the open repository (locks, caches) stays here
+        return {"location": self._location, "blocking": self.blocking, "encoding": self.encoding}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._location, self.blocking, self.encoding = state["location"], state["blocking"], state["encoding"]
+        self._repo, self._pending = None, []
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
         path = os.fspath(path)
+        fs = get_filesystem(path)
         converted: dict[str, str] = {}
         state = to_plain(checkpoint, "", converted)
         step = checkpoint.get("global_step")
-        meta = {"lightning_path": os.path.abspath(path), "converted": converted,
+        meta = {"lightning_path": os.path.abspath(path) if _is_local(fs) else path, "converted": converted,
                 "epoch": checkpoint.get("epoch")}
         result = save(state, self.repo, step=int(step) if isinstance(step, int) else None, meta=meta,
                       encoding=self.encoding, blocking=self.blocking)
@@ -122,18 +115,25 @@ class DeltackptIO(CheckpointIO):
 
     def _finish(self, version: Any, path: str) -> None:
         self.repo.tag(_tag_for(path), version.id, force=True)
+        text = f"{POINTER_MAGIC} {self.repo.location} {version.id}\n".encode()
+        fs = get_filesystem(path)
+        if not _is_local(fs):
+            # one object PUT: visible whole or not at all on object stores (which have no folders to make)
+            fs.pipe_file(path, text)
+            return
         d = os.path.dirname(os.path.abspath(path))
         os.makedirs(d, exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(f"{POINTER_MAGIC} {self.repo.location} {version.id}\n")
+        with open(tmp, "wb") as f:
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
 
     def _resolve(self, path: str) -> str:
-        if os.path.isfile(path):
-            with open(path, "rb") as f:
+        fs = get_filesystem(path)
+        if fs.isfile(path):
+            with fs.open(path, "rb") as f:
                 head = f.read(4096)
             parts = head.decode("utf-8", "replace").split()
             if len(parts) == 3 and parts[0] == POINTER_MAGIC:
@@ -143,14 +143,15 @@ class DeltackptIO(CheckpointIO):
         try:
             return self.repo.core.resolve(path)
         except UnknownVersionError:
-            raise UnknownVersionError(f"{path}: no such pointer file, and not a revision of {self.repo.location}") from None
+            raise CheckpointNotFoundError(f"{path}: no such checkpoint (no pointer file, and not a revision of "
+                                          f"{self.repo.location})") from None
 
     def load_checkpoint(self, path: Any, map_location: Optional[Any] = None,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:
         self.teardown()
         vid = self._resolve(os.fspath(path))
         location = map_location if isinstance(map_location, (str, torch.device)) else "cpu"
-        return load(self.repo, vid, map_location=location)
+        return from_plain(load(self.repo, vid, map_location=location))
 
     def remove_checkpoint(self, path: Any) -> None:
         path = os.fspath(path)
@@ -158,13 +159,17 @@ class DeltackptIO(CheckpointIO):
         tag = _tag_for(path)
         if tag in self.repo.tags():
             self.repo.untag(tag)
-        if os.path.isfile(path):
-            os.remove(path)
+        fs = get_filesystem(path)
+        if fs.isfile(path):
+            fs.rm(path)
 
     def teardown(self) -> None:
         """Wait for background saves (and their pointer files)."""
+        if self._repo is None:
+            return  # never opened in this process: nothing of ours can be pending
         from .. import async_save
-        async_save.drain(self.repo.core)
+        async_save.drain(self._repo.core)
         pending, self._pending = self._pending, []
         for h in pending:
             h.wait()
+        async_save.release_idle_thread()  # Lightning checks that no thread outlives the run
