@@ -240,6 +240,8 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
     t0 = time.perf_counter()
     if tag is not None:
         refs.check_name(tag)
+    commit.check_storable(Manifest(parent=None, time=0.0, tree=tree, tensors=tensors, blobs=[], step=step,
+                                   metrics=dict(metrics or {}), meta=meta, extra=dict(extra or {})))
     stats = SaveStats()
     with locks.save_lock(repo.store):
         manifest_blobs = _store_locked(repo, blobs, stats, workers, progress)
