@@ -272,7 +272,10 @@ def _finish_at_exit() -> None:
 
 
 # runs before concurrent.futures joins the save thread (registered after it; called in reverse)
-getattr(threading, "_register_atexit", lambda fn: None)(_finish_at_exit)
+try:
+    getattr(threading, "_register_atexit", lambda fn: None)(_finish_at_exit)
+except RuntimeError:
+    pass  # first imported while the interpreter shuts down (a save from an atexit handler): no notice
 
 
 def run_after(core: Any, fn: Callable[[], Any]) -> SaveHandle:
