@@ -71,6 +71,11 @@ class StateMismatchError(DeltackptError, ValueError):
     """A restore target (model or optimizer) does not match the saved state (missing keys, shapes)."""
 
 
+class InvalidArgumentError(DeltackptError, ValueError, TypeError):
+    """An argument to a public call has the wrong type or a value out of its range (a retention rule
+    of NaN seconds, a count given as a str); refused before any lock is taken or byte written."""
+
+
 class CodecError(DeltackptError, ValueError):
     """A codec was asked to do something it cannot (unknown id, wrong parameters)."""
 

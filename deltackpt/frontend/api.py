@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from ..errors import DeltackptError, UnsupportedLeafError
+from ..errors import DeltackptError, InvalidArgumentError, UnsupportedLeafError
 from ..progress import bar
 from ..repo import commit, saver
 from ..repo.gc import DEFAULT_GRACE_SECONDS, GcReport, run_gc
 from ..repo.layout import DEFAULT_DELTA_CACHE_BYTES
 from ..repo.repository import Repository
-from ..repo.retention import Retention
+from ..repo.retention import Retention, check_seconds
 from ..repo.verify import VerifyReport, run_verify
 from ..repo.versions import Version
 from ..store.base import Store
@@ -233,20 +233,24 @@ def _repo(repo: "str | os.PathLike | Repo | Store", create: bool = False) -> Rep
 
 def _plain(value: Any, what: str) -> Any:
     from .flatten import flatten
-    tree, leaves = flatten(value)
+    tree, leaves = flatten(value, (what,))
     if leaves:
         raise UnsupportedLeafError(f"{what} may not hold tensors ({leaves[0].name or '<root>'}); use floats")
     return tree
 
 
 def _metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+    from .flatten import INT_MAX, INT_MIN, check_text, int_text
     out: dict[str, Any] = {}
     for k, v in (metrics or {}).items():
         if hasattr(v, "item") and callable(v.item):
             v = v.item()  # 0-d tensors and numpy scalars, the usual way losses arrive
         if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise UnsupportedLeafError(f"metric {k!r}: metrics are str -> number, got {type(v).__name__}")
-        out[k] = v
+            raise UnsupportedLeafError(f"metric {ascii(k):.80}: metrics are str -> number, got {type(v).__name__}")
+        check_text(k, "metric name")
+        if isinstance(v, int) and not INT_MIN <= v <= INT_MAX:
+            raise UnsupportedLeafError(f"metric {k!r:.80}: integer {int_text(v)} does not fit in 64 bits; pass a float")
+        out["" + k] = int(v) if isinstance(v, int) else float(v)
     return out
 
 
@@ -289,7 +293,7 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
     from . import async_save
     from ..format.refs import check_name
     from .dtypes import name_of
-    from .flatten import flatten
+    from .flatten import INT_MAX, INT_MIN, flatten, int_text
     from .planner import plan_blobs
 
     if isinstance(obj, torch.nn.Module):
@@ -297,6 +301,8 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
     tree, leaves = flatten(obj)
     if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
         raise UnsupportedLeafError(f"step must be an int, got {type(step).__name__}")
+    if step is not None and not INT_MIN <= step <= INT_MAX:
+        raise UnsupportedLeafError(f"step {int_text(step)} does not fit in 64 bits")
     plain_metrics, plain_meta = _metrics(metrics), _plain(meta, "meta")
     if background not in (None, "thread", "process"):
         raise DeltackptError(f"background must be 'thread' or 'process', got {background!r}")
@@ -382,8 +388,12 @@ def gc(repo: "str | os.PathLike | Repo | Store", *, keep_last: int | None = None
         report = deltackpt.gc("ckpt", keep_last=3, keep_best="val_loss:2", dry_run=True)
         print(report.removed, report.reclaimed_bytes)
     """
-    if isinstance(keep_best, str):
-        keep_best = Retention.parse_best(keep_best)
     policy = Retention(keep_last=keep_last, keep_best=keep_best, keep_every=keep_every,
                        keep_within=keep_within, keep_tags=keep_tags)
+    # NaN would compare as "older than the grace period" and delete a pack another writer is
+    # still to commit; an infinite grace period keeps every unreferenced pack, which is safe
+    grace_seconds = check_seconds("grace_seconds", grace_seconds, allow_inf=True)
+    for name, flag in (("dry_run", dry_run), ("rebase", rebase)):
+        if not isinstance(flag, bool):
+            raise InvalidArgumentError(f"{name} must be True or False, got {flag!r:.80}")
     return run_gc(_repo(repo).core, policy, dry_run=dry_run, rebase=rebase, grace_seconds=grace_seconds)

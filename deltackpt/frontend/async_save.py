@@ -33,12 +33,17 @@ training loop saving in the background holds ``MAX_IN_FLIGHT + 1`` staging copie
 
 Errors: a failed background save raises its exception from :meth:`SaveHandle.wait`, or, when
 nobody waited for it, from the next save to the same repository (which then does not start).
+
+Exit and Ctrl-C: the interpreter's exit waits for the saves in flight (saying so on stderr), and
+the encoder process ignores the terminal's SIGINT, so a Ctrl-C that stops the training loop,
+even inside :meth:`SaveHandle.wait`, still commits the saves already snapshotted.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -253,6 +258,24 @@ def submit(repo: "Repo", leaves: list, tree: Any, write: Callable[..., Version],
         handle = SaveHandle(_pool().submit(work), memory.nbytes, stall, timing)
         _in_flight.setdefault(id(core), []).append(handle)
     return handle
+
+
+def _finish_at_exit() -> None:
+    """Interpreter exit (an uncaught Ctrl-C included) waits for the saves in flight, as it joins the
+    save thread: say so, so that the wait is not taken for a hang, and stop them yielding the CPU."""
+    with _lock:
+        pending = [h for lst in _in_flight.values() for h in lst if not h.done()]
+    if pending:
+        sys.stderr.write(f"deltackpt: finishing {len(pending)} background save(s) before exit\n")
+        sys.stderr.flush()
+        _boost_unless_done(pending)
+
+
+# runs before concurrent.futures joins the save thread (registered after it; called in reverse)
+try:
+    getattr(threading, "_register_atexit", lambda fn: None)(_finish_at_exit)
+except RuntimeError:
+    pass  # first imported while the interpreter shuts down (a save from an atexit handler): no notice
 
 
 def run_after(core: Any, fn: Callable[[], Any]) -> SaveHandle:

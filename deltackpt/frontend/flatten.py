@@ -18,7 +18,7 @@ from ..errors import UnsupportedLeafError
 from ..format.limits import MAX_MSGPACK_DEPTH
 from ..format.manifest import TensorRef
 
-_INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
+INT_MIN, INT_MAX = -(1 << 63), (1 << 64) - 1  # msgpack's integers: int64 and uint64
 
 
 @dataclass
@@ -61,8 +61,30 @@ def _check_tensor(t: torch.Tensor, key: tuple) -> torch.Tensor:
     return t
 
 
-def flatten(obj: Any) -> tuple[Any, list[TensorLeaf]]:
-    """Replace every tensor in ``obj`` with a TensorRef; return (tree, leaves in order)."""
+def int_text(value: int) -> str:
+    """An integer for an error message: its digits, or its size when it has too many to print (str()
+    of an int over 4300 digits raises ValueError)."""
+    return str(value) if value.bit_length() <= 256 else f"of {value.bit_length()} bits"
+
+
+def check_text(text: str, what: str) -> str:
+    """``text`` if it can be stored (UTF-8, which has no lone surrogates), else
+    UnsupportedLeafError naming ``what``; the check is free for ASCII text."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            # the message must itself be printable: show the text escaped, never as is
+            raise UnsupportedLeafError(
+                f"{what} {ascii(text[:60])}{'...' if len(text) > 60 else ''} holds a lone surrogate "
+                f"({ascii(text[exc.start])} at index {exc.start}) and cannot be stored as UTF-8; fix the "
+                "text, or store text.encode('utf-8', 'surrogatepass') as bytes") from None
+    return text
+
+
+def flatten(obj: Any, prefix: tuple = ()) -> tuple[Any, list[TensorLeaf]]:
+    """Replace every tensor in ``obj`` with a TensorRef; return (tree, leaves in order).
+    ``prefix``: where ``obj`` sits, for error messages (``("meta",)``)."""
     leaves: list[TensorLeaf] = []
     seen_names: dict[str, int] = {}
 
@@ -83,15 +105,16 @@ def flatten(obj: Any) -> tuple[Any, list[TensorLeaf]]:
             seen_names[name] = len(leaves)
             leaves.append(TensorLeaf(len(leaves), key, name, t))
             return TensorRef(len(leaves) - 1)
-        if value is None or type(value) in (bool, str, bytes):
+        if value is None or type(value) in (bool, bytes):
             return value
         if isinstance(value, str):  # str subclasses (StrEnum, ...) are saved as plain str
-            return "" + value
+            return check_text("" + value, f"{_path(key)}: string")
         if isinstance(value, bytes):
             return bytes(value)
         if isinstance(value, int):
-            if not _INT_MIN <= value <= _INT_MAX:
-                raise UnsupportedLeafError(f"{_path(key)}: integer {value} does not fit in 64 bits; store it as a str")
+            if not INT_MIN <= value <= INT_MAX:
+                raise UnsupportedLeafError(f"{_path(key)}: integer {int_text(value)} does not fit in 64 bits; store it "
+                                           "as a str")
             return int(value)
         if isinstance(value, float):
             return float(value)
@@ -102,8 +125,11 @@ def flatten(obj: Any) -> tuple[Any, list[TensorLeaf]]:
                     raise UnsupportedLeafError(f"{_path(key)}: dict key {k!r:.40} of type {type(k).__name__} "
                                                "is not supported; use str or int keys")
                 plain = ("" + k) if isinstance(k, str) else int(k)  # IntEnum/str subclasses: their base value
-                if isinstance(plain, int) and not _INT_MIN <= plain <= _INT_MAX:
-                    raise UnsupportedLeafError(f"{_path(key)}: dict key {plain} does not fit in 64 bits; use a str key")
+                if isinstance(plain, str):
+                    check_text(plain, f"{_path(key)}: dict key")
+                if isinstance(plain, int) and not INT_MIN <= plain <= INT_MAX:
+                    raise UnsupportedLeafError(f"{_path(key)}: dict key {int_text(plain)} does not fit in 64 bits; use a "
+                                               "str key")
                 if plain in out:
                     raise UnsupportedLeafError(f"{_path(key)}: dict keys {k!r:.40} and {plain!r:.40} are the same "
                                                "once saved; rename one")
@@ -126,7 +152,7 @@ def flatten(obj: Any) -> tuple[Any, list[TensorLeaf]]:
                                    f"saved without pickle; {hint}")
 
     try:
-        tree = walk(obj, (), 0)
+        tree = walk(obj, prefix, 0)
     except RecursionError:
         # each level costs Python several frames, so very deep (or self-referencing) containers
         # exhaust the interpreter's stack before the depth limit: the same refusal, typed

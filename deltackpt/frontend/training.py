@@ -32,9 +32,9 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from ..errors import DeltackptError, NotARepositoryError, StateMismatchError, UnknownVersionError
+from ..errors import DeltackptError, InvalidArgumentError, NotARepositoryError, StateMismatchError, UnknownVersionError
 from ..repo.gc import DEFAULT_GRACE_SECONDS, run_gc
-from ..repo.retention import Retention
+from ..repo.retention import Retention, check_seconds
 from ..repo.versions import Version
 from . import async_save, rng
 from .api import Repo, _repo, load
@@ -239,6 +239,9 @@ class Checkpointer:
                  encoding: Any = None, grace_seconds: float = DEFAULT_GRACE_SECONDS,
                  start_step: int | None = None, clock: Callable[[], float] = time.monotonic,
                  background: str | None = None) -> None:
+        if retention is not None and not isinstance(retention, Retention):
+            raise InvalidArgumentError(f"retention must be a Retention, got {type(retention).__name__}")
+        grace_seconds = check_seconds("grace_seconds", grace_seconds, allow_inf=True)  # before any I/O
         self.repo = _repo(repo, create=True)
         self.background = background
         self.policy = as_policy(policy)

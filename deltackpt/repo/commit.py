@@ -4,7 +4,9 @@ adds chunks nobody names yet."""
 
 from __future__ import annotations
 
-from ..errors import ConflictError, UnknownVersionError
+from dataclasses import replace
+
+from ..errors import ConflictError, UnknownVersionError, UnsupportedLeafError
 from ..format import refs
 from ..format.ids import hex_id
 from ..format.manifest import Manifest
@@ -67,3 +69,17 @@ def delete_tag(repo: Repository, name: str) -> None:
         if not repo.store.exists(TAGS + name):
             raise UnknownVersionError(f"no tag {name!r}")
         repo.store.delete(TAGS + name, site="tag.delete")
+
+
+def check_storable(manifest: Manifest) -> None:
+    """Refuse a manifest msgpack cannot encode (an integer beyond 64 bits, a str holding a lone
+    surrogate) with :class:`UnsupportedLeafError` naming the field, so that a save fails before its
+    first pack is written rather than after its packs and index.  The frontend names the exact key
+    path; this is the guard for every other writer of the repository layer."""
+    blank = Manifest(parent=None, time=0.0, tree=None, tensors=[], blobs=[])
+    for field in ("step", "metrics", "meta", "tree", "tensors", "writer", "extra"):
+        try:
+            replace(blank, **{field: getattr(manifest, field)}).to_bytes()
+        except (TypeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
+            raise UnsupportedLeafError(f"the version's {field} cannot be stored (nothing was written): "
+                                       f"{type(exc).__name__}: {exc!s:.200}") from None

@@ -20,6 +20,8 @@ repository data never goes through it.  A segment's file descriptor travels with
 
 Lifetime: the child exits when its socket closes (the parent exited, or was killed: a save it had
 already received is finished first, so a killed training job's last background save still lands).
+It runs in its own session and ignores SIGINT, so Ctrl-C in the terminal (SIGINT to the whole
+foreground process group) interrupts the training process but not a save the child holds.
 If the child dies, the save in flight fails with :class:`EncoderProcessError` and the next save
 starts a new child.
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import signal
 import socket
 import struct
 import subprocess
@@ -160,8 +163,12 @@ class EncoderProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
         try:
+            # its own session: Ctrl-C (and any signal sent to the training job's process group) stops
+            # the training process, never a save this child has received; the child exits when the
+            # parent's end of the socket closes, however the parent went
             self.proc = subprocess.Popen([sys.executable, "-m", "deltackpt.repo.encoder_process", str(child.fileno())],
-                                         pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, env=env)
+                                         pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, env=env,
+                                         start_new_session=True)
         except OSError as exc:
             parent.close()
             raise EncoderProcessError(f"could not start the encoder process: {exc}") from exc
@@ -306,4 +313,7 @@ def _portable(exc: BaseException) -> BaseException:
 
 
 if __name__ == "__main__":
+    # a SIGINT sent to this pid alone would otherwise abort a received save half-way (its packs
+    # aborted, the version lost); the parent's socket closing is what ends this process
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _serve(socket.socket(fileno=int(sys.argv[1])))

@@ -5,10 +5,13 @@ The union of every rule is kept; ``latest`` is always kept.
 
 from __future__ import annotations
 
+import math
+import numbers
+import operator
 import time
 from dataclasses import dataclass
 
-from ..errors import DeltackptError
+from ..errors import InvalidArgumentError
 from .repository import Repository
 
 
@@ -16,6 +19,11 @@ from .repository import Repository
 class Retention:
     """Keep the last N, the best K by a metric, one version every K steps, everything newer than a
     duration, and tagged versions.
+
+    "Last" is history order, not the clock: ``keep_last=3`` keeps ``latest``, ``latest~1`` and
+    ``latest~2`` (first parents), however skewed the clocks of the writers that saved them.
+    Every rule is checked when the policy is made (:class:`~deltackpt.errors.InvalidArgumentError`),
+    so a bad one is refused before gc takes a lock.
 
     Example::
 
@@ -29,14 +37,13 @@ class Retention:
     keep_tags: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("keep_last", "keep_every"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v < 0 or (name == "keep_every" and v == 0)):
-                raise DeltackptError(f"{name} must be a positive integer, got {v!r}")
-        if self.keep_best is not None:
-            metric, count, direction = self.keep_best
-            if direction not in ("min", "max") or not isinstance(count, int) or count < 0:
-                raise DeltackptError(f"keep_best must be (metric, count, 'min'|'max'), got {self.keep_best!r}")
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen
+        set_("keep_last", _count("keep_last", self.keep_last, 0))
+        set_("keep_every", _count("keep_every", self.keep_every, 1))
+        set_("keep_within", _seconds("keep_within", self.keep_within))
+        set_("keep_best", _best(self.keep_best))
+        if not isinstance(self.keep_tags, bool):
+            raise InvalidArgumentError(f"keep_tags must be True or False, got {self.keep_tags!r:.80}")
 
     @staticmethod
     def parse_best(text: str) -> tuple[str, int, str]:
@@ -49,12 +56,12 @@ class Retention:
                 return parts[0], int(parts[1]), parts[2]
         except ValueError:
             pass
-        raise DeltackptError(f"--keep-best takes METRIC:COUNT[:min|max], got {text!r}")
+        raise InvalidArgumentError(f"keep_best (--keep-best) takes METRIC:COUNT[:min|max], got {text!r:.80}")
 
     def select(self, repo: Repository, now: float | None = None) -> dict[str, list[str]]:
         """Map each kept version id to the reasons it is kept."""
         now = time.time() if now is None else now
-        history = repo.history()  # newest first
+        history = history_order(repo)  # newest first
         kept: dict[str, list[str]] = {}
 
         def keep(vid: str, why: str) -> None:
@@ -74,7 +81,8 @@ class Retention:
             scored = [(repo.manifest(v).metrics.get(metric), v) for v in history]
             scored = [(float(s), v) for s, v in scored
                       if isinstance(s, (int, float)) and not isinstance(s, bool) and s == s]
-            scored.sort(key=lambda x: x[0], reverse=direction == "max")
+            # stable: of equal scores the newer in history wins
+            scored.sort(key=lambda x: -x[0] if direction == "max" else x[0])
             for _, vid in scored[:count]:
                 keep(vid, f"best {count} by {metric}")
         if self.keep_every:
@@ -93,3 +101,68 @@ class Retention:
             for name, vid in repo.tags().items():
                 keep(vid, f"tag {name}")
         return kept
+
+
+def history_order(repo: Repository) -> list[str]:
+    """Every version, newest first by history: ``latest``, its parent, its parent's parent, ...;
+    then the versions not on that line (an ancestor gc removed cuts it; a manifest whose ref never
+    moved is not on it), newest first by the time their writer's clock recorded."""
+    by_time = repo.history()
+    present = set(by_time)
+    line: list[str] = []
+    seen: set[str] = set()
+    vid = repo.latest()
+    while vid is not None and vid in present and vid not in seen:
+        line.append(vid)
+        seen.add(vid)
+        vid = repo.manifest(vid).parent
+    return line + [v for v in by_time if v not in seen]
+
+
+def _count(name: str, value: object, minimum: int) -> int | None:
+    if value is None:
+        return None
+    try:
+        n = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        n = None
+    if n is None or n < minimum:
+        raise InvalidArgumentError(f"{name} must be an integer >= {minimum}, got {value!r:.80}")
+    return n
+
+
+def check_seconds(name: str, value: object, *, allow_inf: bool = False) -> float:
+    """``value`` as a float of seconds >= 0 (not NaN; infinite only with ``allow_inf``), else
+    :class:`InvalidArgumentError` naming ``name``."""
+    seconds = _seconds(name, value, allow_inf)
+    if seconds is None:
+        raise InvalidArgumentError(f"{name} must be a number of seconds, got None")
+    return seconds
+
+
+def _seconds(name: str, value: object, allow_inf: bool = False) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidArgumentError(f"{name} must be a number of seconds, got {type(value).__name__} {value!r:.80}")
+    seconds = float(value)
+    if seconds != seconds or seconds < 0 or (seconds == math.inf and not allow_inf):
+        raise InvalidArgumentError(f"{name} must be a {'' if allow_inf else 'finite '}number of seconds >= 0, "
+                                   f"got {value!r:.80}")
+    return seconds
+
+
+def _best(value: object) -> tuple[str, int, str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = Retention.parse_best(value)
+    if not isinstance(value, (tuple, list)) or len(value) != 3:
+        raise InvalidArgumentError(f"keep_best must be (metric, count, 'min'|'max') or 'METRIC:COUNT[:min|max]', "
+                                   f"got {value!r:.80}")
+    metric, count, direction = value
+    if not isinstance(metric, str) or not metric or direction not in ("min", "max"):
+        raise InvalidArgumentError(f"keep_best must be (metric, count, 'min'|'max'), got {value!r:.80}")
+    n = _count("keep_best's count", count, 0)
+    assert n is not None
+    return metric, n, direction

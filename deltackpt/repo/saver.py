@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -29,6 +30,7 @@ from ..format.pack import PackStream
 from . import commit, locks
 from .chunking import chunk_bounds
 from .delta_cache import ChunkMemo
+from .presence import ChunkPresence
 from .layout import INDEX, pack_key
 from .repository import Repository
 
@@ -168,7 +170,7 @@ class _CopyArena:
 
 
 def _encode_one(repo: Repository, raw: memoryview | bytes, ctx: ChunkContext, memo: ChunkMemo | None, mode: str,
-                known: Callable[[bytes], bool], copy_to: np.ndarray | None = None,
+                known: Callable[[bytes], bool], present: ChunkPresence, copy_to: np.ndarray | None = None,
                 owner: Any = None) -> tuple[_ChunkResult, ChunkMemo]:
     # the one copy (into ``copy_to``, or a fresh bytes): the caller's tensor may change once save()
     # returns, and the id must be the hash of exactly the bytes encoded.  Lent bytes (``owner``)
@@ -181,7 +183,7 @@ def _encode_one(repo: Repository, raw: memoryview | bytes, ctx: ChunkContext, me
         np.copyto(copy_to, np.frombuffer(raw, dtype=np.uint8))
         data = memoryview(copy_to)
     src = digest(data)
-    depth_of = lambda cid: repo.entry(cid)[1].depth if repo.has_chunk(cid) else 0  # noqa: E731
+    depth_of = lambda cid: getattr(present.entry(cid), "depth", 0)  # noqa: E731 - 0 when written by this save
     # lossless deltas against the position's last keyframe (a star) rather than the parent
     star = mode == "lossless" and repo.config.delta_base == "keyframe"
     if mode == "lossless":
@@ -193,9 +195,9 @@ def _encode_one(repo: Repository, raw: memoryview | bytes, ctx: ChunkContext, me
         # unchanged since the last lossy save: reuse the stored approximation as is
         return _ChunkResult(memo.chunk_id, len(data), None, 0, None, memo.depth, 0.0, True), memo
     base = None
-    if (memo is not None and repo.has_chunk(memo.chunk_id) and len(memo.data) == len(data)
+    entry = present.entry(memo.chunk_id) if memo is not None else None  # never a base whose pack is gone
+    if (memo is not None and entry is not None and len(memo.data) == len(data)
             and (not star or memo.age < repo.config.keyframe_interval)):
-        entry = repo.entry(memo.chunk_id)[1]
         base = BaseChunk(memo.chunk_id, memo.data, entry.depth, entry.length)
     prefer = memo.winner if memo is not None and base is not None else None
     choice = encode_chunk(data, ctx, mode=mode, base=base, keyframe_interval=repo.config.keyframe_interval,
@@ -240,6 +242,8 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
     t0 = time.perf_counter()
     if tag is not None:
         refs.check_name(tag)
+    commit.check_storable(Manifest(parent=None, time=0.0, tree=tree, tensors=tensors, blobs=[], step=step,
+                                   metrics=dict(metrics or {}), meta=meta, extra=dict(extra or {})))
     stats = SaveStats()
     with locks.save_lock(repo.store):
         manifest_blobs = _store_locked(repo, blobs, stats, workers, progress)
@@ -292,19 +296,24 @@ def _store_locked(repo: Repository, blobs: list[BlobInput], stats: SaveStats, wo
     no pack under a final name (the streaming writer is aborted)."""
     repo.refresh_index()
     packer = _Packer(repo, stats)
-    known = lambda cid: repo.has_chunk(cid) or cid in packer.pending  # noqa: E731
+    present = ChunkPresence(repo)   # dedup only against chunks whose packs exist (presence.py)
+    known = lambda cid: cid in packer.pending or present.usable(cid)  # noqa: E731
     manifest_blobs: list[Blob] = []
     try:
-        _write_blobs(repo, blobs, packer, stats, manifest_blobs, known, workers, progress)
+        _write_blobs(repo, blobs, packer, stats, manifest_blobs, known, present, workers, progress)
     except BaseException:
         packer.abort()
         raise
     packer.finish()
+    if present.missing_packs:
+        warnings.warn(f"{repo.location}: {len(present.missing_packs)} pack(s) the index names are missing "
+                      f"({', '.join(sorted(present.missing_packs)[:3])}...); this save stored the chunks it needed "
+                      "again, but older versions may be damaged: run `deltackpt verify`", RuntimeWarning, stacklevel=2)
     return manifest_blobs
 
 
 def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stats: SaveStats,
-                 manifest_blobs: list[Blob], known, workers: int | None, progress) -> None:
+                 manifest_blobs: list[Blob], known, present: ChunkPresence, workers: int | None, progress) -> None:
     """Hash and encode every chunk of every blob in a pool, keeping up to WINDOW chunks in flight
     ACROSS blobs (a model is mostly tensors of one or two chunks: a window per blob would leave
     the pool idle), and pack the results in submission order, so packs are laid out the same way
@@ -330,7 +339,7 @@ def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stat
 
     def consume_oldest() -> None:
         bi, ci, fut = in_flight.popleft()
-        _take(fut.result(), blobs[bi], ci, chunk_lists[bi], packer, repo, stats)
+        _take(fut.result(), blobs[bi], ci, chunk_lists[bi], packer, repo, stats, known)
         remaining[bi] -= 1
         finish_ready()
 
@@ -356,7 +365,7 @@ def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stat
                     raw, copy_to = staged(s, e), None
                 else:
                     raw, copy_to = view[s:e], arena.take(e - s) if b.mode == "lossless" and lent[bi] is None else None
-                in_flight.append((bi, i, pool.submit(_encode_one, repo, raw, ctx, memo, b.mode, known, copy_to,
+                in_flight.append((bi, i, pool.submit(_encode_one, repo, raw, ctx, memo, b.mode, known, present, copy_to,
                                                      lent[bi])))
                 while len(in_flight) >= WINDOW:
                     consume_oldest()
@@ -368,7 +377,7 @@ def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stat
 
 
 def _take(result: tuple, b: BlobInput, i: int, chunks: list[ChunkRef], packer: _Packer, repo: Repository,
-          stats: SaveStats) -> None:
+          stats: SaveStats, known: Callable[[bytes], bool]) -> None:
     """Record one encoded chunk (in order): its reference, the delta cache, and its object."""
     r, memo = result
     chunks.append(ChunkRef(r.cid, r.raw_len))
@@ -377,7 +386,7 @@ def _take(result: tuple, b: BlobInput, i: int, chunks: list[ChunkRef], packer: _
     if r.lossy:
         b.exact = False
         b.max_abs_err = max(b.max_abs_err, r.err)
-    if r.parts is None or r.cid in packer.pending or repo.has_chunk(r.cid):
+    if r.parts is None or known(r.cid):
         stats.chunks_reused += 1
         return
     stats.chunks_new += 1

@@ -119,8 +119,11 @@ def run_verify(repo: Repository, *, read_data: bool = True,
             bad_packs[pid] = str(exc)
         if pid not in indexed_packs:
             report.warnings.append(Problem(pack_key(pid), "no index refers to this pack (gc reclaims it)"))
+    sound = lambda cid: any(p not in bad_packs and p in packs_on_disk for p, _ in repo.entries_for(cid))  # noqa: E731
     for pid, why in bad_packs.items():
-        affected = sorted({v for cid, p, _ in repo.index_items() if p == pid for v in users.get(cid, ())})
+        # a chunk also stored in a sound pack (a later save wrote it again) costs no version
+        affected = sorted({v for cid, p, _ in repo.index_items(all_copies=True) if p == pid and not sound(cid)
+                           for v in users.get(cid, ())})
         if affected or pid in indexed_packs:
             report.errors.append(Problem(pack_key(pid), why, affected))
         else:

@@ -180,3 +180,56 @@ def test_conj_and_neg_views_are_saved_resolved(repo_path):
     deltackpt.save(obj, repo_path)
     out = deltackpt.load(repo_path)
     assert torch.equal(out["c"], z.conj().resolve_conj()) and torch.equal(out["n"], -torch.arange(3.0))
+
+
+def _listing(root: str) -> list[str]:
+    """The repository's packs, index files and manifests."""
+    return sorted(os.path.relpath(os.path.join(d, f), root) for sub in ("packs", "index", "manifests")
+                  for d, _dirs, files in os.walk(os.path.join(root, sub)) for f in files)
+
+
+UNSTORABLE = {   # save kwargs (a changed tensor, so a save that got further would write a pack), words in the error
+    "step_above_64_bits": (dict(step=1 << 64), ["step", "64 bits"]),
+    "step_below_64_bits": (dict(step=-(1 << 63) - 1), ["step", "64 bits"]),
+    "step_of_5000_digits": (dict(step=10 ** 5000), ["step", "bits"]),
+    "metric_above_64_bits": (dict(metrics={"tokens": 1 << 70}), ["tokens", "64 bits"]),
+    "metric_name_surrogate": (dict(metrics={"loss\ud800": 1.0}), ["metric name", "surrogate", "\\ud800"]),
+    "meta_surrogate": (dict(meta={"note": "x\udc00"}), ["meta.note", "surrogate"]),
+    "meta_key_surrogate": (dict(meta={"\ud83d": 1}), ["meta", "dict key", "surrogate"]),
+    "meta_int_of_5000_digits": (dict(meta={"n": 10 ** 5000}), ["meta.n", "bits"]),
+    "value_surrogate": (dict(obj={"w": torch.ones(9), "cfg": {"name": ["ok", "a\udfffb"]}}), ["cfg.name.1", "surrogate"]),
+    "key_surrogate": (dict(obj={"w": torch.ones(9), "cfg": {"\udc80": torch.ones(2)}}), ["cfg", "dict key", "surrogate"]),
+    "str_subclass_surrogate": (dict(obj={"w": torch.ones(9), "s": Name("\ud800")}), ["s", "surrogate"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNSTORABLE))
+def test_unstorable_step_metric_or_text_is_refused_before_the_first_pack(repo, name):
+    """A step or metric beyond 64 bits, or a lone surrogate in a key, value, meta or metric name,
+    raises UnsupportedLeafError naming it (printable) and leaves no new pack, index file or manifest."""
+    kwargs, words = UNSTORABLE[name]
+    kwargs = dict(kwargs)
+    obj = kwargs.pop("obj", {"w": torch.arange(9.0)})   # differs from the saved version: it would be written
+    before = _listing(repo)
+    with pytest.raises(UnsupportedLeafError) as info:
+        deltackpt.save(obj, repo, **kwargs)
+    msg = str(info.value)
+    msg.encode("utf-8")   # the message itself prints on any terminal
+    for w in words:
+        assert w in msg, msg
+    assert _listing(repo) == before
+    assert len(deltackpt.Repo(repo).log()) == 1
+
+
+@pytest.mark.parametrize("tree", [{"n": 1 << 64}, {"\udc80": 1}, ["\ud800"]])
+def test_repository_layer_refuses_an_unstorable_tree_before_writing(repo, tree):
+    """saver.write_version (any writer below the frontend) refuses a tree msgpack cannot encode
+    before its pack is written, as UnsupportedLeafError."""
+    from deltackpt.repo import saver
+    from deltackpt.repo.repository import Repository
+    core = Repository(repo)
+    blob = saver.BlobInput(("w",), bytes(range(256)) * 64, "uint8", 1, 256)
+    before = _listing(repo)
+    with pytest.raises(UnsupportedLeafError, match="tree"):
+        saver.write_version(core, [blob], [], tree, step=2)
+    assert _listing(repo) == before

@@ -176,3 +176,47 @@ def test_checkpointer_saves_through_the_encoder_process_when_asked(repo_path):
     assert staging._lent[id(core)].segment is not None    # the staging copy is a shared segment
     assert [v.step for v in deltackpt.Repo(repo_path).log()] == [3, 2, 1]
     assert torch.equal(deltackpt.load(repo_path)["w"], w)
+
+
+_CTRL_C_SCRIPT = textwrap.dedent("""
+    import sys, time, torch, deltackpt
+    path, wait, background = sys.argv[1], sys.argv[2] == "wait", sys.argv[4]
+    w = torch.Generator().manual_seed(7)
+    state = {"w": torch.randn(512, 256, generator=w), "step": 1}
+    torch.save(state, sys.argv[3])                      # what the save must bring back
+    h = deltackpt.save(state, path, step=1, blocking=False, background=background)
+    if wait:
+        h.wait()
+    else:
+        time.sleep(120)                                 # the training loop goes on; nobody waits
+    """)
+
+
+@pytest.mark.parametrize("background", ["process", "thread"])
+@pytest.mark.parametrize("wait", ["wait", "no-wait"])
+def test_ctrl_c_to_the_process_group_does_not_lose_a_save_the_encoder_received(tmp_path, wait, background):
+    """SIGINT to the whole process group (Ctrl-C in a terminal) while a background save holds the
+    save lock (in the encoder process, or the save thread): the save finishes, commits and loads bit
+    for bit, whether or not the training process was waiting for it, and the process says so."""
+    repo, trace, expected = str(tmp_path / "repo"), tmp_path / "trace", str(tmp_path / "expected.pt")
+    env = {**os.environ, "PYTHONPATH": ROOT, "DELTACKPT_FAULT": "pack.fsync:1:sleep5",
+           "DELTACKPT_FAULT_TRACE": str(trace)}
+    # its own session: killpg reaches the script and whatever stayed in its process group
+    proc = subprocess.Popen([sys.executable, "-c", _CTRL_C_SCRIPT, repo, wait, expected, background], env=env,
+                            start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (trace.exists() and "pack.fsync" in trace.read_text()):   # the encoder holds the save lock
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else ""
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "KeyboardInterrupt" in err, err          # the training process was interrupted as asked
+    r = deltackpt.Repo(repo)
+    assert [v.step for v in r.log()] == [1], err    # ... and the save it had handed over committed
+    assert torch.equal(deltackpt.load(repo)["w"], torch.load(expected)["w"])
+    assert r.verify().ok
+    assert "finishing 1 background save(s) before exit" in err, err   # and it said why it did not exit at once
