@@ -1,7 +1,8 @@
 """``verify``: re-read everything and check it, naming every version a bad object belongs to.
 
-Checks: config; every ref and tag parses and names an existing manifest; every manifest's bytes
-hash to its id and pass the schema; every pack's bytes hash to its name and its header parses and
+Checks everything ``load`` checks, for every version: config; every ref and tag parses and names
+an existing manifest; every manifest's bytes hash to its id and pass the schema, and the index
+backs each of its blobs with chunks of the lengths it declares (``check_blob``); every pack's bytes hash to its name and its header parses and
 agrees with the index; every chunk any version needs (and each delta base) decodes to bytes that
 hash to its id.  Leftover temp files and unreferenced packs are warnings, not errors.
 """
@@ -80,6 +81,14 @@ def run_verify(repo: Repository, *, read_data: bool = True,
                 report.errors.append(Problem(key, f"names version {vid[:10]}, which has no valid manifest", [vid]))
         except DeltackptError as exc:
             report.errors.append(Problem(key, str(exc)))
+
+    # the lengths load checks before it allocates (one function for both, so verify cannot pass
+    # a version load refuses)
+    for vid, m in manifests.items():
+        for b, blob in enumerate(m.blobs):
+            why = repo.blob_mismatch(blob)
+            if why is not None:
+                report.errors.append(Problem(MANIFESTS + vid, f"blob {b}: {why}", [vid]))
 
     # which versions need which chunk (through delta chains too)
     users: dict[bytes, set[str]] = {}
