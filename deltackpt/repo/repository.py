@@ -23,7 +23,7 @@ import time
 from typing import Any, Iterable
 
 from ..errors import (AmbiguousVersionError, CorruptObjectError, DeltackptError, FormatVersionError,
-                      NotARepositoryError, ObjectNotFoundError, UnknownVersionError)
+                      NotARepositoryError, ObjectNotFoundError, StoreError, UnknownVersionError)
 from ..format import config as config_fmt
 from ..format import index as index_fmt
 from ..format import manifest as manifest_fmt
@@ -75,13 +75,18 @@ class Repository(ChunkReader):
         self.location = self.store.describe()
         self.level = level
         try:
-            raw = self.store.get(CONFIG)
-        except (ObjectNotFoundError, FileNotFoundError):
-            if not create:
-                raise NotARepositoryError(f"{self.location}: not a deltackpt repository (no config); "
-                                          "create one with `deltackpt init` or by saving to it") from None
-            self._init(chunk_bytes, keyframe_interval, delta_base)
-            raw = self.store.get(CONFIG)
+            try:
+                raw = self.store.get(CONFIG)
+            except (ObjectNotFoundError, FileNotFoundError):
+                if not create:
+                    raise NotARepositoryError(f"{self.location}: not a deltackpt repository (no config); "
+                                              "create one with `deltackpt init` or by saving to it") from None
+                self._init(chunk_bytes, keyframe_interval, delta_base)
+                raw = self.store.get(CONFIG)
+        except StoreError as exc:  # the path is a file, unreadable, ...: say which repository
+            if type(exc) is not StoreError or self.location in str(exc):
+                raise
+            raise StoreError(f"{self.location}: {exc}") from None
         self.config = config_fmt.decode(raw, where=self.location)
         if chunk_bytes:
             self.config.chunk_bytes = chunk_bytes

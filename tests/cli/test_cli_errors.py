@@ -159,3 +159,11 @@ def test_an_unexpected_exception_maps_to_the_internal_error_status():
     assert cli._message(PermissionError(13, "Permission denied", "/x/y"))[0] == "/x/y: Permission denied"
     assert cli._message(ModuleNotFoundError("No module named 'zstandard'", name="zstandard"))[1] == cli.EXIT_ERROR
     assert cli._one_line("a\nb\n  c") == "a b c"
+
+
+def test_a_repository_path_that_is_a_file_is_named(tmp_path):
+    """--repo naming a plain file exits 3 with one line naming that path (not only the key 'config')."""
+    path = tmp_path / "afile"
+    path.write_text("x")
+    for command in ("log", "init", "verify"):
+        _one_line_error(run_cli(command, "--repo", str(path), check=False), cli.EXIT_ERROR, str(path))
