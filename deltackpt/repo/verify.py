@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..codecs import registry
 from ..errors import DeltackptError
 from ..format import pack as pack_fmt
 from ..format import refs
@@ -147,6 +148,10 @@ def run_verify(repo: Repository, *, read_data: bool = True,
             report.errors.append(Problem(f"chunk {cid.hex()}", "not in the index", sorted(users[cid])))
             continue
         if not read_data:
+            try:  # without decoding, still what load refuses first: an encoding no codec owns
+                registry.get(repo.entry(cid)[1].encoding)
+            except DeltackptError as exc:
+                report.errors.append(Problem(f"chunk {cid.hex()}", str(exc), sorted(users[cid])))
             continue
         try:
             repo.read_chunk(cid)

@@ -188,3 +188,14 @@ def test_verify_refuses_a_chunk_length_the_index_disagrees_with(root):
     assert deltackpt.Repo(root).verify(read_data=False).bad_versions == [vid]
     proc = run_cli("verify", "--repo", root, check=False)
     assert proc.returncode == 1 and f"bad versions: {vid[:10]}" in proc.stdout
+
+
+def test_quick_verify_refuses_an_encoding_id_no_codec_owns(root):
+    """verify --quick (no decoding) still flags index entries whose encoding id load would refuse."""
+    from tests.security.test_hostile_repos import _replace, _rewrite_index
+    _rewrite_index(root, lambda pid, plen, es: [_replace(e, encoding=200) for e in es])
+    with pytest.raises(CorruptObjectError, match="disagrees with the index"):
+        deltackpt.load(root, _latest(root))
+    report = deltackpt.Repo(root).verify(read_data=False)
+    assert not report.ok and _latest(root) in report.bad_versions
+    assert any("unknown encoding id 200" in p.problem for p in report.errors)
