@@ -2,9 +2,11 @@
 
 Checks everything ``load`` checks, for every version: config; every ref and tag parses and names
 an existing manifest; every manifest's bytes hash to its id and pass the schema, and the index
-backs each of its blobs with chunks of the lengths it declares (``check_blob``); every pack's bytes hash to its name and its header parses and
-agrees with the index; every chunk any version needs (and each delta base) decodes to bytes that
-hash to its id.  Leftover temp files and unreferenced packs are warnings, not errors.
+backs each of its blobs with chunks of the lengths it declares (``blob_mismatch``, which load's
+``check_blob`` runs too); every pack's bytes hash to its name and its header parses and agrees
+with the index; every chunk any version needs (and each delta base) decodes to bytes that hash to
+its id (``--quick``: its encoding id is known, nothing is decoded).  Leftover temp files and
+unreferenced packs are warnings, not errors.
 """
 
 from __future__ import annotations

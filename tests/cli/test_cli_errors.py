@@ -52,7 +52,8 @@ def test_restore_onto_a_folder_is_one_line(repo, tmp_path):
                     str(out), "is a folder")
 
 
-@pytest.mark.parametrize("content", [b"", b"garbage\n", b"\xff" * 8 + b"{}", b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":1}"])
+@pytest.mark.parametrize("content", [b"", b"garbage\n", b"\xff" * 8 + b"{}",
+                                     b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":1}"])
 def test_import_of_a_corrupt_safetensors_file_is_one_line(tmp_path, content):
     """import of a corrupt .safetensors exits 3 naming the file (--json: ForeignFileError); no repository is created."""
     bad = tmp_path / "bad.safetensors"
@@ -135,7 +136,7 @@ def test_a_missing_optional_dependency_is_one_line(repo, tmp_path):
 
 
 def test_unknown_revision_and_missing_repository_exit_3_not_1(repo, tmp_path):
-    """Errors exit 3 (distinct from verify's 1 and argparse's 2), with one line; DELTACKPT_DEBUG=1 adds the traceback."""
+    """Errors exit 3 (not verify's 1, not argparse's 2) with one line; DELTACKPT_DEBUG=1 adds the traceback."""
     _one_line_error(run_cli("show", "nosuchtag", "--repo", repo, check=False), cli.EXIT_ERROR, "nosuchtag")
     _one_line_error(run_cli("verify", "--repo", str(tmp_path / "none"), check=False), cli.EXIT_ERROR,
                     "not a deltackpt repository")
