@@ -76,6 +76,15 @@ class InvalidArgumentError(DeltackptError, ValueError, TypeError):
     of NaN seconds, a count given as a str); refused before any lock is taken or byte written."""
 
 
+class FileAccessError(DeltackptError, OSError):
+    """A file the caller named (an import's input, a restore's output) cannot be read or written
+    there: missing, a folder, not a regular file, no permission, no room."""
+
+
+class ForeignFileError(DeltackptError, ValueError):
+    """A file given to import is not a valid .pt (weights only) or .safetensors file."""
+
+
 class CodecError(DeltackptError, ValueError):
     """A codec was asked to do something it cannot (unknown id, wrong parameters)."""
 

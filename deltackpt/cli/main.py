@@ -1,17 +1,38 @@
-"""deltackpt command line.  Every command takes --json for scripts; exit status 0 on success,
-1 when verify finds a problem, 2 on an error (the message names what it is about)."""
+"""deltackpt command line.  Every command takes --json for scripts.  Exit status (EXIT_CODES):
+0 success, 1 verify found problems, 2 usage (argparse), 3 the command failed (one line on stderr
+naming the version, tensor, file or object), 4 an internal error (a bug: one line, the traceback
+with DELTACKPT_DEBUG=1), 130 interrupted."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import traceback
 from typing import Any
 
 import deltackpt
 from deltackpt.errors import DeltackptError
 
 from .render import emit_json, human_bytes, table, when
+
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_ERROR, EXIT_BUG, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_CODES = f"""exit status:
+  {EXIT_OK}    success
+  {EXIT_PROBLEMS}    verify found problems (the repository is damaged; the report names them)
+  {EXIT_USAGE}    usage error (unknown command or option)
+  {EXIT_ERROR}    the command failed: one line on stderr, `deltackpt: error: ...`, names the version,
+       tensor, file or object (with --json also {{"error": {{"type", "message"}}}} on stdout)
+  {EXIT_BUG}    internal error (a bug): one line; rerun with DELTACKPT_DEBUG=1 for the traceback
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C)"""
+MAX_MESSAGE = 2000
+
+
+def _one_line(text: str) -> str:
+    """Messages of other libraries (torch, safetensors) span lines; a CLI error is one."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + " ..."
 
 
 def _repo(args: argparse.Namespace, create: bool = False) -> Any:
@@ -42,10 +63,18 @@ def cmd_log(args: argparse.Namespace) -> int:
         return 0
     rows = []
     for v in versions:
+        if v.error is not None:  # listed, not fatal: the other versions are still shown
+            rows.append([v.short_id, "?", "?", "?", "?", ",".join(v.tags), "?", f"DAMAGED: {_one_line(v.error)}"])
+            continue
         metrics = " ".join(f"{k}={val:.4g}" if isinstance(val, float) else f"{k}={val}" for k, val in v.metrics.items())
-        rows.append([v.short_id, when(v.time), v.step, human_bytes(v.logical_bytes), human_bytes(v.written_bytes),
+        rows.append([v.short_id, when(v.time), v.step, human_bytes(v.logical_bytes),
+                     "?" if v.written_bytes is None else human_bytes(v.written_bytes),
                      ",".join(v.tags), "" if v.exact else "lossy", metrics])
     table(["version", "time", "step", "logical", "written", "tags", "exact", "metrics"], rows)
+    damaged = sum(v.error is not None for v in versions)
+    if damaged:
+        print(f"deltackpt: {damaged} damaged version(s) listed; `deltackpt verify` names what is wrong",
+              file=sys.stderr)
     return 0
 
 
@@ -55,7 +84,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         emit_json(info)
         return 0
     v = info["version"]
-    print(f"version {v['id']}\nparent  {v['parent']}\ntime    {v['time_iso']}\nstep    {v['step']}")
+    print(f"version {v['id']}\nparent  {v['parent']}\ntime    {v['time_iso'] or '?'}\nstep    {v['step']}")
     print(f"tags    {', '.join(v['tags']) or '-'}\nexact   {'yes' if info['exact'] else 'no (lossy encodings)'}")
     if v["metrics"]:
         print("metrics " + ", ".join(f"{k}={val}" for k, val in v["metrics"].items()))
@@ -70,7 +99,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from deltackpt.frontend.files import export_file
+    from deltackpt.frontend.files import check_output, export_file
+    check_output(args.output)  # a missing folder is named before the version is loaded
     repo = _repo(args)
     state, version = repo.load(args.version, layers=args.layer or None, return_version=True)
     count = export_file(state, args.output, version_id=version.id)
@@ -192,7 +222,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="deltackpt", description="Incremental, compressed PyTorch checkpoints.")
+    p = argparse.ArgumentParser(prog="deltackpt", description="Incremental, compressed PyTorch checkpoints.",
+                                epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"deltackpt {deltackpt.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -247,17 +278,53 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _message(exc: BaseException) -> tuple[str, int]:
+    """The one line and exit status for an exception a command raised."""
+    if isinstance(exc, DeltackptError):
+        return str(exc), EXIT_ERROR
+    if isinstance(exc, OSError):  # a path the user named: missing folder, a directory, permission
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or exc}", EXIT_ERROR
+    if isinstance(exc, ImportError):  # an optional dependency the command needs
+        return f"missing dependency: {exc} (install it, e.g. pip install {exc.name or 'it'})", EXIT_ERROR
+    if isinstance(exc, MemoryError):
+        return f"out of memory ({exc})" if str(exc) else "out of memory", EXIT_ERROR
+    return (f"internal error ({type(exc).__name__}: {exc}); rerun with DELTACKPT_DEBUG=1 for the "
+            "traceback and report it", EXIT_BUG)
+
+
+def _fail(args: argparse.Namespace, exc: BaseException) -> int:
+    text, code = _message(exc)
+    text = _one_line(text)
+    if os.environ.get("DELTACKPT_DEBUG"):
+        traceback.print_exc()
+    if getattr(args, "json", False):
+        emit_json({"error": {"type": type(exc).__name__, "message": text}})
+    print(f"deltackpt: error: {text}", file=sys.stderr)
+    return code
+
+
+def _quiet_broken_pipe() -> int:
+    """`deltackpt log | head`: the reader left; exit quietly, not with a second error when Python
+    flushes stdout at exit."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError:
+        pass
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except DeltackptError as exc:
-        if getattr(args, "json", False):
-            emit_json({"error": {"type": type(exc).__name__, "message": str(exc)}})
-        print(f"deltackpt: error: {exc}", file=sys.stderr)
-        return 2
     except BrokenPipeError:
-        return 0
+        return _quiet_broken_pipe()
+    except KeyboardInterrupt:
+        print("deltackpt: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001  every failure is one line and a documented status
+        return _fail(args, exc)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,11 @@ def human_bytes(n: float | None) -> str:
 
 
 def when(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    """Local time of a unix time; "?" for one no calendar holds (a manifest's NaN or 1e20)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (ValueError, OverflowError, OSError):
+        return "?"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out=sys.stdout) -> None:

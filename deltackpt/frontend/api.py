@@ -131,9 +131,11 @@ class Repo:
         return self.core.version(self.core.resolve(version))
 
     def log(self) -> list[Version]:
-        """Every version, newest first: ``[v.step for v in repo.log()]``."""
+        """Every version, newest first: ``[v.step for v in repo.log()]``.  A version whose
+        manifest cannot be used is listed too, with ``v.error`` saying why (the others still are)."""
         tags = self.core.tags_by_version()
-        return [self.core.version(v, tags) for v in self.core.history()]
+        return [Version.damaged(vid, str(m), tuple(sorted(tags.get(vid, [])))) if isinstance(m, DeltackptError)
+                else self.core.version(vid, tags, manifest=m) for vid, m in self.core.scan()]
 
     def show(self, version: "str | Version" = "latest") -> dict[str, Any]:
         """A version and its tensors (dtype, shape, logical and stored bytes, encoding, exactness).

@@ -135,7 +135,9 @@ class ResumeInfo:
 
 def _candidates(r: Repo, version: "str | Version") -> list[str]:
     if isinstance(version, str) and version in ("latest", "HEAD"):
-        history = r.core.history()  # newest first, including a version whose ref never moved
+        # newest first, including a version whose ref never moved, and one whose manifest is
+        # damaged (its load fails typed, so it is skipped with a warning naming it)
+        history = [vid for vid, _m in r.core.scan()]
         latest = r.core.latest()
         if latest in history:       # the ref names the newest committed one: try it first
             history.remove(latest)

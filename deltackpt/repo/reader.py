@@ -160,12 +160,22 @@ class ChunkReader:
 
     def check_blob(self, blob: Blob) -> None:
         """Refuse a blob whose chunks the index does not back with the same lengths, before anyone
-        allocates ``blob.nbytes`` (a hostile manifest may declare a terabyte over tiny chunks)."""
+        allocates ``blob.nbytes`` (a hostile manifest may declare a terabyte over tiny chunks).
+        Load runs it on every blob it reads, verify on every blob of every version."""
         for c in blob.chunks:
-            _pid, e = self.entry(c.chunk_id)
-            if e.raw_len != c.raw_len:
-                raise CorruptObjectError(f"chunk {c.chunk_id.hex()}: manifest says {c.raw_len} bytes, "
-                                         f"the index {e.raw_len}")
+            self.entry(c.chunk_id)  # raises, naming the chunk, when it is not indexed
+        why = self.blob_mismatch(blob)
+        if why is not None:
+            raise CorruptObjectError(why)
+
+    def blob_mismatch(self, blob: Blob) -> str | None:
+        """Why the index disagrees with the manifest about a blob's chunk lengths, or None; a chunk
+        the index lacks is no mismatch here (verify reports it as missing, load via check_blob)."""
+        for c in blob.chunks:
+            copies = self.entries_for(c.chunk_id)
+            if copies and copies[0][1].raw_len != c.raw_len:
+                return f"chunk {c.chunk_id.hex()}: manifest says {c.raw_len} bytes, the index {copies[0][1].raw_len}"
+        return None
 
     def read_blob(self, blob: Blob, out: memoryview | None = None, pool=None) -> memoryview:
         """Assemble a blob's bytes into ``out`` (allocated when None), reading only its chunks."""

@@ -15,6 +15,7 @@ Layout (keys in the store)::
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import threading
@@ -22,7 +23,7 @@ import time
 from typing import Any, Iterable
 
 from ..errors import (AmbiguousVersionError, CorruptObjectError, DeltackptError, FormatVersionError,
-                      NotARepositoryError, ObjectNotFoundError, UnknownVersionError)
+                      NotARepositoryError, ObjectNotFoundError, StoreError, UnknownVersionError)
 from ..format import config as config_fmt
 from ..format import index as index_fmt
 from ..format import manifest as manifest_fmt
@@ -48,6 +49,21 @@ def open_store(location: "str | os.PathLike | Store") -> Store:
     return LocalStore(text[7:] if text.startswith("file://") else text)
 
 
+def _sort_time(t: float) -> float:
+    """A manifest's time as a sort key: NaN (which compares with nothing) sorts oldest."""
+    return t if t == t else -math.inf
+
+
+def _written_bytes(m: Manifest) -> int | None:
+    """The writer's count of bytes it wrote, None when ``extra`` holds no usable one (readers
+    MUST NOT need ``extra``: an odd value there is unknown, not an error)."""
+    written = m.extra.get("written")
+    if not isinstance(written, dict):
+        return 0 if written is None else None
+    n = written.get("bytes", 0)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
 class Repository(ChunkReader):
     """Torch-free access to a repository.  The public :class:`deltackpt.Repo` wraps this."""
 
@@ -59,13 +75,18 @@ class Repository(ChunkReader):
         self.location = self.store.describe()
         self.level = level
         try:
-            raw = self.store.get(CONFIG)
-        except (ObjectNotFoundError, FileNotFoundError):
-            if not create:
-                raise NotARepositoryError(f"{self.location}: not a deltackpt repository (no config); "
-                                          "create one with `deltackpt init` or by saving to it") from None
-            self._init(chunk_bytes, keyframe_interval, delta_base)
-            raw = self.store.get(CONFIG)
+            try:
+                raw = self.store.get(CONFIG)
+            except (ObjectNotFoundError, FileNotFoundError):
+                if not create:
+                    raise NotARepositoryError(f"{self.location}: not a deltackpt repository (no config); "
+                                              "create one with `deltackpt init` or by saving to it") from None
+                self._init(chunk_bytes, keyframe_interval, delta_base)
+                raw = self.store.get(CONFIG)
+        except StoreError as exc:  # the path is a file, unreadable, ...: say which repository
+            if type(exc) is not StoreError or self.location in str(exc):
+                raise
+            raise StoreError(f"{self.location}: {exc}") from None
         self.config = config_fmt.decode(raw, where=self.location)
         if chunk_bytes:
             self.config.chunk_bytes = chunk_bytes
@@ -198,10 +219,9 @@ class Repository(ChunkReader):
         m = self.manifest(vid) if manifest is None else manifest
         if tags_by_version is None:
             tags_by_version = self.tags_by_version()
-        written = m.extra.get("written", {}) if isinstance(m.extra.get("written"), dict) else {}
         return Version(id=vid, parent=m.parent, time=m.time, step=m.step, metrics=dict(m.metrics), meta=m.meta,
                        tags=tuple(sorted(tags_by_version.get(vid, []))), exact=m.exact,
-                       logical_bytes=sum(b.nbytes for b in m.blobs), written_bytes=int(written.get("bytes", 0)))
+                       logical_bytes=sum(b.nbytes for b in m.blobs), written_bytes=_written_bytes(m))
 
     # refs and tags --------------------------------------------------------------------------
     def read_ref_bytes(self, key: str) -> bytes | None:
@@ -283,10 +303,12 @@ class Repository(ChunkReader):
             raise UnknownVersionError(f"{base!r}: use best:METRIC or best:METRIC:max")
         metric, sign = parts[1], (-1 if len(parts) == 3 and parts[2] == "max" else 1)
         best: tuple[float, float, str] | None = None
-        for vid in self.version_ids():
-            value = self.manifest(vid).metrics.get(metric)
+        for vid, m in self.scan():
+            if isinstance(m, DeltackptError):
+                continue  # a damaged version is no candidate; it does not hide the others either
+            value = m.metrics.get(metric)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
-                cand = (sign * float(value), -self.manifest(vid).time, vid)
+                cand = (sign * float(value), -_sort_time(m.time), vid)
                 if best is None or cand < best:
                     best = cand
         if best is None:
@@ -294,8 +316,27 @@ class Repository(ChunkReader):
         return best[2]
 
     def history(self) -> list[str]:
-        """All versions, newest first."""
-        return sorted(self.version_ids(), key=lambda v: (self.manifest(v).time, v), reverse=True)
+        """All versions, newest first (raises on the first manifest that does not parse)."""
+        return sorted(self.version_ids(), key=lambda v: (_sort_time(self.manifest(v).time), v), reverse=True)
+
+    def scan(self) -> "list[tuple[str, Manifest | DeltackptError]]":
+        """Every version with its manifest, or the typed error that makes the manifest unusable,
+        newest first: one damaged manifest never hides the others (``log``, ``resume``, ``best:``).
+        A damaged one is placed by its file's modification time, the only date it still has."""
+        rows: list[tuple[float, str, Manifest | DeltackptError]] = []
+        for vid in self.version_ids():
+            try:
+                m: Manifest | DeltackptError = self.manifest(vid)
+                t = _sort_time(m.time)  # type: ignore[union-attr]
+            except DeltackptError as exc:
+                m = exc
+                try:
+                    t = _sort_time(self.store.mtime(MANIFESTS + vid))
+                except (DeltackptError, OSError):
+                    t = -math.inf
+            rows.append((t, vid, m))
+        rows.sort(key=lambda r: (r[0], r[1]), reverse=True)
+        return [(vid, m) for _t, vid, m in rows]
 
     # chunk reads ----------------------------------------------------------------------------
     def chunk_closure(self, chunk_ids: Iterable[bytes]) -> set[bytes]:

@@ -95,14 +95,14 @@ def test_import_pt_and_safetensors(tmp_path):
     assert torch.equal(deltackpt.load(path, "st")["b"], state["b"])
 
 
-def test_errors_exit_2_with_a_message_naming_the_problem(tmp_path):
-    """A bad revision or a missing repository exits 2 and names what is wrong; --json carries the type."""
+def test_errors_exit_3_with_a_message_naming_the_problem(tmp_path):
+    """A bad revision or a missing repository exits 3 and names what is wrong; --json carries the type."""
     path = str(tmp_path / "r")
     proc = run_cli("log", "--repo", path, check=False)
-    assert proc.returncode == 2 and "not a deltackpt repository" in proc.stderr
+    assert proc.returncode == 3 and "not a deltackpt repository" in proc.stderr
     _repo_with_versions(path, 1)
     proc = run_cli("show", "nosuchtag", "--repo", path, "--json", check=False)
-    assert proc.returncode == 2 and json.loads(proc.stdout)["error"]["type"] == "UnknownVersionError"
+    assert proc.returncode == 3 and json.loads(proc.stdout)["error"]["type"] == "UnknownVersionError"
 
 
 def test_verify_exits_1_and_names_the_bad_version(tmp_path):
