@@ -68,6 +68,11 @@ def plan_blobs(leaves: list[TensorLeaf], encoding: Mapping[str, str] | str | Non
         shape = list(t.shape)
         isz = t.element_size()
         group = shared.get(id(leaf))
+        if group is None and t.device.type == "cpu" and 0 < t.untyped_storage().nbytes() < t.numel() * isz:
+            # an overlapping view (expand, stride 0) spans more elements than its storage holds:
+            # store the storage and the strides, as for shared storage, rather than materialize
+            # every element (a 4-byte tensor expanded to 2^40 elements would need 4 TiB)
+            group = [leaf]
         if group is None:
             data = byte_view(t)
             mode = encoding_for(leaf.name, dtype, encoding)

@@ -148,3 +148,16 @@ def test_version_returned_by_save_equals_the_one_read_back(repo_path):
     fresh = deltackpt.Repo(repo_path).core
     fresh.forget_manifest(v.id)
     assert fresh.version(v.id) == v
+
+
+def test_expanded_views_are_stored_as_their_storage_not_every_element(repo_path):
+    """A stride-0 view (4 bytes expanded to 2^40 elements) saves its storage and strides instead of
+    materializing 4 TiB, and loads back as the same view with the same values."""
+    one = torch.tensor([1.5])
+    rows = torch.arange(3.0)
+    deltackpt.save({"w": one.expand(2**40), "e": rows.expand(4, 3)}, repo_path)
+    state = deltackpt.load(repo_path)
+    assert state["w"].shape == (2**40,) and state["w"].stride() == (0,)
+    assert state["w"].untyped_storage().nbytes() == 4 and state["w"][2**40 - 1].item() == 1.5
+    assert state["e"].stride() == (0, 1) and torch.equal(state["e"], rows.expand(4, 3))
+    assert deltackpt.Repo(repo_path).verify().ok
