@@ -1,7 +1,8 @@
 """Locks in the store: shared locks for saves, an exclusive lock for gc's delete phase, a mutex
-for ref updates.  A lock is a small object created with put_if_absent holding host, pid and time;
-it is stale when its process is gone (same host) or it is older than ``STALE_SECONDS``.
-Protocol: spec/FORMAT.md, "Locks"."""
+for ref updates.  A lock is a small object created with put_if_absent holding host, pid, time and
+the holder's pid namespace, boot id and process start time; it is stale when its process is
+provably gone (same host, same pid namespace, same boot) or, when that cannot be proven, once it
+is older than the lease ``STALE_SECONDS``.  Protocol: spec/FORMAT.md, "Locks"."""
 
 from __future__ import annotations
 
@@ -23,8 +24,43 @@ STALE_SECONDS = 6 * 3600.0
 HOST = socket.gethostname()
 
 
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _boot_id() -> str | None:
+    return _read("/proc/sys/kernel/random/boot_id")
+
+
+def _pid_ns() -> str | None:
+    """The pid namespace this process lives in (``pid:[4026531836]``): a pid means the same
+    process only to readers in the same namespace of the same boot."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    """Clock ticks since boot at which ``pid`` started (tells a reused pid from the holder)."""
+    stat = _read(f"/proc/{pid}/stat")
+    try:
+        return int(stat.rsplit(")", 1)[1].split()[19]) if stat else None
+    except (IndexError, ValueError):
+        return None
+
+
+_BOOT = _boot_id()
+
+
 def _body(kind: str, token: str = "") -> bytes:
-    return msgpack_io.pack({"host": HOST, "pid": os.getpid(), "time": time.time(), "kind": kind, "token": token})
+    pid = os.getpid()
+    return msgpack_io.pack({"host": HOST, "pid": pid, "time": time.time(), "kind": kind, "token": token,
+                            "pidns": _pid_ns(), "boot": _BOOT, "start": _start_time(pid)})
 
 
 def _holder(store: Store, key: str) -> dict | None:
@@ -54,12 +90,41 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+def _holder_state(info: dict) -> str:
+    """``"dead"`` or ``"alive"`` when this process can tell, else ``"unknown"``.
+
+    A pid can be judged only by a process that sees the same pids: same host name, same pid
+    namespace, same boot.  A sidecar container sharing the host name (``--uts=host``, a Kubernetes
+    pod) has its own pid namespace, where the saver's pid may be free or someone else's; a lock
+    written before a reboot, or by an older deltackpt that did not record namespace and boot,
+    cannot be judged either.  Those wait for the lease."""
+    pid = info.get("pid")
+    ns, boot = _pid_ns(), _BOOT
+    if (info.get("host") != HOST or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0
+            or ns is None or boot is None or info.get("pidns") != ns or info.get("boot") != boot):
+        return "unknown"
+    if pid == os.getpid():
+        return "unknown"  # our own lock (another thread's, or left by a failed release): the lease decides
+    if not _pid_alive(pid):
+        return "dead"
+    start = info.get("start")
+    if isinstance(start, int) and not isinstance(start, bool):
+        now_start = _start_time(pid)
+        if now_start is not None and now_start != start:
+            return "dead"  # the pid was reused by a process that started later
+    return "alive"
+
+
 def is_stale(store: Store, key: str, info: dict | None) -> bool:
+    """May ``key`` (whose body was ``info``) be broken?  Gone, or its holder provably dead, or
+    (holder not provably alive) older than the lease ``STALE_SECONDS``."""
     if info is None:
         return True
-    if info.get("host") == HOST and isinstance(info.get("pid"), int) and info["pid"] != os.getpid():
-        if not _pid_alive(info["pid"]):
-            return True
+    state = _holder_state(info) if info else "unknown"
+    if state == "dead":
+        return True
+    if state == "alive":
+        return False  # a long save keeps its lock however old it is
     try:
         age = time.time() - store.mtime(key)
     except FileNotFoundError:
@@ -147,24 +212,37 @@ def refs_lock(store: Store, timeout: float = 60.0) -> Iterator[None]:
         _release(store, REFS_LOCK, body, "refs")
 
 
-@contextmanager
-def save_lock(store: Store, timeout: float = 600.0) -> Iterator[None]:
-    """Shared: many saves at once, none while gc deletes."""
+def acquire_save(store: Store, timeout: float = 600.0) -> str:
+    """Take a shared save lock and return its key; :func:`release_save` gives it back.  For holders
+    whose save spans calls (a DCP save: every rank's write_data, then the coordinator's finish)."""
     key = f"{LOCKS}save-{HOST}-{os.getpid()}-{secrets.token_hex(4)}"
     deadline = time.monotonic() + timeout
     while True:
         store.put_atomic(key, _body("save"), site="lock.save")
         gc_info = _holder(store, GC_LOCK)
         if gc_info is None or is_stale(store, GC_LOCK, gc_info):
-            break
+            return key
         store.delete(key, site="lock.save.backoff")
         if time.monotonic() > deadline:
             raise RepositoryLockedError(f"gc holds the repository ({describe(gc_info)})")
         time.sleep(0.05)
+
+
+def release_save(store: Store, key: str) -> None:
+    try:
+        store.delete(key, site="lock.save.release")
+    except FileNotFoundError:
+        pass  # broken as stale meanwhile: nothing of ours to remove
+
+
+@contextmanager
+def save_lock(store: Store, timeout: float = 600.0) -> Iterator[None]:
+    """Shared: many saves at once, none while gc deletes."""
+    key = acquire_save(store, timeout)
     try:
         yield
     finally:
-        store.delete(key, site="lock.save.release")
+        release_save(store, key)
 
 
 @contextmanager
