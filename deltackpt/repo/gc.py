@@ -206,13 +206,13 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
         return report
 
     sync = getattr(repo.store, "sync_dir", None)
-    with locks.gc_lock(repo.store):
+    with locks.gc_lock(repo.store, full_disk_ok=True) as restamp:
         for _attempt in range(PLAN_RETRIES):
             p = _plan(repo, policy, report, rebase, grace_seconds)
             faults.hit("gc.mark")  # live set decided: everything after this deletes or rewrites
             # tags move under the refs lock alone: re-read them under it, so a tag set while gc
             # planned keeps its version (plan again), and one set later finds the version gone
-            with locks.refs_lock(repo.store):
+            with locks.refs_lock(repo.store, full_disk_ok=True):
                 if set(policy.select(repo)) != set(p.kept):
                     continue
                 report.tags_deleted = [] if policy.keep_tags else \
@@ -231,6 +231,8 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
                                 "nothing was deleted")
         rewrite, to_rebase, widths, keep_packs = p.rewrite, p.to_rebase, p.widths, p.keep_packs
         packs_on_disk, doomed, old_bytes, now = p.packs_on_disk, p.doomed, p.old_bytes, p.now
+        early = _drop_dead_packs(repo, p, sync)
+        restamp()  # a lock taken empty on a full disk gets its holder's name now there is room
 
         new_packs: dict[str, tuple[int, list[PackEntry]]] = {}
         for data, entries in _repack(repo, rewrite, to_rebase, widths, with_entries=True):
@@ -250,9 +252,10 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
         if sync is not None:  # no old index file may reappear after a crash naming a pack deleted below
             sync(INDEX, site="gc.dir")
 
-        deleted_bytes = 0
+        deleted_bytes = sum(packs_on_disk[pid] for pid in early)
+        report.packs_deleted += len(early)
         for pid in doomed:
-            if pid in new_packs:
+            if pid in new_packs or pid in early:
                 continue
             try:
                 repo.store.delete(pack_key(pid), site="gc.delete")
@@ -275,6 +278,33 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
         repo.refresh_index()
         repo.decoded = type(repo.decoded)(repo.decoded.max_bytes)
     return report
+
+
+def _drop_dead_packs(repo: Repository, p: _Plan, sync: Any) -> set[str]:
+    """Before gc writes anything (a full disk has no room for new packs or a new index): delete the
+    index files naming only packs with no live object, then the packs no remaining index file names
+    (and the doomed unindexed ones).  Every live chunk stays reachable through another index file.
+    Returns the packs deleted."""
+    dead = set(p.doomed) - {pid for pid, _ in p.rewrite}
+    drop_keys: list[str] = []
+    still_named: set[str] = set()
+    for key in repo.store.list(INDEX):
+        try:
+            packs = set(index_fmt.decode(repo.store.get(key), what=key))
+        except (CorruptObjectError, FileNotFoundError):
+            return set()  # changed since the plan read it: leave everything to the main pass
+        if packs <= dead:
+            drop_keys.append(key)
+        else:
+            still_named |= packs
+    for key in drop_keys:
+        repo.store.delete(key, site="gc.index.delete")
+    if drop_keys and sync is not None:  # no dropped index file may reappear naming a pack deleted below
+        sync(INDEX, site="gc.dir")
+    gone = dead - still_named
+    for pid in sorted(gone):
+        repo.store.delete(pack_key(pid), site="gc.delete")
+    return gone
 
 
 def _index_bytes(repo: Repository) -> int:

@@ -6,14 +6,15 @@ is older than the lease ``STALE_SECONDS``.  Protocol: spec/FORMAT.md, "Locks".""
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import socket
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
-from ..errors import ObjectNotFoundError, RepositoryLockedError
+from ..errors import ObjectNotFoundError, RepositoryLockedError, StoreError
 from ..format import msgpack_io
 from ..store.base import Store
 
@@ -159,13 +160,25 @@ def _break(store: Store, key: str, kind: str, info: dict) -> None:
         store.delete(guard, site=f"lock.{kind}.guard.release")
 
 
-def _acquire(store: Store, key: str, kind: str, timeout: float) -> bytes:
-    """Take the lock ``key``; returns the body written, which :func:`_release` checks."""
+def _put_lock(store: Store, key: str, body: bytes, kind: str, full_disk_ok: bool) -> tuple[bool, bytes]:
+    try:
+        return store.put_if_absent(key, body, site=f"lock.{kind}"), body
+    except StoreError as exc:
+        if not full_disk_ok or exc.errno != errno.ENOSPC:
+            raise
+    # a full disk: an empty file needs no data block.  It names no holder, so nobody can prove
+    # it dead: if we die holding it, only its lease breaks it.  :func:`_restamp` fills it in.
+    return store.put_if_absent(key, b"", site=f"lock.{kind}"), b""
+
+
+def _acquire(store: Store, key: str, kind: str, timeout: float, full_disk_ok: bool = False) -> bytes:
+    """Take the lock ``key``; returns the body written, which :func:`_release` checks.
+    ``full_disk_ok``: on ENOSPC take it with an empty body (gc, which is what frees space)."""
     deadline = time.monotonic() + timeout
     delay = 0.002
     while True:
-        body = _body(kind, secrets.token_hex(8))
-        if store.put_if_absent(key, body, site=f"lock.{kind}"):
+        taken, body = _put_lock(store, key, _body(kind, secrets.token_hex(8)), kind, full_disk_ok)
+        if taken:
             return body
         info = _holder(store, key)
         if info is None:
@@ -203,9 +216,24 @@ def live_save_locks(store: Store) -> list[tuple[str, dict | None]]:
     return out
 
 
+def _restamp(store: Store, key: str, body: bytes, kind: str) -> bytes:
+    """Give an empty lock (taken on a full disk) a full body once there is room; returns the body
+    the lock now holds.  Best effort: still no room leaves it empty."""
+    if body:
+        return body
+    new = _body(kind, secrets.token_hex(8))
+    try:
+        if store.get(key) != body:
+            return body  # no longer ours (broken after its lease): leave it alone
+        store.put_atomic(key, new, site=f"lock.{kind}.restamp")
+    except (StoreError, OSError):
+        return body
+    return new
+
+
 @contextmanager
-def refs_lock(store: Store, timeout: float = 60.0) -> Iterator[None]:
-    body = _acquire(store, REFS_LOCK, "refs", timeout)
+def refs_lock(store: Store, timeout: float = 60.0, *, full_disk_ok: bool = False) -> Iterator[None]:
+    body = _acquire(store, REFS_LOCK, "refs", timeout, full_disk_ok)
     try:
         yield
     finally:
@@ -246,9 +274,14 @@ def save_lock(store: Store, timeout: float = 600.0) -> Iterator[None]:
 
 
 @contextmanager
-def gc_lock(store: Store, timeout: float = 600.0) -> Iterator[None]:
-    """Exclusive: waits for running saves to finish, keeps new ones out."""
-    body = _acquire(store, GC_LOCK, "gc", timeout)
+def gc_lock(store: Store, timeout: float = 600.0, *, full_disk_ok: bool = False) -> Iterator[Callable[[], None]]:
+    """Exclusive: waits for running saves to finish, keeps new ones out.  Yields ``restamp``: with
+    ``full_disk_ok`` the lock may have been taken empty on a full disk; call it once space is freed."""
+    held = [_acquire(store, GC_LOCK, "gc", timeout, full_disk_ok)]
+
+    def restamp() -> None:
+        held[0] = _restamp(store, GC_LOCK, held[0], "gc")
+
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -258,6 +291,6 @@ def gc_lock(store: Store, timeout: float = 600.0) -> Iterator[None]:
             if time.monotonic() > deadline:
                 raise RepositoryLockedError(f"a save is running ({describe(saves[0][1])}); gc gave up waiting")
             time.sleep(0.05)
-        yield
+        yield restamp
     finally:
-        _release(store, GC_LOCK, body, "gc")
+        _release(store, GC_LOCK, held[0], "gc")
