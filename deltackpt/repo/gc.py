@@ -286,6 +286,8 @@ def _drop_dead_packs(repo: Repository, p: _Plan, sync: Any) -> set[str]:
     (and the doomed unindexed ones).  Every live chunk stays reachable through another index file.
     Returns the packs deleted."""
     dead = set(p.doomed) - {pid for pid, _ in p.rewrite}
+    # rebasing a chunk decodes it through its old base chain: keep every pack holding a link of it
+    dead -= {pid for cid in repo.chunk_closure(p.to_rebase) for pid, _ in repo.entries_for(cid)}
     drop_keys: list[str] = []
     still_named: set[str] = set()
     for key in repo.store.list(INDEX):

@@ -10,6 +10,7 @@ import errno
 import os
 import secrets
 import socket
+import threading
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -22,6 +23,9 @@ LOCKS = "locks/"
 GC_LOCK = "locks/gc"
 REFS_LOCK = "locks/refs"
 STALE_SECONDS = 6 * 3600.0
+#: how often a save or gc refreshes its lock file, so that a holder nobody can prove alive (another
+#: host or pid namespace) never outlives its lease while it runs; the lease is 12 renewals long
+RENEW_SECONDS = STALE_SECONDS / 12
 HOST = socket.gethostname()
 
 
@@ -240,15 +244,47 @@ def refs_lock(store: Store, timeout: float = 60.0, *, full_disk_ok: bool = False
         _release(store, REFS_LOCK, body, "refs")
 
 
+class _Renewer:
+    """Rewrites a held lock with the same body every ``RENEW_SECONDS`` (a fresh mtime: the lease
+    restarts) until stopped; never after :meth:`stop` returned, so a release cannot be undone."""
+
+    def __init__(self, store: Store, key: str, body: bytes, kind: str) -> None:
+        self.store, self.key, self.body, self.kind = store, key, body, kind
+        self._stopped = threading.Event()
+        self._mutex = threading.Lock()
+        threading.Thread(target=self._run, daemon=True, name=f"deltackpt-{kind}-lock").start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(RENEW_SECONDS):
+            with self._mutex:
+                if self._stopped.is_set():
+                    return
+                try:
+                    # only our own lock: one broken after its lease (we were frozen) stays broken
+                    if self.body and self.store.get(self.key) == self.body:
+                        self.store.put_atomic(self.key, self.body, site=f"lock.{self.kind}.renew")
+                except (StoreError, OSError):
+                    pass  # the next renewal may work: the lease is 12 renewals long
+
+    def stop(self) -> None:
+        with self._mutex:
+            self._stopped.set()
+
+
+_renewers: dict[str, _Renewer] = {}
+
+
 def acquire_save(store: Store, timeout: float = 600.0) -> str:
     """Take a shared save lock and return its key; :func:`release_save` gives it back.  For holders
     whose save spans calls (a DCP save: every rank's write_data, then the coordinator's finish)."""
     key = f"{LOCKS}save-{HOST}-{os.getpid()}-{secrets.token_hex(4)}"
     deadline = time.monotonic() + timeout
     while True:
-        store.put_atomic(key, _body("save"), site="lock.save")
+        body = _body("save")
+        store.put_atomic(key, body, site="lock.save")
         gc_info = _holder(store, GC_LOCK)
         if gc_info is None or is_stale(store, GC_LOCK, gc_info):
+            _renewers[key] = _Renewer(store, key, body, "save")
             return key
         store.delete(key, site="lock.save.backoff")
         if time.monotonic() > deadline:
@@ -257,6 +293,9 @@ def acquire_save(store: Store, timeout: float = 600.0) -> str:
 
 
 def release_save(store: Store, key: str) -> None:
+    renewer = _renewers.pop(key, None)
+    if renewer is not None:
+        renewer.stop()
     try:
         store.delete(key, site="lock.save.release")
     except FileNotFoundError:
@@ -278,9 +317,11 @@ def gc_lock(store: Store, timeout: float = 600.0, *, full_disk_ok: bool = False)
     """Exclusive: waits for running saves to finish, keeps new ones out.  Yields ``restamp``: with
     ``full_disk_ok`` the lock may have been taken empty on a full disk; call it once space is freed."""
     held = [_acquire(store, GC_LOCK, "gc", timeout, full_disk_ok)]
+    renewer = _Renewer(store, GC_LOCK, held[0], "gc")
 
     def restamp() -> None:
-        held[0] = _restamp(store, GC_LOCK, held[0], "gc")
+        with renewer._mutex:
+            held[0] = renewer.body = _restamp(store, GC_LOCK, held[0], "gc")
 
     try:
         deadline = time.monotonic() + timeout
@@ -293,4 +334,5 @@ def gc_lock(store: Store, timeout: float = 600.0, *, full_disk_ok: bool = False)
             time.sleep(0.05)
         yield restamp
     finally:
+        renewer.stop()
         _release(store, GC_LOCK, held[0], "gc")

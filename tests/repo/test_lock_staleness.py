@@ -168,3 +168,24 @@ def test_real_second_pid_namespace_holder_is_not_broken(tmp_path):
         holder.wait(30)
     assert holder.returncode == 0, holder.stderr.read()
     assert not store.exists(key)
+
+
+@pytest.mark.parametrize("kind", ["save", "gc"])
+def test_held_lock_is_renewed_so_its_lease_never_runs_out(tmp_path, monkeypatch, kind):
+    """A save or gc renews its lock (same body, fresh mtime) while it runs, so a process that cannot
+    prove the holder alive (another host or pid namespace) never sees its lease expire mid-run."""
+    monkeypatch.setattr(locks, "RENEW_SECONDS", 0.05)
+    store = LocalStore(tmp_path)
+    cm = locks.save_lock(store) if kind == "save" else locks.gc_lock(store)
+    with cm:
+        key = locks.GC_LOCK if kind == "gc" else store.list(locks.LOCKS)[0]
+        body = store.get(key)
+        old = time.time() - locks.STALE_SECONDS - 60
+        os.utime(store._path(key), (old, old))
+        deadline = time.monotonic() + 30
+        while time.time() - store.mtime(key) > locks.STALE_SECONDS:
+            assert time.monotonic() < deadline, "the lock was never renewed"
+            time.sleep(0.02)
+        assert store.get(key) == body, "renewal changed the holder's body"
+    time.sleep(0.2)
+    assert store.list(locks.LOCKS) == [], "a renewal re-created a released lock"
