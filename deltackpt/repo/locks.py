@@ -170,6 +170,8 @@ def _put_lock(store: Store, key: str, body: bytes, kind: str, full_disk_ok: bool
     except StoreError as exc:
         if not full_disk_ok or exc.errno != errno.ENOSPC:
             raise
+        if _holder(store, key) == msgpack_io.unpack(body, what="lock", max_bytes=4096):
+            return True, body  # it landed; only making its folder entry durable failed
     # a full disk: an empty file needs no data block.  It names no holder, so nobody can prove
     # it dead: if we die holding it, only its lease breaks it.  :func:`_restamp` fills it in.
     return store.put_if_absent(key, b"", site=f"lock.{kind}"), b""
