@@ -29,6 +29,7 @@ import io
 import math
 import os
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,7 @@ from torch.futures import Future
 
 from ..errors import CorruptObjectError, StateMismatchError, UnsupportedLeafError
 from ..format.manifest import Blob, Manifest, TensorEntry, TensorRef
-from ..repo import saver
+from ..repo import locks, saver
 from ..repo.saver import BlobInput
 from ..store.base import Store
 from .api import Repo, _metrics, portable_location
@@ -116,6 +117,9 @@ class Writer(StorageWriter):
         self.version_id: str | None = None
         #: stats of this rank's last write_data (bytes written, chunks new/reused)
         self.last_stats: saver.SaveStats | None = None
+        # coordinator: the save lock held from the global plan until finish committed (a finalizer
+        # releasing it; not picklable: None between saves)
+        self._inflight: weakref.finalize | None = None
 
     def _repo(self) -> Repo:
         return self._location if isinstance(self._location, Repo) else Repo(self._location, create=True)
@@ -130,6 +134,7 @@ class Writer(StorageWriter):
             self._location = checkpoint_id
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._release_inflight()  # left by a save that failed before its finish
         self.is_coordinator = is_coordinator
         self.rank = kwargs.get("rank") or 0
         if is_coordinator:
@@ -139,7 +144,21 @@ class Writer(StorageWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Coordinator, before any rank writes: take a save lock held until ``finish`` committed.
+
+        Each rank's ``write_data`` holds a save lock only while it writes; its chunks are then in
+        the index but named by no manifest until ``finish``, and a gc in between would delete them
+        (the version committed would not load).  This lock keeps gc out for the whole save, every
+        rank's writes included; a failed save's lock goes with the next save or the writer."""
+        self._release_inflight()
+        store = self._repo().core.store
+        self._inflight = weakref.finalize(self, locks.release_save, store, locks.acquire_save(store))
         return plans
+
+    def _release_inflight(self) -> None:
+        fin, self._inflight = self._inflight, None
+        if fin is not None:
+            fin()
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         repo = self._repo()
@@ -196,7 +215,10 @@ class Writer(StorageWriter):
         manifest = Manifest(parent=None, time=time.time(), tree=tree, tensors=tensors, blobs=blobs, step=self.step,
                             metrics=_metrics(self.metrics), meta=self.meta,
                             extra={"written": {"bytes": written}, "dcp_world_size": len(results)})
-        self.version_id = saver.commit_manifest(repo.core, manifest, tag=self.tag)
+        try:
+            self.version_id = saver.commit_manifest(repo.core, manifest, tag=self.tag)
+        finally:
+            self._release_inflight()
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: "str | os.PathLike") -> bool:

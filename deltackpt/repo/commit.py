@@ -56,6 +56,10 @@ def commit(repo: Repository, manifest: Manifest, tag: str | None) -> tuple[str, 
 def set_tag(repo: Repository, name: str, vid: str, *, force: bool = False) -> None:
     refs.check_name(name)
     with locks.refs_lock(repo.store):
+        # gc deletes manifests under this lock: a version resolved before it did must not be tagged
+        if not repo.store.exists(MANIFESTS + vid):
+            raise UnknownVersionError(f"version {vid} was removed (by gc) before tag {name!r} could name it; "
+                                      "no tag was written")
         if force:
             repo.store.put_atomic(TAGS + name, refs.encode_ref(vid), site="tag")
         elif not repo.store.put_if_absent(TAGS + name, refs.encode_ref(vid), site="tag"):

@@ -1,8 +1,9 @@
 """Garbage collection: remove versions outside the retention policy and the bytes only they held.
 
 Order (each step leaves every kept version restorable if the process dies right after it):
-1. take the exclusive gc lock (waits for running saves; new saves wait for gc);
-2. delete tags of removed versions (only with keep_tags=False), then their manifests;
+1. take the exclusive gc lock (waits for running saves; new saves wait for gc), decide what goes;
+2. under the refs lock, re-read the tags (plan again if one moved), delete tags of removed versions
+   (only with keep_tags=False), then their manifests;
 3. rewrite packs that are mostly dead into new packs (live objects copied byte for byte, or
    re-encoded as keyframes where their delta base is no longer needed: "rebased");
 4. write one consolidated index, then delete the old index files;
@@ -18,7 +19,7 @@ from typing import Any
 from .. import faults
 from ..codecs import registry
 from ..codecs.base import ChunkContext
-from ..errors import CorruptObjectError
+from ..errors import ConflictError, CorruptObjectError
 from ..format import index as index_fmt
 from ..format.ids import hex_id
 from ..format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
@@ -69,123 +70,169 @@ def _pack_files(repo: Repository) -> dict[str, int]:
     return out
 
 
+@dataclass
+class _Plan:
+    """What a gc run deletes and rewrites, decided from one reading of the repository."""
+
+    kept: dict[str, list[str]]
+    removed: list[str]
+    rewrite: list[tuple[str, list[PackEntry]]]
+    to_rebase: set[bytes]
+    widths: dict[bytes, int]
+    keep_packs: dict[str, tuple[int, list[PackEntry]]]
+    packs_on_disk: dict[str, int]
+    doomed: list[str]
+    old_bytes: int
+    now: float
+
+
+def _plan(repo: Repository, policy: Retention, report: GcReport, rebase: bool, grace_seconds: float) -> _Plan:
+    """Read the index, manifests and refs and decide what goes (fills ``report``'s kept/removed)."""
+    repo.refresh_index()
+    if repo.bad_index_files:
+        # the damaged files' packs would look unreferenced and be deleted: refuse instead
+        raise CorruptObjectError(f"{repo.location}: damaged index files {sorted(repo.bad_index_files)}; "
+                                 "run rebuild_index before gc")
+    kept = policy.select(repo)
+    all_versions = repo.version_ids()
+    removed = [v for v in all_versions if v not in kept]
+    report.kept, report.removed = kept, removed
+    report.steps = {v: repo.manifest(v).step for v in all_versions}
+
+    direct: set[bytes] = set()
+    widths: dict[bytes, int] = {}
+    for vid in kept:
+        for blob in repo.manifest(vid).blobs:
+            for c in blob.chunks:
+                direct.add(c.chunk_id)
+                widths[c.chunk_id] = blob.itemsize
+    packs_on_disk = _pack_files(repo)
+    # a chunk may be indexed in several packs (concurrent saves, an interrupted gc): use the
+    # shallowest copy whose pack exists, and never write an index that drops a chunk a kept
+    # version needs
+    by_pack: dict[str, list[PackEntry]] = {}
+    chosen: dict[bytes, tuple[str, PackEntry]] = {}
+    for cid, pid, e in repo.index_items(all_copies=True):
+        by_pack.setdefault(pid, []).append(e)
+        if pid in packs_on_disk and (cid not in chosen or e.depth < chosen[cid][1].depth):
+            chosen[cid] = (pid, e)  # the shallowest copy: a rebased keyframe needs no base
+    # a keyframe that several kept deltas use as their base (lossless deltas form a star
+    # around their keyframe) is cheaper to keep than to rebase every one of them
+    users_of: dict[bytes, int] = {}
+    for cid in direct:
+        base = chosen[cid][1].base if cid in chosen else None
+        if base is not None and base not in direct:
+            users_of[base] = users_of.get(base, 0) + 1
+    shared = {b for b, n in users_of.items() if n >= 2 and b in chosen and chosen[b][1].base is None}
+    to_rebase: set[bytes] = set()
+    live: set[bytes] = set()
+    pending = list(direct)
+    while pending:
+        cid = pending.pop()
+        if cid in live:
+            continue
+        live.add(cid)
+        if cid not in chosen:
+            users = [v[:10] for v in kept if any(c.chunk_id == cid for b in repo.manifest(v).blobs for c in b.chunks)]
+            raise CorruptObjectError(f"gc stopped before deleting anything: chunk {cid.hex()} "
+                                     f"(needed by {', '.join(users) or 'a delta chain'}) is in no pack; "
+                                     "run `deltackpt verify`; after a lost index file, rebuild_index (`deltackpt rebuild-index`)")
+        base = chosen[cid][1].base
+        if base is not None and base not in direct and base not in shared and rebase:
+            to_rebase.add(cid)
+        elif base is not None:
+            pending.append(base)
+    report.bases_kept = len(live - direct)
+    report.chunks_rebased = len(to_rebase)
+    keep_packs: dict[str, tuple[int, list[PackEntry]]] = {}
+    rewrite: list[tuple[str, list[PackEntry]]] = []
+    for pid, entries in by_pack.items():
+        if pid not in packs_on_disk:
+            continue
+        live_entries = [e for e in entries if e.chunk_id in live and chosen[e.chunk_id][0] == pid]
+        dead_bytes = sum(e.length for e in entries) - sum(e.length for e in live_entries)
+        needs_rebase = any(e.chunk_id in to_rebase for e in live_entries)
+        if not live_entries:
+            continue
+        if needs_rebase or dead_bytes > REPACK_DEAD_FRACTION * packs_on_disk[pid]:
+            rewrite.append((pid, live_entries))
+        else:
+            keep_packs[pid] = (packs_on_disk[pid], live_entries)
+    delete_packs = [pid for pid in packs_on_disk if pid not in keep_packs]
+    old_bytes = sum(packs_on_disk.values())
+    for vid in removed:
+        try:
+            old_bytes += repo.store.size(MANIFESTS + vid)
+        except FileNotFoundError:
+            pass
+    report.tags_deleted = [] if policy.keep_tags else [n for n, v in repo.tags().items() if v in removed]
+
+    now = time.time()
+    # what the delete phase will remove: indexed packs no longer needed, and unindexed packs
+    # (a save that died before its index) once older than the grace period
+    doomed: list[str] = []
+    for pid in delete_packs:
+        try:
+            if pid not in by_pack and now - repo.store.mtime(pack_key(pid)) < grace_seconds:
+                continue
+        except FileNotFoundError:
+            continue
+        doomed.append(pid)
+    return _Plan(kept, removed, rewrite, to_rebase, widths, keep_packs, packs_on_disk, doomed, old_bytes, now)
+
+
+#: how often gc plans again because tags moved while it planned, before giving up
+PLAN_RETRIES = 8
+
+
 def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase: bool = True,
            grace_seconds: float = DEFAULT_GRACE_SECONDS) -> GcReport:
     report = GcReport(dry_run=dry_run)
-    with locks.gc_lock(repo.store):
-        repo.refresh_index()
-        if repo.bad_index_files:
-            # the damaged files' packs would look unreferenced and be deleted: refuse instead
-            raise CorruptObjectError(f"{repo.location}: damaged index files {sorted(repo.bad_index_files)}; "
-                                     "run rebuild_index before gc")
-        kept = policy.select(repo)
-        all_versions = repo.version_ids()
-        removed = [v for v in all_versions if v not in kept]
-        report.kept, report.removed = kept, removed
-        report.steps = {v: repo.manifest(v).step for v in all_versions}
+    if dry_run:
+        # a reader: no lock, nothing written (works on a read-only or full filesystem); a save
+        # running meanwhile can make the estimate stale, never wrong on disk
+        p = _plan(repo, policy, report, rebase, grace_seconds)
+        rewrite, to_rebase, widths, keep_packs = p.rewrite, p.to_rebase, p.widths, p.keep_packs
+        packs_on_disk, doomed, old_bytes = p.packs_on_disk, p.doomed, p.old_bytes
+        # build the rewritten packs in memory (rebased chunks re-encoded exactly as below) so
+        # the reclaimed bytes are the net change the real run makes, growth included
+        new_packs = {hex_id(data): (len(data), entries)
+                     for data, entries in _repack(repo, rewrite, to_rebase, widths, with_entries=True)}
+        new_index = len(index_fmt.encode({**keep_packs, **new_packs}))
+        report.reclaimed_bytes = (old_bytes - sum(packs_on_disk.values())) + _index_bytes(repo) - new_index + \
+            sum(packs_on_disk[pid] for pid in doomed) - sum(size for size, _ in new_packs.values())
+        report.packs_deleted = len(doomed) - len(rewrite)
+        report.packs_rewritten = len(rewrite)
+        return report
 
-        direct: set[bytes] = set()
-        widths: dict[bytes, int] = {}
-        for vid in kept:
-            for blob in repo.manifest(vid).blobs:
-                for c in blob.chunks:
-                    direct.add(c.chunk_id)
-                    widths[c.chunk_id] = blob.itemsize
-        packs_on_disk = _pack_files(repo)
-        # a chunk may be indexed in several packs (concurrent saves, an interrupted gc): use the
-        # shallowest copy whose pack exists, and never write an index that drops a chunk a kept
-        # version needs
-        by_pack: dict[str, list[PackEntry]] = {}
-        chosen: dict[bytes, tuple[str, PackEntry]] = {}
-        for cid, pid, e in repo.index_items(all_copies=True):
-            by_pack.setdefault(pid, []).append(e)
-            if pid in packs_on_disk and (cid not in chosen or e.depth < chosen[cid][1].depth):
-                chosen[cid] = (pid, e)  # the shallowest copy: a rebased keyframe needs no base
-        # a keyframe that several kept deltas use as their base (lossless deltas form a star
-        # around their keyframe) is cheaper to keep than to rebase every one of them
-        users_of: dict[bytes, int] = {}
-        for cid in direct:
-            base = chosen[cid][1].base if cid in chosen else None
-            if base is not None and base not in direct:
-                users_of[base] = users_of.get(base, 0) + 1
-        shared = {b for b, n in users_of.items() if n >= 2 and b in chosen and chosen[b][1].base is None}
-        to_rebase: set[bytes] = set()
-        live: set[bytes] = set()
-        pending = list(direct)
-        while pending:
-            cid = pending.pop()
-            if cid in live:
-                continue
-            live.add(cid)
-            if cid not in chosen:
-                users = [v[:10] for v in kept if any(c.chunk_id == cid for b in repo.manifest(v).blobs for c in b.chunks)]
-                raise CorruptObjectError(f"gc stopped before deleting anything: chunk {cid.hex()} "
-                                         f"(needed by {', '.join(users) or 'a delta chain'}) is in no pack; "
-                                         "run `deltackpt verify`; after a lost index file, rebuild_index (`deltackpt rebuild-index`)")
-            base = chosen[cid][1].base
-            if base is not None and base not in direct and base not in shared and rebase:
-                to_rebase.add(cid)
-            elif base is not None:
-                pending.append(base)
-        report.bases_kept = len(live - direct)
-        report.chunks_rebased = len(to_rebase)
-        keep_packs: dict[str, tuple[int, list[PackEntry]]] = {}
-        rewrite: list[tuple[str, list[PackEntry]]] = []
-        for pid, entries in by_pack.items():
-            if pid not in packs_on_disk:
-                continue
-            live_entries = [e for e in entries if e.chunk_id in live and chosen[e.chunk_id][0] == pid]
-            dead_bytes = sum(e.length for e in entries) - sum(e.length for e in live_entries)
-            needs_rebase = any(e.chunk_id in to_rebase for e in live_entries)
-            if not live_entries:
-                continue
-            if needs_rebase or dead_bytes > REPACK_DEAD_FRACTION * packs_on_disk[pid]:
-                rewrite.append((pid, live_entries))
-            else:
-                keep_packs[pid] = (packs_on_disk[pid], live_entries)
-        delete_packs = [pid for pid in packs_on_disk if pid not in keep_packs]
-        old_bytes = sum(packs_on_disk.values())
-        for vid in removed:
-            try:
-                old_bytes += repo.store.size(MANIFESTS + vid)
-            except FileNotFoundError:
-                pass
-        report.tags_deleted = [] if policy.keep_tags else [n for n, v in repo.tags().items() if v in removed]
-
-        now = time.time()
-        # what the delete phase will remove: indexed packs no longer needed, and unindexed packs
-        # (a save that died before its index) once older than the grace period
-        doomed: list[str] = []
-        for pid in delete_packs:
-            try:
-                if pid not in by_pack and now - repo.store.mtime(pack_key(pid)) < grace_seconds:
+    sync = getattr(repo.store, "sync_dir", None)
+    with locks.gc_lock(repo.store, full_disk_ok=True) as restamp:
+        for _attempt in range(PLAN_RETRIES):
+            p = _plan(repo, policy, report, rebase, grace_seconds)
+            faults.hit("gc.mark")  # live set decided: everything after this deletes or rewrites
+            # tags move under the refs lock alone: re-read them under it, so a tag set while gc
+            # planned keeps its version (plan again), and one set later finds the version gone
+            with locks.refs_lock(repo.store, full_disk_ok=True):
+                if set(policy.select(repo)) != set(p.kept):
                     continue
-            except FileNotFoundError:
-                continue
-            doomed.append(pid)
-
-        if dry_run:
-            # build the rewritten packs in memory (rebased chunks re-encoded exactly as below) so
-            # the reclaimed bytes are the net change the real run makes, growth included
-            new_packs = {hex_id(data): (len(data), entries)
-                         for data, entries in _repack(repo, rewrite, to_rebase, widths, with_entries=True)}
-            new_index = len(index_fmt.encode({**keep_packs, **new_packs}))
-            report.reclaimed_bytes = (old_bytes - sum(packs_on_disk.values())) + _index_bytes(repo) - new_index + \
-                sum(packs_on_disk[pid] for pid in doomed) - sum(size for size, _ in new_packs.values())
-            report.packs_deleted = len(doomed) - len(rewrite)
-            report.packs_rewritten = len(rewrite)
-            return report
-
-        faults.hit("gc.mark")  # live set decided: everything after this deletes or rewrites
-        for name in report.tags_deleted:
-            repo.store.delete(TAGS + name, site="gc.tag")
-        for vid in removed:
-            repo.store.delete(MANIFESTS + vid, site="gc.manifest")
-            repo.forget_manifest(vid)
-        sync = getattr(repo.store, "sync_dir", None)
-        if sync is not None:  # the removals are durable before any chunk they used goes
-            sync(MANIFESTS, site="gc.dir")
-            sync("refs/tags/", site="gc.dir")
+                report.tags_deleted = [] if policy.keep_tags else \
+                    [n for n, v in repo.tags().items() if v in p.removed]
+                for name in report.tags_deleted:
+                    repo.store.delete(TAGS + name, site="gc.tag")
+                for vid in p.removed:
+                    repo.store.delete(MANIFESTS + vid, site="gc.manifest")
+                    repo.forget_manifest(vid)
+                if sync is not None:  # the removals are durable before any chunk they used goes
+                    sync(MANIFESTS, site="gc.dir")
+                    sync("refs/tags/", site="gc.dir")
+            break
+        else:
+            raise ConflictError(f"{repo.location}: tags kept changing while gc planned ({PLAN_RETRIES} tries); "
+                                "nothing was deleted")
+        rewrite, to_rebase, widths, keep_packs = p.rewrite, p.to_rebase, p.widths, p.keep_packs
+        packs_on_disk, doomed, old_bytes, now = p.packs_on_disk, p.doomed, p.old_bytes, p.now
+        early = _drop_dead_packs(repo, p, sync)
+        restamp()  # a lock taken empty on a full disk gets its holder's name now there is room
 
         new_packs: dict[str, tuple[int, list[PackEntry]]] = {}
         for data, entries in _repack(repo, rewrite, to_rebase, widths, with_entries=True):
@@ -205,9 +252,10 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
         if sync is not None:  # no old index file may reappear after a crash naming a pack deleted below
             sync(INDEX, site="gc.dir")
 
-        deleted_bytes = 0
+        deleted_bytes = sum(packs_on_disk[pid] for pid in early)
+        report.packs_deleted += len(early)
         for pid in doomed:
-            if pid in new_packs:
+            if pid in new_packs or pid in early:
                 continue
             try:
                 repo.store.delete(pack_key(pid), site="gc.delete")
@@ -230,6 +278,35 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
         repo.refresh_index()
         repo.decoded = type(repo.decoded)(repo.decoded.max_bytes)
     return report
+
+
+def _drop_dead_packs(repo: Repository, p: _Plan, sync: Any) -> set[str]:
+    """Before gc writes anything (a full disk has no room for new packs or a new index): delete the
+    index files naming only packs with no live object, then the packs no remaining index file names
+    (and the doomed unindexed ones).  Every live chunk stays reachable through another index file.
+    Returns the packs deleted."""
+    dead = set(p.doomed) - {pid for pid, _ in p.rewrite}
+    # rebasing a chunk decodes it through its old base chain: keep every pack holding a link of it
+    dead -= {pid for cid in repo.chunk_closure(p.to_rebase) for pid, _ in repo.entries_for(cid)}
+    drop_keys: list[str] = []
+    still_named: set[str] = set()
+    for key in repo.store.list(INDEX):
+        try:
+            packs = set(index_fmt.decode(repo.store.get(key), what=key))
+        except (CorruptObjectError, FileNotFoundError):
+            return set()  # changed since the plan read it: leave everything to the main pass
+        if packs <= dead:
+            drop_keys.append(key)
+        else:
+            still_named |= packs
+    for key in drop_keys:
+        repo.store.delete(key, site="gc.index.delete")
+    if drop_keys and sync is not None:  # no dropped index file may reappear naming a pack deleted below
+        sync(INDEX, site="gc.dir")
+    gone = dead - still_named
+    for pid in sorted(gone):
+        repo.store.delete(pack_key(pid), site="gc.delete")
+    return gone
 
 
 def _index_bytes(repo: Repository) -> int:

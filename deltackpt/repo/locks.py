@@ -1,18 +1,21 @@
 """Locks in the store: shared locks for saves, an exclusive lock for gc's delete phase, a mutex
-for ref updates.  A lock is a small object created with put_if_absent holding host, pid and time;
-it is stale when its process is gone (same host) or it is older than ``STALE_SECONDS``.
-Protocol: spec/FORMAT.md, "Locks"."""
+for ref updates.  A lock is a small object created with put_if_absent holding host, pid, time and
+the holder's pid namespace, boot id and process start time; it is stale when its process is
+provably gone (same host, same pid namespace, same boot) or, when that cannot be proven, once it
+is older than the lease ``STALE_SECONDS``.  Protocol: spec/FORMAT.md, "Locks"."""
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import socket
+import threading
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
-from ..errors import ObjectNotFoundError, RepositoryLockedError
+from ..errors import ObjectNotFoundError, RepositoryLockedError, StoreError
 from ..format import msgpack_io
 from ..store.base import Store
 
@@ -20,11 +23,49 @@ LOCKS = "locks/"
 GC_LOCK = "locks/gc"
 REFS_LOCK = "locks/refs"
 STALE_SECONDS = 6 * 3600.0
+#: how often a save or gc refreshes its lock file, so that a holder nobody can prove alive (another
+#: host or pid namespace) never outlives its lease while it runs; the lease is 12 renewals long
+RENEW_SECONDS = STALE_SECONDS / 12
 HOST = socket.gethostname()
 
 
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _boot_id() -> str | None:
+    return _read("/proc/sys/kernel/random/boot_id")
+
+
+def _pid_ns() -> str | None:
+    """The pid namespace this process lives in (``pid:[4026531836]``): a pid means the same
+    process only to readers in the same namespace of the same boot."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    """Clock ticks since boot at which ``pid`` started (tells a reused pid from the holder)."""
+    stat = _read(f"/proc/{pid}/stat")
+    try:
+        return int(stat.rsplit(")", 1)[1].split()[19]) if stat else None
+    except (IndexError, ValueError):
+        return None
+
+
+_BOOT = _boot_id()
+
+
 def _body(kind: str, token: str = "") -> bytes:
-    return msgpack_io.pack({"host": HOST, "pid": os.getpid(), "time": time.time(), "kind": kind, "token": token})
+    pid = os.getpid()
+    return msgpack_io.pack({"host": HOST, "pid": pid, "time": time.time(), "kind": kind, "token": token,
+                            "pidns": _pid_ns(), "boot": _BOOT, "start": _start_time(pid)})
 
 
 def _holder(store: Store, key: str) -> dict | None:
@@ -54,12 +95,41 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+def _holder_state(info: dict) -> str:
+    """``"dead"`` or ``"alive"`` when this process can tell, else ``"unknown"``.
+
+    A pid can be judged only by a process that sees the same pids: same host name, same pid
+    namespace, same boot.  A sidecar container sharing the host name (``--uts=host``, a Kubernetes
+    pod) has its own pid namespace, where the saver's pid may be free or someone else's; a lock
+    written before a reboot, or by an older deltackpt that did not record namespace and boot,
+    cannot be judged either.  Those wait for the lease."""
+    pid = info.get("pid")
+    ns, boot = _pid_ns(), _BOOT
+    if (info.get("host") != HOST or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0
+            or ns is None or boot is None or info.get("pidns") != ns or info.get("boot") != boot):
+        return "unknown"
+    if pid == os.getpid():
+        return "unknown"  # our own lock (another thread's, or left by a failed release): the lease decides
+    if not _pid_alive(pid):
+        return "dead"
+    start = info.get("start")
+    if isinstance(start, int) and not isinstance(start, bool):
+        now_start = _start_time(pid)
+        if now_start is not None and now_start != start:
+            return "dead"  # the pid was reused by a process that started later
+    return "alive"
+
+
 def is_stale(store: Store, key: str, info: dict | None) -> bool:
+    """May ``key`` (whose body was ``info``) be broken?  Gone, or its holder provably dead, or
+    (holder not provably alive) older than the lease ``STALE_SECONDS``."""
     if info is None:
         return True
-    if info.get("host") == HOST and isinstance(info.get("pid"), int) and info["pid"] != os.getpid():
-        if not _pid_alive(info["pid"]):
-            return True
+    state = _holder_state(info) if info else "unknown"
+    if state == "dead":
+        return True
+    if state == "alive":
+        return False  # a long save keeps its lock however old it is
     try:
         age = time.time() - store.mtime(key)
     except FileNotFoundError:
@@ -94,13 +164,27 @@ def _break(store: Store, key: str, kind: str, info: dict) -> None:
         store.delete(guard, site=f"lock.{kind}.guard.release")
 
 
-def _acquire(store: Store, key: str, kind: str, timeout: float) -> bytes:
-    """Take the lock ``key``; returns the body written, which :func:`_release` checks."""
+def _put_lock(store: Store, key: str, body: bytes, kind: str, full_disk_ok: bool) -> tuple[bool, bytes]:
+    try:
+        return store.put_if_absent(key, body, site=f"lock.{kind}"), body
+    except StoreError as exc:
+        if not full_disk_ok or exc.errno != errno.ENOSPC:
+            raise
+        if _holder(store, key) == msgpack_io.unpack(body, what="lock", max_bytes=4096):
+            return True, body  # it landed; only making its folder entry durable failed
+    # a full disk: an empty file needs no data block.  It names no holder, so nobody can prove
+    # it dead: if we die holding it, only its lease breaks it.  :func:`_restamp` fills it in.
+    return store.put_if_absent(key, b"", site=f"lock.{kind}"), b""
+
+
+def _acquire(store: Store, key: str, kind: str, timeout: float, full_disk_ok: bool = False) -> bytes:
+    """Take the lock ``key``; returns the body written, which :func:`_release` checks.
+    ``full_disk_ok``: on ENOSPC take it with an empty body (gc, which is what frees space)."""
     deadline = time.monotonic() + timeout
     delay = 0.002
     while True:
-        body = _body(kind, secrets.token_hex(8))
-        if store.put_if_absent(key, body, site=f"lock.{kind}"):
+        taken, body = _put_lock(store, key, _body(kind, secrets.token_hex(8)), kind, full_disk_ok)
+        if taken:
             return body
         info = _holder(store, key)
         if info is None:
@@ -138,39 +222,109 @@ def live_save_locks(store: Store) -> list[tuple[str, dict | None]]:
     return out
 
 
+def _restamp(store: Store, key: str, body: bytes, kind: str) -> bytes:
+    """Give an empty lock (taken on a full disk) a full body once there is room; returns the body
+    the lock now holds.  Best effort: still no room leaves it empty."""
+    if body:
+        return body
+    new = _body(kind, secrets.token_hex(8))
+    try:
+        if store.get(key) != body:
+            return body  # no longer ours (broken after its lease): leave it alone
+        store.put_atomic(key, new, site=f"lock.{kind}.restamp")
+    except (StoreError, OSError):
+        return body
+    return new
+
+
 @contextmanager
-def refs_lock(store: Store, timeout: float = 60.0) -> Iterator[None]:
-    body = _acquire(store, REFS_LOCK, "refs", timeout)
+def refs_lock(store: Store, timeout: float = 60.0, *, full_disk_ok: bool = False) -> Iterator[None]:
+    body = _acquire(store, REFS_LOCK, "refs", timeout, full_disk_ok)
     try:
         yield
     finally:
         _release(store, REFS_LOCK, body, "refs")
 
 
-@contextmanager
-def save_lock(store: Store, timeout: float = 600.0) -> Iterator[None]:
-    """Shared: many saves at once, none while gc deletes."""
+class _Renewer:
+    """Rewrites a held lock with the same body every ``RENEW_SECONDS`` (a fresh mtime: the lease
+    restarts) until stopped; never after :meth:`stop` returned, so a release cannot be undone."""
+
+    def __init__(self, store: Store, key: str, body: bytes, kind: str) -> None:
+        self.store, self.key, self.body, self.kind = store, key, body, kind
+        self._stopped = threading.Event()
+        self._mutex = threading.Lock()
+        threading.Thread(target=self._run, daemon=True, name=f"deltackpt-{kind}-lock").start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(RENEW_SECONDS):
+            with self._mutex:
+                if self._stopped.is_set():
+                    return
+                try:
+                    # only our own lock: one broken after its lease (we were frozen) stays broken
+                    if self.body and self.store.get(self.key) == self.body:
+                        self.store.put_atomic(self.key, self.body, site=f"lock.{self.kind}.renew")
+                except (StoreError, OSError):
+                    pass  # the next renewal may work: the lease is 12 renewals long
+
+    def stop(self) -> None:
+        with self._mutex:
+            self._stopped.set()
+
+
+_renewers: dict[str, _Renewer] = {}
+
+
+def acquire_save(store: Store, timeout: float = 600.0) -> str:
+    """Take a shared save lock and return its key; :func:`release_save` gives it back.  For holders
+    whose save spans calls (a DCP save: every rank's write_data, then the coordinator's finish)."""
     key = f"{LOCKS}save-{HOST}-{os.getpid()}-{secrets.token_hex(4)}"
     deadline = time.monotonic() + timeout
     while True:
-        store.put_atomic(key, _body("save"), site="lock.save")
+        body = _body("save")
+        store.put_atomic(key, body, site="lock.save")
         gc_info = _holder(store, GC_LOCK)
         if gc_info is None or is_stale(store, GC_LOCK, gc_info):
-            break
+            _renewers[key] = _Renewer(store, key, body, "save")
+            return key
         store.delete(key, site="lock.save.backoff")
         if time.monotonic() > deadline:
             raise RepositoryLockedError(f"gc holds the repository ({describe(gc_info)})")
         time.sleep(0.05)
+
+
+def release_save(store: Store, key: str) -> None:
+    renewer = _renewers.pop(key, None)
+    if renewer is not None:
+        renewer.stop()
     try:
-        yield
-    finally:
         store.delete(key, site="lock.save.release")
+    except FileNotFoundError:
+        pass  # broken as stale meanwhile: nothing of ours to remove
 
 
 @contextmanager
-def gc_lock(store: Store, timeout: float = 600.0) -> Iterator[None]:
-    """Exclusive: waits for running saves to finish, keeps new ones out."""
-    body = _acquire(store, GC_LOCK, "gc", timeout)
+def save_lock(store: Store, timeout: float = 600.0) -> Iterator[None]:
+    """Shared: many saves at once, none while gc deletes."""
+    key = acquire_save(store, timeout)
+    try:
+        yield
+    finally:
+        release_save(store, key)
+
+
+@contextmanager
+def gc_lock(store: Store, timeout: float = 600.0, *, full_disk_ok: bool = False) -> Iterator[Callable[[], None]]:
+    """Exclusive: waits for running saves to finish, keeps new ones out.  Yields ``restamp``: with
+    ``full_disk_ok`` the lock may have been taken empty on a full disk; call it once space is freed."""
+    held = [_acquire(store, GC_LOCK, "gc", timeout, full_disk_ok)]
+    renewer = _Renewer(store, GC_LOCK, held[0], "gc")
+
+    def restamp() -> None:
+        with renewer._mutex:
+            held[0] = renewer.body = _restamp(store, GC_LOCK, held[0], "gc")
+
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -180,6 +334,7 @@ def gc_lock(store: Store, timeout: float = 600.0) -> Iterator[None]:
             if time.monotonic() > deadline:
                 raise RepositoryLockedError(f"a save is running ({describe(saves[0][1])}); gc gave up waiting")
             time.sleep(0.05)
-        yield
+        yield restamp
     finally:
-        _release(store, GC_LOCK, body, "gc")
+        renewer.stop()
+        _release(store, GC_LOCK, held[0], "gc")

@@ -78,6 +78,11 @@ def test_io_errors_at_every_write_and_fsync(zygote, tmp_path, tmp_path_factory, 
         lines = c.lines()
         assert c.exit_code == 0, f"{action} at {site}#{n} crashed the job:\n{c.text()}"
         errors = [ln for ln in lines if ln.startswith("ERROR")]
+        if workload == "gc" and action == "enospc" and site.startswith(("lock.gc.", "lock.refs.")):
+            # gc on a full disk takes its locks with an empty body and goes on: it is what frees space
+            assert not errors and any(ln.startswith("GC ") for ln in lines), f"{action} at {site}#{n}: {lines}"
+            judge(workload, t, repo, c)
+            continue
         assert errors and errors[0].startswith("ERROR StoreError"), f"{action} at {site}#{n}: {lines}"
         assert "DONE" not in lines and not any(ln.startswith(("TAGGED", "GC")) for ln in lines), \
             f"{action} at {site}#{n} was reported as success: {lines}"

@@ -80,3 +80,50 @@ def test_save_while_gc_is_frozen(zygote, tmp_path):
     assert "DONE" in saver.lines(), saver.text()
     (vid, d), = saver.committed()
     oracle(path, expected={**tmpl.attempts(), 100: d}, committed=[(vid, d)], must_exist={vid})
+
+
+def _versions(path: str) -> tuple[dict[str, str], set[str]]:
+    from deltackpt.frontend import api
+    from deltackpt.repo.repository import Repository
+    api._OPEN.clear()
+    core = Repository(path)
+    return core.tags(), set(core.version_ids())
+
+
+def test_tag_while_gc_is_frozen_after_planning_keeps_the_version(zygote, tmp_path):
+    """A tag set on a version gc has planned to remove (gc frozen at ``gc.mark``) succeeds, and gc then
+    keeps that version: it re-reads the tags under the refs lock and plans again (no dangling tag)."""
+    path = str(tmp_path / "r")
+    tmpl = _template(zygote, path)
+    (oldest, d0), *_ = tmpl.committed()
+    gc = zygote.start("gc", path, keep_last=1, grace=0, fault="gc.mark:1:stop")
+    wait_for(lambda: _state(gc.pid) == "T", 30, "gc to freeze")
+    tag = zygote.run("tag", path, name="keep", version=oldest)
+    assert tag.exit_code == 0 and f"TAGGED keep {oldest}" in tag.lines(), tag.text()
+    os.kill(gc.pid, signal.SIGCONT)
+    zygote.wait(gc, 60)
+    assert gc.exit_code == 0, gc.text()
+    tags, versions = _versions(path)
+    assert tags == {"keep": oldest} and oldest in versions, f"gc deleted the version tagged during its run: {tags}"
+    oracle(path, expected=tmpl.attempts(), committed=[(oldest, d0)], must_exist={oldest})
+    record("tag-vs-gc-planned", points=1, lost=0, dangling=0)
+
+
+def test_tag_resolved_before_gc_deleted_the_version_fails_typed(zygote, tmp_path):
+    """A tag that resolved its version before gc removed it, and reaches the refs lock after, fails with
+    UnknownVersionError and writes no tag (it never names a deleted version)."""
+    path = str(tmp_path / "r")
+    tmpl = _template(zygote, path)
+    (oldest, _d0), *_ = tmpl.committed()
+    tag = zygote.start("tag", path, name="late", version=oldest, fault="lock.refs.write:1:stop")
+    wait_for(lambda: _state(tag.pid) == "T", 30, "tag to freeze before the refs lock")
+    gc = zygote.run("gc", path, keep_last=1, grace=600)  # (grace 0 would delete the frozen tag's temp file)
+    assert gc.exit_code == 0 and any(ln.startswith("GC ") for ln in gc.lines()), gc.text()
+    os.kill(tag.pid, signal.SIGCONT)
+    zygote.wait(tag, 60)
+    tags, versions = _versions(path)
+    assert oldest not in versions, "gc kept the version (the race did not happen)"
+    assert tags == {}, f"dangling tag {tags} naming a version gc deleted"
+    assert "ERROR UnknownVersionError" in tag.text() and "TAGGED" not in tag.text(), tag.text()
+    oracle(path, expected=tmpl.attempts(), committed=tmpl.committed()[-1:])
+    record("tag-vs-gc-deleted", points=1, lost=0, dangling=0)
