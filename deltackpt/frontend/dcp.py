@@ -126,7 +126,8 @@ class Writer(StorageWriter):
 
     def __getstate__(self) -> dict[str, Any]:
         # DCP sends storage objects to spawned ranks: the location travels, each rank reopens it
-        return {**self.__dict__, "_location": _portable(self._location)}
+        # the in-flight save lock stays with the coordinator that took it (a finalizer does not pickle)
+        return {**self.__dict__, "_location": _portable(self._location), "_inflight": None}
 
     # StorageWriter --------------------------------------------------------------------------
     def reset(self, checkpoint_id: "str | os.PathLike | None" = None) -> None:
