@@ -96,3 +96,22 @@ def test_gc_between_write_data_and_finish_keeps_the_chunks(tmp_path):
         assert torch.equal(back[k], expected[k]), k
     assert deltackpt.Repo(repo).verify().ok
     assert not os.listdir(os.path.join(repo, "locks")), "a lock was left behind"
+
+
+def test_writer_pickles_while_it_holds_the_in_flight_save_lock(tmp_path):
+    """A coordinator Writer between its global plan and finish (holding the save lock) still pickles
+    for spawned ranks; the copy holds no lock, and the original releases its own."""
+    import pickle
+
+    from torch.distributed.checkpoint.planner import SavePlan
+
+    repo = str(tmp_path / "r")
+    w = deltackpt.dcp.Writer(repo, step=1)
+    w.set_up_storage_writer(True)
+    w.prepare_global_plan([SavePlan([])])
+    store = w._repo().core.store
+    assert any(k.startswith("locks/save-") for k in store.list("locks/"))
+    copy = pickle.loads(pickle.dumps(w))
+    assert copy._inflight is None
+    w._release_inflight()
+    assert not any(k.startswith("locks/save-") for k in store.list("locks/"))
