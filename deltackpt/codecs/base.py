@@ -7,6 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 
+def is_int(value: Any) -> bool:
+    """An integer parameter read from a header: msgpack's ``True`` is an ``int`` to Python, never to us."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class ChunkContext:
     """What a codec may know about the bytes it encodes."""

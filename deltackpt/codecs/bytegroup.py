@@ -14,6 +14,7 @@ import numpy as np
 import zstandard
 
 from ..errors import CorruptObjectError
+from .base import is_int
 
 _SAMPLE = 16 * 1024
 _PAYS = 0.97  # a plane whose sample compresses worse than this is stored raw
@@ -203,7 +204,7 @@ def decode_planes(params: dict[str, Any], payload: bytes | memoryview, raw_len: 
     """Inverse of :func:`encode_planes`; returns a flat uint8 array of ``raw_len`` bytes (``out``
     when given)."""
     width, modes, sizes = params.get("w"), params.get("m"), params.get("s")
-    if (not isinstance(width, int) or not 1 <= width <= 16 or not isinstance(modes, list) or not isinstance(sizes, list)
+    if (not is_int(width) or not 1 <= width <= 16 or not isinstance(modes, list) or not isinstance(sizes, list)
             or len(modes) != width or len(sizes) != width or raw_len % width):
         raise CorruptObjectError(f"{what}: byte-group parameters are malformed")
     n = raw_len // width
@@ -215,7 +216,7 @@ def decode_planes(params: dict[str, Any], payload: bytes | memoryview, raw_len: 
     view = memoryview(payload)
     pos = 0
     for k, (mode, size) in enumerate(zip(modes, sizes)):
-        if not isinstance(size, int) or size < 0 or pos + size > len(view) or mode not in (0, 1):
+        if not is_int(size) or size < 0 or pos + size > len(view) or mode not in (0, 1):
             raise CorruptObjectError(f"{what}: plane {k} runs past the payload")
         part = view[pos:pos + size]
         pos += size

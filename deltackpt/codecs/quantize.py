@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import CorruptObjectError
 from ._delta_util import base_array
-from .base import ChunkContext, Codec, Encoded
+from .base import ChunkContext, Codec, Encoded, is_int
 from .bytegroup import zstd_compress, zstd_decompress
 from .floats import LOSSY_DTYPES, from_float, max_abs_err, to_float
 
@@ -112,7 +112,7 @@ class QuantizedDelta(Codec):
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
         base_array(base, raw_len, self.name)
         dtype, n = params.get("dt"), params.get("n")
-        if dtype not in LOSSY_DTYPES or not isinstance(n, int) or n < 0:
+        if dtype not in LOSSY_DTYPES or not is_int(n) or n < 0:
             raise CorruptObjectError(f"{self.name}: parameters are malformed")
         self._check_extra(params)
         if raw_len % _ITEMSIZE[dtype]:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import CorruptObjectError
 from ._delta_util import base_array, xor_bytes
-from .base import ChunkContext, Codec, Encoded
+from .base import ChunkContext, Codec, Encoded, is_int
 from .bytegroup import decode_planes, encode_planes, width_for, zstd_compress, zstd_decompress
 
 MAX_CHANGED_FRACTION = 0.5  # above this, a dense delta is as small and cheaper to decode
@@ -52,7 +52,7 @@ class SparseRows(Codec):
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
         b = base_array(base, raw_len, self.name)
         rb, count, bm = params.get("rb"), params.get("n"), params.get("bm")
-        if (not all(isinstance(v, int) for v in (rb, count, bm)) or rb <= 0 or raw_len % rb
+        if (not all(is_int(v) for v in (rb, count, bm)) or rb <= 0 or raw_len % rb
                 or bm < 0 or bm > len(payload)):
             raise CorruptObjectError(f"{self.name}: parameters are malformed")
         nrows = raw_len // rb

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import CorruptObjectError
 from ._delta_util import base_array
-from .base import ChunkContext, Codec, Encoded
+from .base import ChunkContext, Codec, Encoded, is_int
 from .bytegroup import compress_planes, decode_planes, scratch, width_for
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -88,7 +88,7 @@ class SubDelta(Codec):
         dest = np.frombuffer(out, dtype=np.uint8)
         b = base_array(base, len(dest), self.name)
         w = params.get("w")
-        if not isinstance(w, int) or w not in _UINT:
+        if not is_int(w) or w not in _UINT:
             raise CorruptObjectError(f"{self.name}: width {w!r:.20} is not an integer size")
         decode_planes(params, payload, len(dest), what=self.name, out=dest)
         t = _UINT[w]
@@ -97,7 +97,7 @@ class SubDelta(Codec):
     def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
         dest = np.frombuffer(out, dtype=np.uint8)
         w = params.get("w")
-        if not isinstance(w, int) or w not in _UINT:
+        if not is_int(w) or w not in _UINT:
             raise CorruptObjectError(f"{self.name}: width {w!r:.20} is not an integer size")
         z = decode_planes(params, payload, len(dest), what=self.name, out=scratch(len(dest)))
         t = _UINT[w]

@@ -219,7 +219,7 @@ def test_malformed_objects_raise_only_corrupt_object_error(case):
 @pytest.mark.parametrize("eid,params,raw_len", [
     (5, {"dt": "float16", "n": 1}, 3), (5, {"dt": "float32", "n": 0}, 3), (6, {"dt": "bfloat16", "n": 2}, 5),
     (7, {"dt": "float64", "w": 2, "m": [0, 0], "s": [1, 1]}, 12), (3, {"w": 3, "m": [0, 0, 0], "s": [1, 1, 1]}, 3),
-    (4, {"rb": True, "n": 0, "bm": 0}, 1), (5, {"dt": ["float32"], "n": 1}, 4), (2, {"w": 16, "m": [0] * 16, "s": [0] * 16}, 16),
+    (4, {"rb": True, "n": 0, "bm": 0}, 1), (2, {"w": True, "m": [0], "s": [0]}, 0), (3, {"w": True, "m": [0], "s": [0]}, 0), (5, {"dt": ["float32"], "n": 1}, 4), (2, {"w": 16, "m": [0] * 16, "s": [0] * 16}, 16),
 ])
 def test_decoders_check_element_sizes_before_viewing(eid, params, raw_len):
     """Lengths that are not whole elements of the declared dtype are corrupt, not a numpy ValueError."""
