@@ -12,7 +12,7 @@ import traceback
 from typing import Any
 
 import deltackpt
-from deltackpt.errors import DeltackptError
+from deltackpt.errors import DeltackptError, InvalidArgumentError
 
 from .render import emit_json, human_bytes, table, when
 
@@ -21,7 +21,7 @@ EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_ERROR, EXIT_BUG, EXIT_INTERRUPTED = 0, 
 EXIT_CODES = f"""exit status:
   {EXIT_OK}    success
   {EXIT_PROBLEMS}    verify found problems (the repository is damaged; the report names them)
-  {EXIT_USAGE}    usage error (unknown command or option)
+  {EXIT_USAGE}    usage error (unknown command or option, an option's value out of range)
   {EXIT_ERROR}    the command failed: one line on stderr, `deltackpt: error: ...`, names the version,
        tensor, file or object (with --json also {{"error": {{"type", "message"}}}} on stdout)
   {EXIT_BUG}    internal error (a bug): one line; rerun with DELTACKPT_DEBUG=1 for the traceback
@@ -280,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _message(exc: BaseException) -> tuple[str, int]:
     """The one line and exit status for an exception a command raised."""
+    if isinstance(exc, InvalidArgumentError):  # an option's value out of its range (--keep-within nan)
+        return str(exc), EXIT_USAGE
     if isinstance(exc, DeltackptError):
         return str(exc), EXIT_ERROR
     if isinstance(exc, OSError):  # a path the user named: missing folder, a directory, permission
