@@ -55,6 +55,9 @@ tree inside 120 tuples sums to 480 MiB)."""
 MAX_CHAIN_DEPTH = 1024
 """A delta chain longer than this is corrupt (writers keep it at the keyframe interval)."""
 
+MAX_CONFIG_BYTES = 64 * 1024
+"""The config is a map of half a dozen short fields (~150 bytes)."""
+
 MAX_REF_BYTES = 4096
 """A ref file is one version id and a newline."""
 

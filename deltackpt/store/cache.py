@@ -158,6 +158,11 @@ class CachedStore(WrappingStore):
             return self.cache.get(key, start, length, self.inner.get)
         return self.inner.get(key, start, length)
 
+    def get_bounded(self, key: str, max_bytes: int) -> bytes:
+        if cacheable(key):  # kept as a whole-object entry (a ranged fetch of max_bytes + 1 never is)
+            return self.cache.get(key, 0, None, lambda k, _s, _n: self.inner.get_bounded(k, max_bytes))
+        return self.inner.get_bounded(key, max_bytes)
+
     def delete(self, key: str, *, site: str = "delete") -> None:
         self.inner.delete(key, site=site)
         if cacheable(key):

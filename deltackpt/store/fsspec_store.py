@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from .. import faults
-from ..errors import ObjectNotFoundError, StoreError
+from ..errors import LimitExceededError, ObjectNotFoundError, StoreError
 from .base import Store, check_key
 from .cache import ReadCache, cacheable
 
@@ -109,6 +109,18 @@ class FsspecStore(Store):
         if self.cache is not None and cacheable(key):
             return self.cache.get(key, start, length, self._fetch)
         return self._fetch(key, start, length)
+
+    def get_bounded(self, key: str, max_bytes: int) -> bytes:
+        """One ranged GET of ``max_bytes + 1`` bytes: the object whole, or LimitExceededError."""
+        def fetch(k: str, _start: int, _length: "int | None") -> bytes:
+            data = self._fetch(k, 0, max_bytes + 1)
+            if len(data) > max_bytes:
+                raise LimitExceededError(f"{k!r} in {self.url} holds more than {max_bytes} bytes, the limit for it")
+            return data
+
+        if self.cache is not None and cacheable(key):
+            return self.cache.get(key, 0, None, fetch)
+        return fetch(key, 0, None)
 
     def _info(self, key: str) -> dict:
         path = self._path(key)
@@ -215,7 +227,7 @@ class FsspecStore(Store):
         # If-Match fails and we answer False, never a swap against a value we did not compare
         try:
             etag = self._info(key).get("ETag")
-            current = self._fetch(key, 0, None)
+            current = self._fetch(key, 0, len(expected) + 1)  # never a huge (hostile) object whole
         except ObjectNotFoundError:
             return False
         if current != expected:

@@ -5,7 +5,8 @@ Hostile repositories are probed in a child so that a segfault, a hang or a memor
 test (the parent sees a signal, a timeout or the child's own peak RSS) instead of killing pytest.
 
     python -m tests.security._probe MODE REPO [ARGS...]
-    MODE: cli (ARGS = a deltackpt command line without --repo), load, resume, verify, rebuild
+    MODE: cli (ARGS = a deltackpt command line without --repo), load, resume, verify, rebuild,
+          save (ARGS: an optional tag)
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ def _run(mode: str, repo: str, args: list[str]) -> dict:
     if mode == "verify":
         report = deltackpt.Repo(repo).verify()
         return {"outcome": "ok", "ok": report.ok, "errors": [[p.object, p.problem] for p in report.errors]}
+    if mode == "save":
+        import torch
+        v = deltackpt.save({"w": torch.ones(8), "step": 7}, repo, step=7, **({"tag": args[0]} if args else {}))
+        return {"outcome": "ok", "version": v.id}
     if mode == "rebuild":
         rep = deltackpt.Repo(repo).rebuild_index()
         return {"outcome": "ok", "skipped": rep.packs_skipped, "packs": rep.packs_indexed}
