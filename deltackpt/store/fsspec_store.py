@@ -29,9 +29,9 @@ import time
 from typing import Any
 
 from .. import faults
-from ..errors import LimitExceededError, ObjectNotFoundError, StoreError
+from ..errors import ObjectNotFoundError, StoreError
 from .base import Store, check_key
-from .cache import ReadCache, cacheable
+from .cache import ReadCache, cacheable, check_bound
 
 #: protocols whose ``pipe_file(mode="create")`` is an atomic conditional create (If-None-Match)
 CONDITIONAL_PROTOCOLS = frozenset({"s3", "s3a"})
@@ -113,13 +113,10 @@ class FsspecStore(Store):
     def get_bounded(self, key: str, max_bytes: int) -> bytes:
         """One ranged GET of ``max_bytes + 1`` bytes: the object whole, or LimitExceededError."""
         def fetch(k: str, _start: int, _length: "int | None") -> bytes:
-            data = self._fetch(k, 0, max_bytes + 1)
-            if len(data) > max_bytes:
-                raise LimitExceededError(f"{k!r} in {self.url} holds more than {max_bytes} bytes, the limit for it")
-            return data
+            return check_bound(k, max_bytes, self._fetch(k, 0, max_bytes + 1))
 
-        if self.cache is not None and cacheable(key):
-            return self.cache.get(key, 0, None, fetch)
+        if self.cache is not None and cacheable(key):  # a cached entry is checked against this limit too
+            return check_bound(key, max_bytes, self.cache.get(key, 0, None, fetch))
         return fetch(key, 0, None)
 
     def _info(self, key: str) -> dict:
