@@ -183,3 +183,17 @@ def test_sparse_pack_is_checked_in_pieces(root, template, size):
             assert rep["outcome"] == "error" and rep["typed"], rep
         else:
             assert set(rep["skipped"]) == set(keys), rep
+
+
+def test_sparse_stale_lock_file_is_broken_without_reading_it(root, template, tmp_path):
+    """A sparse 1 TiB refs lock left hours ago: a save judges it by age, breaks it and commits, in flat
+    memory (the lock was read whole: a bare MemoryError)."""
+    _sparse(root, "locks/refs", 1 << 40)
+    old = os.stat(os.path.join(root, "locks", "refs")).st_mtime - 24 * 3600
+    os.utime(os.path.join(root, "locks", "refs"), (old, old))
+    plain = str(tmp_path / "plain")
+    shutil.copytree(template, plain)
+    base = probe("save", plain, timeout=TIMEOUT)
+    rep = probe("save", root, timeout=TIMEOUT)
+    assert rep["outcome"] == "ok" and latest(root) == rep["version"], rep
+    assert rep["rss_mib"] - base["rss_mib"] < RSS_MARGIN_MIB, (rep, base)
