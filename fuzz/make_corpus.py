@@ -6,7 +6,8 @@ Builds a small repository (a real model + AdamW, several training steps, lossles
 embedding updates, q8/q4 deltas and fp16/bf16 casts) in a temporary folder and copies out its
 manifests, packs, index files, every object (once per flag combination the object target knows),
 refs, tag names and revisions, the config, plus a few hand-made hostile inputs (a 1 TB tensor, a
-zstd frame declaring a huge size, a pack header claiming 1e9 entries).  File names are content
+zstd frame declaring a huge size, a pack header claiming 1e9 entries, tuples nested 200 and 5000
+deep, names and ids ending in a newline).  File names are content
 hashes, so reruns only add what changed.
 """
 
@@ -75,12 +76,26 @@ def hostile_seeds() -> dict[str, list[bytes]]:
     claims = bytearray(fake_pack)
     claims[-20:-16] = struct.pack("<I", 10**9 & 0xFFFFFFFF)
     entries_1e9 = b"\xdd" + struct.pack(">I", 10**9)  # msgpack array32 header claiming 1e9 items
+
+    def nested(depth: int) -> msgpack.ExtType:  # a tuple in a tuple ... (issue 16: 200 segfaulted)
+        ext = msgpack.ExtType(2, msgpack.packb(["x"]))
+        for _ in range(depth - 1):
+            ext = msgpack.ExtType(2, msgpack.packb([ext]))
+        return ext
+
+    def tree(value: object) -> bytes:
+        return manifest.MAGIC + msgpack.packb({"parent": None, "time": 0.0, "tree": value, "tensors": [],
+                                               "blobs": []}, use_bin_type=True)
+
     return {
-        "manifest": [manifest.MAGIC + msgpack.packb(huge_tensor, use_bin_type=True)],
+        "manifest": [manifest.MAGIC + msgpack.packb(huge_tensor, use_bin_type=True), tree(nested(200)),
+                     tree(nested(5000)), tree({nested(1): 1})],
         "objects": [b"\x01" + big, b"\x03" + big],
         "pack": [b"\x00" + fake_pack, b"\x00" + bytes(claims), b"\x01" + entries_1e9],
-        "index": [b"\x01" + msgpack.packb({"0" * 32: [1 << 40, [[b"\0" * 16, 8, 12, 0, 0, None, 0]]]})],
-        "refs": [b"latest~3", b"../../etc/passwd", b"a" * 32 + b"\n", b"best:loss:max", "tag\u00e9".encode()],
+        "index": [b"\x01" + msgpack.packb({"0" * 32: [1 << 40, [[b"\0" * 16, 8, 12, 0, 0, None, 0]]]}),
+                  b"\x01" + msgpack.packb({"0" * 31 + "\n": [100, []]})],
+        "refs": [b"latest~3", b"../../etc/passwd", b"a" * 32 + b"\n", b"best:loss:max", "tag\u00e9".encode(),
+                 b"v1\n", b"a" * 31 + b"\n", "latest~\u0663".encode()],
         "config": [msgpack.packb({"format": "deltackpt", "version": 99, "repo_id": "x"})],
     }
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import CorruptObjectError, FormatVersionError
 from . import msgpack_io
-from .limits import DEFAULT_CHUNK_BYTES, DEFAULT_KEYFRAME_INTERVAL, FORMAT_VERSION, MAX_CHUNK_BYTES
+from .limits import DEFAULT_CHUNK_BYTES, DEFAULT_KEYFRAME_INTERVAL, FORMAT_VERSION, MAX_CHUNK_BYTES, MAX_CONFIG_BYTES
 
 FORMAT_NAME = "deltackpt"
 DELTA_BASES = ("parent", "keyframe")
@@ -45,7 +45,7 @@ def check_delta_base(value: str) -> str:
 
 
 def decode(data: bytes, *, where: str) -> Config:
-    obj = msgpack_io.unpack(data, what=f"config of {where}", max_bytes=64 * 1024)
+    obj = msgpack_io.unpack(data, what=f"config of {where}", max_bytes=MAX_CONFIG_BYTES)
     if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
         raise CorruptObjectError(f"{where}: config is not a deltackpt config")
     version = obj.get("version")

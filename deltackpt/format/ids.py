@@ -10,7 +10,7 @@ from ..errors import CorruptObjectError
 
 ID_BYTES = 16
 ID_HEX_LEN = 32
-_HEX = re.compile(r"^[0-9a-f]{1,32}$")
+_HEX = re.compile(r"[0-9a-f]{1,32}")  # always fullmatch: '$' would also match before a final newline
 
 
 def digest(data: bytes | bytearray | memoryview) -> bytes:
@@ -31,14 +31,14 @@ def to_hex(raw_id: bytes) -> str:
 
 def from_hex(text: str) -> bytes:
     """32 hex characters -> 16-byte id; raises CorruptObjectError on anything else."""
-    if not isinstance(text, str) or len(text) != ID_HEX_LEN or not _HEX.match(text):
+    if not isinstance(text, str) or len(text) != ID_HEX_LEN or not _HEX.fullmatch(text):
         raise CorruptObjectError(f"not a 32-character hex id: {text!r}")
     return bytes.fromhex(text)
 
 
 def is_hex_prefix(text: str) -> bool:
     """True for 1..32 lowercase hex characters (a version id or its prefix)."""
-    return bool(_HEX.match(text))
+    return bool(_HEX.fullmatch(text))
 
 
 def check_raw_id(raw_id: object) -> bytes:

@@ -42,10 +42,21 @@ MAX_NDIM = 64
 """torch itself caps dimensions at 64."""
 
 MAX_MSGPACK_DEPTH = 512
-"""Nesting of the saved tree; deeper trees are refused at save and at load."""
+"""Nesting of the saved tree; deeper trees are refused at save and at load.  Tuples (msgpack ext
+payloads, decoded one at a time, never recursively: format/tree.py) count as levels too."""
+
+MAX_TUPLE_PAYLOAD_BYTES = 4 * MAX_MANIFEST_BYTES
+"""A tuple's payload is copied once more for every tuple around it, so a manifest of N bytes
+nesting tuples k deep costs k*N bytes of copying: the payloads summed over all tuples of one
+manifest stay under 1 GiB (writers refuse a tree above it), which bounds the work of a decode to a
+few times a maximal manifest's, whatever the nesting (a legitimate tree is far below: a 4 MiB
+tree inside 120 tuples sums to 480 MiB)."""
 
 MAX_CHAIN_DEPTH = 1024
 """A delta chain longer than this is corrupt (writers keep it at the keyframe interval)."""
+
+MAX_CONFIG_BYTES = 64 * 1024
+"""The config is a map of half a dozen short fields (~150 bytes)."""
 
 MAX_REF_BYTES = 4096
 """A ref file is one version id and a newline."""

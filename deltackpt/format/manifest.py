@@ -3,8 +3,9 @@
     manifest = MAGIC(8) || msgpack map (schema below);  version id = xxh3-128 hex of the whole file
 
 The tree is the saved object with every tensor replaced by ext type 1 (its index in ``tensors``)
-and every tuple by ext type 2 (a msgpack array).  Tensors are views of blobs: a blob is a run of
-raw bytes cut into chunks; unshared tensors own one blob each, tensors sharing storage share one.
+and every tuple by ext type 2 (a msgpack array); ``tree.py`` packs and unpacks them.  Tensors are
+views of blobs: a blob is a run of raw bytes cut into chunks; unshared tensors own one blob each,
+tensors sharing storage share one.
 """
 
 from __future__ import annotations
@@ -13,25 +14,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
-
 from ..errors import CorruptObjectError, FormatVersionError, LimitExceededError
 from . import msgpack_io
 from .dtypes import itemsize
 from .ids import check_raw_id, from_hex, hex_id
-from .limits import (MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES, MAX_MSGPACK_DEPTH, MAX_NDIM,
-                     MAX_TENSOR_ELEMENTS)
+from .limits import MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES, MAX_NDIM, MAX_TENSOR_ELEMENTS
+from .tree import EXT_TENSOR, EXT_TUPLE, TensorRef, pack_tree, unpack_tree  # noqa: F401 (re-exported)
 
 MAGIC = b"DCKMAN\x01\x00"
-EXT_TENSOR = 1
-EXT_TUPLE = 2
-
-
-@dataclass(frozen=True)
-class TensorRef:
-    """Placeholder for a tensor inside the saved tree."""
-
-    index: int
 
 
 @dataclass
@@ -169,19 +159,10 @@ class Manifest:
             "tensors": [t.to_obj() for t in self.tensors],
             "tree": self.tree,
         }
-        return MAGIC + msgpack.packb(body, use_bin_type=True, default=_pack_default, strict_types=True)
+        return MAGIC + pack_tree(body)
 
     def version_id(self) -> str:
         return hex_id(self.to_bytes())
-
-
-def _pack_default(value: Any) -> Any:
-    if isinstance(value, TensorRef):
-        return msgpack.ExtType(EXT_TENSOR, msgpack.packb(value.index))
-    if isinstance(value, tuple):
-        return msgpack.ExtType(EXT_TUPLE, msgpack.packb(list(value), use_bin_type=True, default=_pack_default,
-                                                        strict_types=True))
-    raise TypeError(f"cannot pack {type(value).__name__}")
 
 
 def _expect_map(obj: Any, what: str, keys: set[str]) -> None:
@@ -190,37 +171,6 @@ def _expect_map(obj: Any, what: str, keys: set[str]) -> None:
     missing = keys - obj.keys()
     if missing:
         raise CorruptObjectError(f"{what} lacks {sorted(missing)}")
-
-
-def _ext_hook_factory(limit: int, ntensors: list[int]):
-    def hook(code: int, data: bytes) -> Any:
-        if code == EXT_TENSOR:
-            value = msgpack_io.unpack(data, what="tensor reference", max_bytes=16)
-            idx = msgpack_io.expect_int(value, "tensor reference", 0, 1 << 32)
-            ntensors.append(idx)
-            return TensorRef(idx)
-        if code == EXT_TUPLE:
-            value = msgpack_io.unpack(data, what="tuple", max_bytes=limit, ext_hook=hook)
-            if not isinstance(value, list):
-                raise CorruptObjectError("tuple ext does not hold an array")
-            return tuple(value)
-        raise CorruptObjectError(f"unknown msgpack ext type {code} in manifest tree")
-    return hook
-
-
-def _depth(value: Any, what: str, start: int = 0) -> None:
-    stack = [(value, start)]
-    while stack:
-        v, d = stack.pop()
-        if d > MAX_MSGPACK_DEPTH:
-            raise LimitExceededError(f"{what}: tree nested deeper than {MAX_MSGPACK_DEPTH}")
-        if isinstance(v, msgpack.Timestamp):  # ext -1 is decoded by msgpack itself, not by our hook
-            raise CorruptObjectError(f"{what}: msgpack timestamp (ext type -1) is not part of the format")
-        if isinstance(v, dict):
-            stack.extend((k, d + 1) for k in v if isinstance(k, msgpack.Timestamp))
-            stack.extend((x, d + 1) for x in v.values())
-        elif isinstance(v, (list, tuple)):
-            stack.extend((x, d + 1) for x in v)
 
 
 def decode(data: bytes, *, version_id: str | None = None) -> Manifest:
@@ -237,8 +187,8 @@ def decode(data: bytes, *, version_id: str | None = None) -> Manifest:
     if data[:8] != MAGIC:
         raise FormatVersionError(f"{what}: manifest version {data[6]} is not supported by this reader (version 1)")
     refs: list[int] = []
-    body = msgpack_io.unpack(memoryview(data)[len(MAGIC):], what=what, max_bytes=MAX_MANIFEST_BYTES,
-                             ext_hook=_ext_hook_factory(len(data), refs))
+    # the tree sits one level below the body
+    body = unpack_tree(memoryview(data)[len(MAGIC):], what=what, max_bytes=MAX_MANIFEST_BYTES, refs=refs, start=-1)
     _expect_map(body, what, {"parent", "time", "tree", "tensors", "blobs"})
     parent = body["parent"]
     if parent is not None:
@@ -255,7 +205,6 @@ def decode(data: bytes, *, version_id: str | None = None) -> Manifest:
     for idx in refs:
         if idx >= len(tensors):
             raise CorruptObjectError(f"{what}: tree refers to tensor {idx} of {len(tensors)}")
-    _depth(body, what, start=-1)  # the tree sits one level below the body
     step = body.get("step")
     if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
         raise CorruptObjectError(f"{what}: step is not an integer")

@@ -10,23 +10,25 @@ from .ids import ID_HEX_LEN, is_hex_prefix
 from .limits import MAX_NAME_LENGTH, MAX_REF_BYTES
 
 LATEST = "latest"
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
-_REVISION = re.compile(r"^(?P<base>[^~]+?)(?:~(?P<back>\d{1,6}))?$")
+# always fullmatch: '$' would also match before a final newline ("v1\n" was a valid tag name), and
+# \d would take any Unicode digit
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+_REVISION = re.compile(r"(?P<base>[^~]+?)(?:~(?P<back>[0-9]{1,6}))?")
 RESERVED = {LATEST, "HEAD"}
-_ID_LIKE = re.compile(r"^[0-9a-f]{4,32}$")
+_ID_LIKE = re.compile(r"[0-9a-f]{4,32}")
 
 
 def check_name(name: object, *, kind: str = "tag") -> str:
     """A ref/tag name: 1..128 of [A-Za-z0-9._-], not starting with '.' or '-', no '..'; a tag
     may not be 4-32 lowercase hex digits (it would shadow version id prefixes)."""
-    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_LENGTH or not _NAME.match(name) or ".." in name:
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_LENGTH or not _NAME.fullmatch(name) or ".." in name:
         raise InvalidNameError(f"invalid {kind} name {name!r:.80}: use 1-{MAX_NAME_LENGTH} of A-Z a-z 0-9 . _ -, "
                                "not starting with '.' or '-'")
     if name.endswith((".tmp", ".lock")):
         raise InvalidNameError(f"invalid {kind} name {name!r}: the suffixes .tmp and .lock are reserved")
     if kind == "tag" and (name in RESERVED or name.startswith("best")):
         raise InvalidNameError(f"invalid tag name {name!r}: reserved")
-    if kind == "tag" and _ID_LIKE.match(name):
+    if kind == "tag" and _ID_LIKE.fullmatch(name):
         raise InvalidNameError(f"invalid tag name {name!r}: 4 or more hex digits would shadow version ids")
     return name
 
@@ -59,7 +61,7 @@ class Revision:
 def parse_revision(text: object) -> Revision:
     if not isinstance(text, str) or not text or len(text) > 256:
         raise UnknownVersionError(f"not a revision: {text!r:.80}")
-    m = _REVISION.match(text.strip())
+    m = _REVISION.fullmatch(text.strip())
     if not m:
         raise UnknownVersionError(f"not a revision: {text!r:.80} (try 'latest', 'latest~2', a tag or an id prefix)")
     return Revision(m.group("base"), int(m.group("back") or 0))

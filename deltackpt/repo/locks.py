@@ -70,7 +70,7 @@ def _body(kind: str, token: str = "") -> bytes:
 
 def _holder(store: Store, key: str) -> dict | None:
     try:
-        data = store.get(key)
+        data = store.get(key, 0, 4097)  # a lock body is at most 4096 bytes: never read a huge file whole
     except (ObjectNotFoundError, FileNotFoundError):
         return None
     try:
@@ -203,7 +203,7 @@ def _release(store: Store, key: str, body: bytes, kind: str) -> None:
     """Delete our lock, but not one that replaced it: if ours was judged stale and broken while
     we held it, the lock there now is another process's."""
     try:
-        if store.get(key) != body:
+        if store.get(key, 0, len(body) + 1) != body:
             return
     except FileNotFoundError:
         return

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 
 from ..errors import DeltackptError
 from ..format import index as index_fmt
-from ..format import pack as pack_fmt
 from ..format.ids import from_hex, hex_id
 from ..format.pack import PackEntry
-from . import locks
+from . import locks, packfile
 from .layout import INDEX, PACKS, pack_key
 from .repository import Repository
 
@@ -37,17 +36,6 @@ class RebuildReport:
     removed_index_files: list[str] = field(default_factory=list)
 
 
-def _read_pack_entries(repo: Repository, key: str, pid: str) -> tuple[int, list[PackEntry]]:
-    what = f"pack {pid}"
-    size = repo.store.size(key)
-    if size < pack_fmt.MIN_PACK_BYTES:
-        raise DeltackptError(f"{what}: {size} bytes is too short for a pack")
-    trailer = repo.store.get(key, size - pack_fmt.TRAILER_BYTES, pack_fmt.TRAILER_BYTES)
-    header_len = pack_fmt.parse_trailer(trailer, size, what=what)
-    header = repo.store.get(key, size - pack_fmt.TRAILER_BYTES - header_len, header_len)
-    return size, pack_fmt.parse_header(header, trailer, size, what=what)
-
-
 def rebuild_index(repo: Repository) -> RebuildReport:
     """Re-derive the whole index from the pack headers and replace every index file with one."""
     report = RebuildReport()
@@ -60,7 +48,7 @@ def rebuild_index(repo: Repository) -> RebuildReport:
                 from_hex(pid)
                 if key != pack_key(pid):
                     raise DeltackptError(f"{key!r} is not where pack {pid} belongs")
-                packs[pid] = _read_pack_entries(repo, key, pid)
+                packs[pid] = packfile.read_entries(repo.store, pid)
             except DeltackptError as exc:
                 report.packs_skipped[key] = str(exc)
         data = index_fmt.encode(packs)

@@ -29,6 +29,7 @@ from ..format import index as index_fmt
 from ..format import manifest as manifest_fmt
 from ..format import refs
 from ..format.ids import is_hex_prefix
+from ..format.limits import MAX_CONFIG_BYTES, MAX_INDEX_BYTES, MAX_MANIFEST_BYTES, MAX_REF_BYTES
 from ..format.manifest import Manifest
 from ..format.pack import PackEntry
 from ..store.base import Store
@@ -76,13 +77,13 @@ class Repository(ChunkReader):
         self.level = level
         try:
             try:
-                raw = self.store.get(CONFIG)
+                raw = self.store.get_bounded(CONFIG, MAX_CONFIG_BYTES)
             except (ObjectNotFoundError, FileNotFoundError):
                 if not create:
                     raise NotARepositoryError(f"{self.location}: not a deltackpt repository (no config); "
                                               "create one with `deltackpt init` or by saving to it") from None
                 self._init(chunk_bytes, keyframe_interval, delta_base)
-                raw = self.store.get(CONFIG)
+                raw = self.store.get_bounded(CONFIG, MAX_CONFIG_BYTES)
         except StoreError as exc:  # the path is a file, unreadable, ...: say which repository
             if type(exc) is not StoreError or self.location in str(exc):
                 raise
@@ -133,7 +134,7 @@ class Repository(ChunkReader):
                         if key in self._index_files:
                             continue
                         try:
-                            packs = index_fmt.decode(self.store.get(key), what=key)
+                            packs = index_fmt.decode(self.store.get_bounded(key, MAX_INDEX_BYTES), what=key)
                         except (CorruptObjectError, FormatVersionError) as exc:
                             # one damaged index file must not make every version unreadable: its
                             # chunks read as missing (typed errors), verify names the versions, and
@@ -202,7 +203,7 @@ class Repository(ChunkReader):
         m = self._manifests.get(vid)
         if m is None:
             try:
-                data = self.store.get(MANIFESTS + vid)
+                data = self.store.get_bounded(MANIFESTS + vid, MAX_MANIFEST_BYTES)
             except (ObjectNotFoundError, FileNotFoundError):
                 raise UnknownVersionError(f"version {vid} has no manifest in {self.location}") from None
             m = manifest_fmt.decode(data, version_id=vid)
@@ -227,7 +228,7 @@ class Repository(ChunkReader):
     def read_ref_bytes(self, key: str) -> bytes | None:
         """The ref file's bytes as stored (what a compare-and-swap compares), None when absent."""
         try:
-            return self.store.get(key)
+            return self.store.get_bounded(key, MAX_REF_BYTES)
         except (ObjectNotFoundError, FileNotFoundError):
             return None
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 
-from ..errors import StoreError
+from ..errors import LimitExceededError, StoreError
 
-_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*$")
+_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
 
 
 def check_key(key: str) -> str:
     """Keys are relative '/'-joined names of [A-Za-z0-9._-], no empty, '.' or '..' parts."""
-    if not isinstance(key, str) or not _KEY.match(key) or any(p in (".", "..") or ".." in p for p in key.split("/")):
+    if not isinstance(key, str) or not _KEY.fullmatch(key) or any(p in (".", "..") or ".." in p for p in key.split("/")):
         raise StoreError(f"invalid store key {key!r:.100}")
     return key
 
@@ -60,6 +60,15 @@ class Store(ABC):
     def get(self, key: str, start: int = 0, length: int | None = None) -> bytes:
         """Bytes of ``key`` (a range when ``length`` is given); ObjectNotFoundError when absent."""
 
+    def get_bounded(self, key: str, max_bytes: int) -> bytes:
+        """The whole value of ``key``; LimitExceededError when it holds more than ``max_bytes``.
+        Never fetches more than ``max_bytes + 1`` bytes, whatever size the object claims or has
+        (stores that can stat cheaply refuse before reading anything)."""
+        data = self.get(key, 0, max_bytes + 1)
+        if len(data) > max_bytes:
+            raise LimitExceededError(f"{key!r} holds more than {max_bytes} bytes, the limit for it")
+        return data
+
     @abstractmethod
     def size(self, key: str) -> int:
         """Length of the value; ObjectNotFoundError when absent."""
@@ -97,7 +106,7 @@ class Store(ABC):
         if expected is None:
             return self.put_if_absent(key, data, site=site)
         try:
-            current = self.get(key)
+            current = self.get(key, 0, len(expected) + 1)  # a huge (hostile) file is never read whole
         except FileNotFoundError:
             return False
         if current != expected:

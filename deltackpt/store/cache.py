@@ -20,6 +20,7 @@ import secrets
 import threading
 from typing import Callable
 
+from ..errors import LimitExceededError
 from .base import Store, WrappingStore
 
 #: key prefixes whose objects are immutable once written (content-addressed)
@@ -28,6 +29,13 @@ IMMUTABLE_PREFIXES = ("packs/", "index/", "manifests/")
 
 def cacheable(key: str) -> bool:
     return key.startswith(IMMUTABLE_PREFIXES)
+
+
+def check_bound(key: str, max_bytes: int, data: bytes) -> bytes:
+    """``data`` when it is at most ``max_bytes`` long, else LimitExceededError naming ``key``."""
+    if len(data) > max_bytes:
+        raise LimitExceededError(f"{key!r} holds more than {max_bytes} bytes, the limit for it")
+    return data
 
 
 class ReadCache:
@@ -157,6 +165,14 @@ class CachedStore(WrappingStore):
         if cacheable(key):
             return self.cache.get(key, start, length, self.inner.get)
         return self.inner.get(key, start, length)
+
+    def get_bounded(self, key: str, max_bytes: int) -> bytes:
+        if not cacheable(key):
+            return self.inner.get_bounded(key, max_bytes)
+        # kept as a whole-object entry (a ranged fetch of max_bytes + 1 never is); a cached entry
+        # was fetched under some other caller's limit, so it is checked against this one
+        data = self.cache.get(key, 0, None, lambda k, _s, _n: self.inner.get_bounded(k, max_bytes))
+        return check_bound(key, max_bytes, data)
 
     def delete(self, key: str, *, site: str = "delete") -> None:
         self.inner.delete(key, site=site)

@@ -32,7 +32,7 @@ from .. import faults
 from ..deps import install_hint, require
 from ..errors import MissingDependencyError, ObjectNotFoundError, StoreError
 from .base import Store, check_key
-from .cache import ReadCache, cacheable
+from .cache import ReadCache, cacheable, check_bound
 
 #: protocols whose ``pipe_file(mode="create")`` is an atomic conditional create (If-None-Match)
 CONDITIONAL_PROTOCOLS = frozenset({"s3", "s3a"})
@@ -115,6 +115,15 @@ class FsspecStore(Store):
         if self.cache is not None and cacheable(key):
             return self.cache.get(key, start, length, self._fetch)
         return self._fetch(key, start, length)
+
+    def get_bounded(self, key: str, max_bytes: int) -> bytes:
+        """One ranged GET of ``max_bytes + 1`` bytes: the object whole, or LimitExceededError."""
+        def fetch(k: str, _start: int, _length: "int | None") -> bytes:
+            return check_bound(k, max_bytes, self._fetch(k, 0, max_bytes + 1))
+
+        if self.cache is not None and cacheable(key):  # a cached entry is checked against this limit too
+            return check_bound(key, max_bytes, self.cache.get(key, 0, None, fetch))
+        return fetch(key, 0, None)
 
     def _info(self, key: str) -> dict:
         path = self._path(key)
@@ -221,7 +230,7 @@ class FsspecStore(Store):
         # If-Match fails and we answer False, never a swap against a value we did not compare
         try:
             etag = self._info(key).get("ETag")
-            current = self._fetch(key, 0, None)
+            current = self._fetch(key, 0, len(expected) + 1)  # never a huge (hostile) object whole
         except ObjectNotFoundError:
             return False
         if current != expected:

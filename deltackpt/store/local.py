@@ -15,7 +15,7 @@ import stat
 import threading
 
 from .. import faults
-from ..errors import ObjectNotFoundError, StoreError
+from ..errors import LimitExceededError, ObjectNotFoundError, StoreError
 from .base import AtomicWriter, Store, check_key
 
 TMP_DIR = "tmp"
@@ -154,38 +154,65 @@ class LocalStore(Store):
                                               "plain directory (symbolic links are refused)")
         self._dirs_ok.add(parent)
 
-    def _open_read(self, key: str) -> int:
+    def _open_read(self, key: str) -> tuple[int, os.stat_result]:
+        """An fd on ``key``'s regular file and its fstat.  O_NONBLOCK: opening a FIFO for reading
+        would otherwise wait forever for a writer; the fstat then refuses it (and devices,
+        sockets, folders) before anything is read."""
         path = self._path(key)
         self._check_dirs(path)
         try:
-            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise StoreError(errno.ELOOP, f"{key!r} is a symbolic link; refused") from None
             raise _os_error(exc, "read", key) from None
-
-    # reads -------------------------------------------------------------------------------
-    def get(self, key: str, start: int = 0, length: int | None = None) -> bytes:
-        fd = self._open_read(key)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise StoreError(errno.EINVAL, f"{key!r} is not a regular file")
+                raise StoreError(errno.EINVAL, f"{key!r} is not a regular file ({_kind(st.st_mode)}); refused")
+        except BaseException as exc:
+            os.close(fd)
+            if isinstance(exc, OSError) and not isinstance(exc, StoreError):
+                raise _os_error(exc, "read", key) from None
+            raise
+        return fd, st
+
+    @staticmethod
+    def _pread(fd: int, start: int, length: int) -> bytes:
+        data = os.pread(fd, length, start)
+        if len(data) < length:  # a short read (rare): collect the rest
+            parts = [data]
+            got = len(data)
+            while got < length:
+                part = os.pread(fd, length - got, start + got)
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
+            data = b"".join(parts)
+        return data
+
+    # reads -------------------------------------------------------------------------------
+    def get(self, key: str, start: int = 0, length: int | None = None) -> bytes:
+        fd, st = self._open_read(key)
+        try:
             if length is None or start + length > st.st_size:
                 # a hostile index may claim any length: never allocate past the file's end
                 length = max(st.st_size - start, 0)
-            data = os.pread(fd, length, start)
-            if len(data) < length:  # a short read (rare): collect the rest
-                parts = [data]
-                got = len(data)
-                while got < length:
-                    part = os.pread(fd, length - got, start + got)
-                    if not part:
-                        break
-                    parts.append(part)
-                    got += len(part)
-                data = b"".join(parts)
-            return data
+            return self._pread(fd, start, length)
+        except OSError as exc:
+            raise _os_error(exc, "read", key) from None
+        finally:
+            os.close(fd)
+
+    def get_bounded(self, key: str, max_bytes: int) -> bytes:
+        """The whole file, refused from its fstat size (nothing read) when above ``max_bytes``:
+        a sparse terabyte costs no memory."""
+        fd, st = self._open_read(key)
+        try:
+            if st.st_size > max_bytes:
+                raise LimitExceededError(f"{key!r}: {st.st_size} bytes exceeds the limit of {max_bytes} for it")
+            return self._pread(fd, 0, st.st_size)  # a file growing meanwhile is cut at the size checked
         except OSError as exc:
             raise _os_error(exc, "read", key) from None
         finally:
@@ -215,12 +242,23 @@ class LocalStore(Store):
             self._check_dirs(os.path.join(base, "_"))  # no symlinked folder on the way (StoreError)
         if not os.path.isdir(base) or os.path.islink(base):
             return out
-        for dirpath, dirnames, filenames in os.walk(base, followlinks=False):
-            rel = os.path.relpath(dirpath, self.root)
-            for name in filenames:
-                key = name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}"
-                if key.startswith(prefix) and not os.path.islink(os.path.join(dirpath, name)):
-                    out.append(key)
+        # only regular files are keys: symlinks, FIFOs, sockets and devices are never written by
+        # a writer, and listing them would send every reader to a file it must refuse
+        todo = [base]
+        while todo:
+            folder = todo.pop()
+            rel = os.path.relpath(folder, self.root)
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue  # removed meanwhile (gc) or unreadable: skipped, as os.walk does
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    todo.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    key = entry.name if rel == "." else f"{rel.replace(os.sep, '/')}/{entry.name}"
+                    if key.startswith(prefix):
+                        out.append(key)
         return sorted(out)
 
     # writes ------------------------------------------------------------------------------
@@ -358,6 +396,12 @@ class LocalStore(Store):
             except FileNotFoundError:
                 pass
         return out
+
+
+def _kind(mode: int) -> str:
+    kinds = {stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a folder", stat.S_IFSOCK: "a socket",
+             stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+    return kinds.get(stat.S_IFMT(mode), f"file type {stat.S_IFMT(mode):o}")
 
 
 def _unlink_quiet(path: str) -> None:

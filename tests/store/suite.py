@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from deltackpt.errors import ObjectNotFoundError, StoreError
+from deltackpt.errors import LimitExceededError, ObjectNotFoundError, StoreError
 
 
 def _race(n: int, attempt) -> list[int]:
@@ -118,9 +118,23 @@ class StoreSuite:
         store.put_atomic("k", b"x")
         assert abs(store.mtime("k") - time.time()) < 60
 
+    def test_get_bounded_refuses_past_the_limit(self, store):
+        """get_bounded returns a value of at most max_bytes whole (twice: a cache must not change it),
+        raises LimitExceededError above, and ObjectNotFoundError when absent."""
+        data = bytes(range(256)) * 4
+        store.put_atomic("manifests/m", data)
+        for _ in range(2):
+            assert store.get_bounded("manifests/m", len(data)) == data
+            with pytest.raises(LimitExceededError, match="manifests/m"):
+                store.get_bounded("manifests/m", len(data) - 1)
+        assert store.get_bounded("manifests/m", 1 << 40) == data
+        with pytest.raises(ObjectNotFoundError):
+            store.get_bounded("manifests/nope", 10)
+
     def test_invalid_keys_refused(self, store):
-        """Keys with '..', absolute paths or empty parts are refused with StoreError before any I/O."""
-        for key in ("../x", "/abs", "a//b", "a/../b", ""):
+        """Keys with '..', absolute paths, empty parts or a final newline are refused with StoreError
+        before any I/O."""
+        for key in ("../x", "/abs", "a//b", "a/../b", "", "config\n", "packs/ab/x\n"):
             with pytest.raises(StoreError):
                 store.put_atomic(key, b"x")
 

@@ -1,0 +1,122 @@
+"""The manifest's msgpack body with its two ext types: a tensor placeholder (ext 1, its index) and a
+tuple (ext 2, a msgpack array).
+
+A tuple's payload is an opaque byte string to the msgpack level around it, so decoding it means a
+second ``unpackb``.  Done from inside the ext hook, that recursion costs a C stack frame holding
+msgpack's whole parser stack per level (200 nested tuples in a 1.7 KB manifest overflow an 8 MiB
+stack) and keeps every level's payload alive at once (a 4 MiB manifest nested 120 deep held
+500 MiB).  So the hook only wraps the payload; :func:`unpack_tree` then decodes wrapped tuples one
+at a time from an explicit stack, dropping each payload once decoded: the live payload bytes never
+exceed the manifest's size, and nesting is bounded by ``MAX_MSGPACK_DEPTH`` across ext levels.  A
+byte inside k nested tuples is still copied k times, so the payloads summed over all tuples are
+capped by ``MAX_TUPLE_PAYLOAD_BYTES``, on write (:func:`pack_tree`) as on read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from ..errors import CorruptObjectError, LimitExceededError
+from . import msgpack_io
+from .limits import MAX_MSGPACK_DEPTH, MAX_TUPLE_PAYLOAD_BYTES
+
+EXT_TENSOR = 1
+EXT_TUPLE = 2
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """Placeholder for a tensor inside the saved tree."""
+
+    index: int
+
+
+class _Tuple:
+    """A tuple ext whose payload is not decoded yet."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def pack_tree(body: Any) -> bytes:
+    """msgpack of ``body`` with TensorRef and tuple exts; LimitExceededError when the tuples'
+    payloads sum to more than a reader accepts."""
+    spent = 0
+
+    def default(value: Any) -> Any:
+        nonlocal spent
+        if isinstance(value, TensorRef):
+            return msgpack.ExtType(EXT_TENSOR, msgpack.packb(value.index))
+        if isinstance(value, tuple):
+            payload = msgpack.packb(list(value), use_bin_type=True, default=default, strict_types=True)
+            spent += len(payload)
+            if spent > MAX_TUPLE_PAYLOAD_BYTES:
+                raise LimitExceededError(f"the saved tree nests tuples holding more than {MAX_TUPLE_PAYLOAD_BYTES} "
+                                         "bytes counted at every level; use fewer nested tuples (lists or dicts)")
+            return msgpack.ExtType(EXT_TUPLE, payload)
+        raise TypeError(f"cannot pack {type(value).__name__}")
+
+    return msgpack.packb(body, use_bin_type=True, default=default, strict_types=True)
+
+
+def unpack_tree(data: bytes | memoryview, *, what: str, max_bytes: int, refs: list[int], start: int = 0) -> Any:
+    """Decode untrusted msgpack holding TensorRef and tuple exts, without recursion across exts.
+
+    ``refs`` collects every tensor index met; ``start`` is the depth of the top value (values
+    nested deeper than MAX_MSGPACK_DEPTH are refused).  Raises CorruptObjectError (or its
+    LimitExceededError) on anything malformed."""
+    budget = MAX_TUPLE_PAYLOAD_BYTES
+
+    def hook(code: int, payload: bytes) -> Any:
+        nonlocal budget
+        if code == EXT_TENSOR:
+            value = msgpack_io.unpack(payload, what=f"{what} tensor reference", max_bytes=16)
+            idx = msgpack_io.expect_int(value, f"{what} tensor reference", 0, 1 << 32)
+            refs.append(idx)
+            return TensorRef(idx)
+        if code == EXT_TUPLE:
+            budget -= len(payload)
+            if budget < 0:
+                raise LimitExceededError(f"{what}: nested tuples hold more than {MAX_TUPLE_PAYLOAD_BYTES} bytes "
+                                         "counted at every level")
+            return _Tuple(payload)
+        raise CorruptObjectError(f"{what}: unknown msgpack ext type {code} in the tree")
+
+    holder = [msgpack_io.unpack(data, what=what, max_bytes=max_bytes, ext_hook=hook)]
+    tuples: list[tuple[Any, Any]] = []  # (container, key) of each decoded tuple, parents first
+    end = object()
+    stack: list[tuple[Any, Any, int]] = [(holder, iter(range(1)), start)]  # (container, keys, their depth)
+    while stack:
+        container, keys, depth = stack[-1]
+        key = next(keys, end)
+        if key is end:
+            stack.pop()
+            continue
+        if depth > MAX_MSGPACK_DEPTH:
+            raise LimitExceededError(f"{what}: tree nested deeper than {MAX_MSGPACK_DEPTH}")
+        value = container[key]
+        if isinstance(value, _Tuple):
+            # rebinding both names drops the last reference to the payload once it is decoded
+            value = container[key] = msgpack_io.unpack(value.data, what=f"{what} tuple", max_bytes=len(value.data),
+                                                       ext_hook=hook)
+            if not isinstance(value, list):
+                raise CorruptObjectError(f"{what}: a tuple ext does not hold an array")
+            tuples.append((container, key))
+        if isinstance(value, msgpack.Timestamp):  # ext -1 is decoded by msgpack itself, not by our hook
+            raise CorruptObjectError(f"{what}: msgpack timestamp (ext type -1) is not part of the format")
+        if isinstance(value, dict):
+            names = list(value)
+            for name in names:
+                if isinstance(name, (_Tuple, msgpack.Timestamp)):  # writers key maps by str or int only
+                    raise CorruptObjectError(f"{what}: a map key is a {type(name).__name__.strip('_').lower()}")
+            stack.append((value, iter(names), depth + 1))
+        elif isinstance(value, list):
+            stack.append((value, iter(range(len(value))), depth + 1))
+    for container, key in reversed(tuples):  # children first: a parent's tuple holds its children's
+        container[key] = tuple(container[key])
+    return holder[0]
