@@ -22,7 +22,7 @@ from ..codecs.base import ChunkContext
 from ..errors import ConflictError, CorruptObjectError
 from ..format import index as index_fmt
 from ..format.ids import hex_id
-from ..format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
+from ..format.limits import MAX_INDEX_BYTES, PACK_MAX_OBJECTS, PACK_TARGET_BYTES
 from ..format.objects import EncodedObject
 from ..format.pack import PackBuilder, PackEntry
 from . import locks
@@ -292,7 +292,7 @@ def _drop_dead_packs(repo: Repository, p: _Plan, sync: Any) -> set[str]:
     still_named: set[str] = set()
     for key in repo.store.list(INDEX):
         try:
-            packs = set(index_fmt.decode(repo.store.get(key), what=key))
+            packs = set(index_fmt.decode(repo.store.get_bounded(key, MAX_INDEX_BYTES), what=key))
         except (CorruptObjectError, FileNotFoundError):
             return set()  # changed since the plan read it: leave everything to the main pass
         if packs <= dead:

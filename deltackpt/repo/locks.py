@@ -229,7 +229,7 @@ def _restamp(store: Store, key: str, body: bytes, kind: str) -> bytes:
         return body
     new = _body(kind, secrets.token_hex(8))
     try:
-        if store.get(key) != body:
+        if store.get(key, 0, len(body) + 1) != body:
             return body  # no longer ours (broken after its lease): leave it alone
         store.put_atomic(key, new, site=f"lock.{kind}.restamp")
     except (StoreError, OSError):
@@ -263,7 +263,7 @@ class _Renewer:
                     return
                 try:
                     # only our own lock: one broken after its lease (we were frozen) stays broken
-                    if self.body and self.store.get(self.key) == self.body:
+                    if self.body and self.store.get(self.key, 0, len(self.body) + 1) == self.body:
                         self.store.put_atomic(self.key, self.body, site=f"lock.{self.kind}.renew")
                 except (StoreError, OSError):
                     pass  # the next renewal may work: the lease is 12 renewals long
