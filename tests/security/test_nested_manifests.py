@@ -8,11 +8,13 @@ peak RSS."""
 
 from __future__ import annotations
 
+import os
+
 import msgpack
 import pytest
 
 import deltackpt
-from deltackpt.errors import LimitExceededError
+from deltackpt.errors import LimitExceededError, UnsupportedLeafError
 from deltackpt.format import manifest as manifest_fmt
 from deltackpt.format.limits import MAX_MSGPACK_DEPTH, MAX_TUPLE_PAYLOAD_BYTES
 
@@ -61,7 +63,7 @@ def test_200_nested_tuples_no_longer_crash_any_reader(root):
 @pytest.mark.parametrize("depth", [MAX_MSGPACK_DEPTH + 1, 20_000])
 def test_tuples_nested_past_the_depth_limit_are_a_typed_error(root, depth):
     """Tuples nested past MAX_MSGPACK_DEPTH (20,000 levels: 40 KB) give LimitExceededError in load,
-    exit code 2 in log, a verify report naming the manifest, and resume either skips the version
+    a damaged row in log (exit 0, the other versions listed), a verify report naming the manifest, and resume either skips the version
     or raises that error; no reader crashes."""
     vid = commit_raw_manifest(root, _raw(root, nested_tuples(depth, "x")))
     rep = probe("load", root)
@@ -70,7 +72,7 @@ def test_tuples_nested_past_the_depth_limit_are_a_typed_error(root, depth):
     rep = probe("resume", root)
     assert (rep["outcome"] == "ok" and rep["version"] != vid) or rep["error"] == "LimitExceededError", rep
     rep = probe("cli", root, "log")
-    assert rep["rc"] == 2 and "nested deeper" in rep["output"], rep
+    assert rep["rc"] == 0 and "nested deeper" in rep["output"] and "1 damaged" in rep["output"], rep
     rep = probe("verify", root)
     assert rep["outcome"] == "ok" and not rep["ok"]
     assert any(obj == f"manifests/{vid}" and "nested deeper" in why for obj, why in rep["errors"]), rep
@@ -92,28 +94,32 @@ def test_4_mib_manifest_120_tuples_deep_reads_in_bounded_memory(root, template):
 
 def test_tuple_payloads_past_the_budget_are_refused_in_bounded_memory(root, template):
     """4 MiB inside 300 tuples copies 1.2 GiB when decoded level by level: readers refuse it with
-    LimitExceededError (MAX_TUPLE_PAYLOAD_BYTES) within 64 MiB of RSS over a plain log."""
+    LimitExceededError (MAX_TUPLE_PAYLOAD_BYTES; log shows it as that version's damaged row) within
+    64 MiB of RSS over a plain log."""
     leaf = b"y" * (4 << 20)
     assert 300 * len(leaf) > MAX_TUPLE_PAYLOAD_BYTES
     vid = commit_raw_manifest(root, _raw(root, nested_tuples(300, leaf)))
     base = probe("cli", template, "log")
     rep = probe("cli", root, "log")
-    assert rep["rc"] == 2 and "nested tuples hold more than" in rep["output"], rep
+    assert rep["rc"] == 0 and "nested tuples hold more than" in rep["output"], rep
     assert rep["rss_mib"] - base["rss_mib"] < 64, (rep["rss_mib"], base["rss_mib"])
     rep = probe("load", root)
     assert rep["error"] == "LimitExceededError" and vid in rep["message"], rep
 
 
 def test_writer_refuses_a_tree_past_the_tuple_budget(root):
-    """The writer applies the same budget, so it never commits a manifest that readers refuse: the save
-    raises LimitExceededError and latest does not move."""
+    """The writer applies the same budget before its first write, so it never commits a manifest that
+    readers refuse: the save raises UnsupportedLeafError (from LimitExceededError), no pack is written
+    and latest does not move."""
     before = latest(root)
+    packs = sorted(os.listdir(os.path.join(root, "packs")))
     tree = "z" * (8 << 20)
     for _ in range(130):  # 130 x 8 MiB > 1 GiB
         tree = (tree,)
-    with pytest.raises(LimitExceededError, match="tuples"):
+    with pytest.raises(UnsupportedLeafError, match="tuples"):
         deltackpt.save({"t": tree}, root)
     assert latest(root) == before
+    assert sorted(os.listdir(os.path.join(root, "packs"))) == packs
 
 
 def test_tuple_as_map_key_is_refused():

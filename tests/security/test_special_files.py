@@ -62,10 +62,10 @@ def _sparse(root: str, key: str, size: int) -> None:
 # --- FIFOs (item 9) ------------------------------------------------------------------------------
 
 def test_fifo_as_config_is_refused_without_blocking(root):
-    """A FIFO as config: log exits 2 and verify raises StoreError naming 'config' as a FIFO, at once."""
+    """A FIFO as config: log exits 3 and verify raises StoreError naming 'config' as a FIFO, at once."""
     _fifo(root, "config")
     rep = probe("cli", root, "log", timeout=TIMEOUT)
-    assert rep["rc"] == 2 and "'config' is not a regular file (a FIFO)" in rep["output"], rep
+    assert rep["rc"] == 3 and "'config' is not a regular file (a FIFO)" in rep["output"], rep
     rep = probe("verify", root, timeout=TIMEOUT)
     assert rep["error"] == "StoreError" and "'config' is not a regular file" in rep["message"], rep
 
@@ -128,11 +128,11 @@ def test_fifo_as_a_ref_or_lock_file(root, key):
 
 @pytest.mark.parametrize("size", [1 << 30, 1 << 40])
 def test_sparse_config_is_refused_from_its_size(root, template, size):
-    """A sparse 1 GiB or 1 TiB config: log exits 2 with LimitExceededError's message, in flat memory."""
+    """A sparse 1 GiB or 1 TiB config: log exits 3 with LimitExceededError's message, in flat memory."""
     _sparse(root, "config", size)
     base = probe("cli", template, "log", timeout=TIMEOUT)
     rep = probe("cli", root, "log", timeout=TIMEOUT)
-    assert rep["rc"] == 2 and f"'config': {size} bytes exceeds the limit" in rep["output"], rep
+    assert rep["rc"] == 3 and f"'config': {size} bytes exceeds the limit" in rep["output"], rep
     assert rep["rss_mib"] - base["rss_mib"] < RSS_MARGIN_MIB, (rep, base)
 
 
