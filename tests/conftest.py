@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -42,3 +43,15 @@ def run_cli(*args: str, check: bool = True, env: dict | None = None) -> subproce
     if check and proc.returncode != 0:
         raise AssertionError(f"deltackpt {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def file_digests(root: str) -> dict[str, str]:
+    """Every file under ``root`` (relative path -> sha1 of its bytes): equal before and after means
+    an operation wrote nothing."""
+    out = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for n in files:
+            p = os.path.join(dirpath, n)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, root)] = hashlib.sha1(f.read()).hexdigest()
+    return out

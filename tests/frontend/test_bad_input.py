@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import enum
 import functools
-import hashlib
 import os
 
 import numpy as np
@@ -16,6 +15,7 @@ import torch
 
 import deltackpt
 from deltackpt.errors import UnsupportedLeafError
+from tests.conftest import file_digests
 
 
 class Color(enum.IntEnum):
@@ -34,14 +34,6 @@ class Thing:
     pass
 
 
-def _snapshot(root: str) -> dict:
-    out = {}
-    for dirpath, _dirs, files in os.walk(root):
-        for n in files:
-            p = os.path.join(dirpath, n)
-            with open(p, "rb") as f:
-                out[os.path.relpath(p, root)] = hashlib.sha1(f.read()).hexdigest()
-    return out
 
 
 @pytest.fixture
@@ -95,13 +87,13 @@ REFUSED = {
 def test_unsupported_leaf_is_refused_and_repository_unchanged(repo, name):
     """An unsupported value raises UnsupportedLeafError naming its path and a fix; nothing is written."""
     obj, path, hint = REFUSED[name]
-    before = _snapshot(repo)
+    before = file_digests(repo)
     with pytest.raises(UnsupportedLeafError) as info:
         deltackpt.save(obj, repo, step=1)
     msg = str(info.value)
     assert msg.startswith(path), msg
     assert hint in msg, msg
-    after = _snapshot(repo)
+    after = file_digests(repo)
     assert after == before
     assert len(deltackpt.Repo(repo).log()) == 1
 

@@ -3,7 +3,6 @@ history of ``latest``, not the writers' clocks."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 import types
@@ -14,19 +13,11 @@ import torch
 import deltackpt
 from deltackpt.errors import InvalidArgumentError
 from deltackpt.repo import saver
-from tests.conftest import run_cli
+from tests.conftest import file_digests, run_cli
 
 DAY = 86400.0
 
 
-def _snapshot(root: str) -> dict:
-    out = {}
-    for dirpath, _dirs, files in os.walk(root):
-        for n in files:
-            p = os.path.join(dirpath, n)
-            with open(p, "rb") as f:
-                out[os.path.relpath(p, root)] = hashlib.sha1(f.read()).hexdigest()
-    return out
 
 
 def _save(path: str, i: int, *, clock_offset: float = 0.0, monkeypatch=None) -> deltackpt.Version:
@@ -75,11 +66,11 @@ def test_malformed_retention_is_refused_before_gc_touches_the_repository(repo_pa
     ValueError and a TypeError too) and the repository keeps every byte and version."""
     for i in range(3):
         _save(repo_path, i)
-    before = _snapshot(repo_path)
+    before = file_digests(repo_path)
     with pytest.raises(InvalidArgumentError) as info:
         deltackpt.gc(repo_path, **BAD[name])
     assert isinstance(info.value, ValueError) and isinstance(info.value, TypeError)
-    assert _snapshot(repo_path) == before
+    assert file_digests(repo_path) == before
     assert len(deltackpt.Repo(repo_path).log()) == 3
 
 
@@ -96,10 +87,10 @@ def test_cli_refuses_a_nan_keep_within_and_removes_nothing(repo_path):
     """`deltackpt gc --keep-within nan` exits 2 with the rule named, and removes nothing."""
     for i in range(3):
         _save(repo_path, i)
-    before = _snapshot(repo_path)
+    before = file_digests(repo_path)
     proc = run_cli("gc", "--keep-within", "nan", "--grace", "0", "--repo", repo_path, check=False)
     assert proc.returncode == 2 and "keep_within" in proc.stderr, (proc.returncode, proc.stderr)
-    assert _snapshot(repo_path) == before
+    assert file_digests(repo_path) == before
 
 
 def _skewed_series(repo_path: str, monkeypatch) -> list[deltackpt.Version]:

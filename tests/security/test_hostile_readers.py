@@ -22,6 +22,7 @@ from deltackpt.format import manifest as manifest_fmt
 from deltackpt.format.ids import hex_id
 from deltackpt.frontend.training import resume, training_state
 from tests.conftest import run_cli
+from tests.security._hostile import commit_raw_manifest
 
 ODD = {"nan": math.nan, "huge": 1e20, "inf": math.inf, "text": "many", "fraction": 1.5, "negative": -5,
        "map": {"n": 1}}
@@ -65,13 +66,7 @@ def _body(root: str, vid: str) -> dict:
 
 def _commit_crafted(root: str, body: dict) -> str:
     """Write ``body`` as a manifest under its hash id and move ``latest`` to it (a committed version)."""
-    data = manifest_fmt.MAGIC + msgpack.packb(body, use_bin_type=True)
-    vid = hex_id(data)
-    with open(os.path.join(root, "manifests", vid), "wb") as f:
-        f.write(data)
-    with open(os.path.join(root, "refs", "latest"), "w") as f:
-        f.write(vid + "\n")
-    return vid
+    return commit_raw_manifest(root, manifest_fmt.MAGIC + msgpack.packb(body, use_bin_type=True))
 
 
 def _newest_with(root: str, edit) -> tuple[str, str]:
