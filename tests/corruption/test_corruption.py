@@ -34,7 +34,7 @@ from . import _cases
 from ._model import Pristine, build, state_digest, survey
 
 TALLY = {"cases": 0, "cases_with_affected_versions": 0, "flagged": 0, "undetectable_by_design": 0, "verify_false_negatives": 0,
-         "missed_versions": 0, "over_named_versions": 0, "wrong_restores": 0, "untyped_errors": 0}
+         "missed_versions": 0, "over_named_versions": 0, "wrong_restores": 0, "untyped_errors": 0, "damage_not_reaching_data": 0}
 
 
 @pytest.fixture(scope="module")
@@ -107,12 +107,17 @@ def test_damage_is_flagged_and_contained(case, pristine, tmp_path):
                 # a flipped object version byte above 1 reads as "written by a newer deltackpt"
                 want = (CorruptObjectError, FormatVersionError)
             try:
-                deltackpt.load(root, vid)
+                state = deltackpt.load(root, vid)
             except want:
                 continue
             except DeltackptError as exc:
                 TALLY["untyped_errors"] += 1
                 raise AssertionError(f"{vid[:10]}: expected {want}, got {type(exc).__name__}: {exc}")
+            if case.category == "pack" and state_digest(state) == pristine.digests[vid]:
+                # the flipped bits are ones the decoder never uses (every link was re-hashed against
+                # its id on the way): the data is intact, and verify has flagged the pack above
+                TALLY["damage_not_reaching_data"] += 1
+                continue
             TALLY["wrong_restores"] += 1
             raise AssertionError(f"{case.id}: affected version {vid[:10]} loaded without an error")
         got = state_digest(deltackpt.load(root, vid))
