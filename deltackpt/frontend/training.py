@@ -224,6 +224,15 @@ class Checkpointer:
     resumed run starts from (``resume(...).step``), so schedules continue instead of restarting.
     ``background``: ``"thread"`` or ``"process"``, as in :func:`deltackpt.save`.
 
+    ``snapshot="lazy"`` with ``optimizer=opt`` (one or a list): background saves return before
+    the optimizer's parameters and state are copied; ``opt.step()`` waits for the copy (see
+    ``optimizer`` in :func:`deltackpt.save` for exactly what is safe, and
+    ``self.last.wait_snapshot()`` for what is not).  ``snapshot="eager"`` (default) copies every
+    tensor before :meth:`step` returns.
+
+    :meth:`prepare` allocates and faults in the staging memory the background saves of a state
+    will hold, in a background thread, so the first save costs what the later ones do.
+
     Example::
 
         ckpt = Checkpointer("ckpt", policy=YoungDaly(mtbf=4 * 3600), retention=Retention(keep_last=3))
@@ -238,7 +247,14 @@ class Checkpointer:
                  retention: Retention | None = None, blocking: bool = False, gc_every: int = 1,
                  encoding: Any = None, grace_seconds: float = DEFAULT_GRACE_SECONDS,
                  start_step: int | None = None, clock: Callable[[], float] = time.monotonic,
-                 background: str | None = None) -> None:
+                 background: str | None = None, snapshot: str = "eager", optimizer: Any = None) -> None:
+        from .lazy import optimizers_of
+        if snapshot not in ("eager", "lazy"):
+            raise DeltackptError(f"snapshot must be 'eager' or 'lazy', got {snapshot!r}")
+        if snapshot == "lazy" and optimizer is None:
+            raise DeltackptError("snapshot='lazy' needs optimizer=: its step is what waits for the copy")
+        self.snapshot = snapshot
+        self.optimizers = optimizers_of(optimizer) if optimizer is not None else None
         self.repo = _repo(repo, create=True)
         self.background = background
         self.policy = as_policy(policy)
@@ -273,8 +289,9 @@ class Checkpointer:
         obj = state() if callable(state) else state
         if obj is None:
             raise DeltackptError("Checkpointer.step: a save is due but no state was given")
+        lazy = self.optimizers if self.snapshot == "lazy" and not self.blocking else None
         result = save(obj, self.repo, step=step, metrics=metrics, meta=meta, tag=tag, encoding=self.encoding,
-                      blocking=self.blocking, background=self.background)
+                      blocking=self.blocking, background=self.background, optimizer=lazy)
         self.saves += 1
         if self.retention is not None and self.saves % self.gc_every == 0:
             self._collect()
@@ -283,6 +300,23 @@ class Checkpointer:
         self.policy.saved(step, self.clock(), cost, metrics)
         self.last = result
         return result
+
+    def prepare(self, state: Any) -> None:
+        """Allocate and fault in, in a background thread, the staging memory background saves of
+        ``state`` (or ``state()``) hold: ``MAX_IN_FLIGHT`` copies, plus the one lent to the delta
+        cache.  Call it once the state has its final shapes (after the first optimizer step, when
+        the optimizer state exists); saves of another layout simply allocate their own."""
+        from . import staging
+        from .flatten import flatten
+
+        if self.blocking:
+            return   # a blocking save stages nothing
+        obj = state() if callable(state) else state
+        if isinstance(obj, torch.nn.Module):
+            obj = obj.state_dict()
+        _, leaves = flatten(obj)
+        process = async_save.uses_process(self.repo, leaves, self.background)
+        staging.prepare(leaves, process, staging.sets_for(self.repo.core, async_save.MAX_IN_FLIGHT))
 
     def _collect(self) -> None:
         core, policy, grace = self.repo.core, self.retention, self.grace_seconds
