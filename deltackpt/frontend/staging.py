@@ -265,12 +265,13 @@ def _split(pairs: list[tuple[torch.Tensor, torch.Tensor]], parts: int) -> list[l
     return [p for p in out if p]
 
 
-def copy_host(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """Copy host ``pairs`` with :func:`copy_threads` threads when they are at least
-    PARALLEL_COPY_BYTES (the caller's thread takes the first share)."""
+def copy_host(pairs: list[tuple[torch.Tensor, torch.Tensor]], threads: int | None = None) -> None:
+    """Copy host ``pairs`` with ``threads`` threads (default :func:`copy_threads`: the caller is
+    blocked, so every core torch leaves free) when they are at least PARALLEL_COPY_BYTES; the
+    caller's thread takes the first share."""
     global _copier
     total = sum(dst.numel() * dst.element_size() for dst, _ in pairs)
-    parts = copy_threads()
+    parts = min(MAX_COPY_THREADS, threads or copy_threads())
     if total < PARALLEL_COPY_BYTES or parts < 2:
         _copy_list(pairs)
         return
@@ -416,5 +417,7 @@ def prepare(leaves: list, shared_memory: bool, sets: int) -> Future | None:
 
     future = _prefaulter.submit(work)
     with _lock:
+        if len(_preparing) >= 8:   # layouts that keep changing: remember only recent ones
+            _preparing.clear()
         _preparing[key] = future
     return future

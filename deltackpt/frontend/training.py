@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
@@ -301,22 +302,23 @@ class Checkpointer:
         self.last = result
         return result
 
-    def prepare(self, state: Any) -> None:
+    def prepare(self, state: Any) -> "Future[None] | None":
         """Allocate and fault in, in a background thread, the staging memory background saves of
         ``state`` (or ``state()``) hold: ``MAX_IN_FLIGHT`` copies, plus the one lent to the delta
         cache.  Call it once the state has its final shapes (after the first optimizer step, when
-        the optimizer state exists); saves of another layout simply allocate their own."""
+        the optimizer state exists); saves of another layout simply allocate their own.  Returns
+        the background pre-fault's future (None for a blocking Checkpointer)."""
         from . import staging
         from .flatten import flatten
 
         if self.blocking:
-            return   # a blocking save stages nothing
+            return None   # a blocking save stages nothing
         obj = state() if callable(state) else state
         if isinstance(obj, torch.nn.Module):
             obj = obj.state_dict()
         _, leaves = flatten(obj)
         process = async_save.uses_process(self.repo, leaves, self.background)
-        staging.prepare(leaves, process, staging.sets_for(self.repo.core, async_save.MAX_IN_FLIGHT))
+        return staging.prepare(leaves, process, staging.sets_for(self.repo.core, async_save.MAX_IN_FLIGHT))
 
     def _collect(self) -> None:
         core, policy, grace = self.repo.core, self.retention, self.grace_seconds
