@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import torch
@@ -35,9 +35,6 @@ waits for.  The other core is idle then: the previous save has finished."""
 MAX_COPY_THREADS = 4
 """Threads that copy one snapshot at most (memory bandwidth is saturated well before more)."""
 
-PREFAULT_IDLE = True
-"""Fault staging memory in under SCHED_IDLE (:mod:`.priority`): it is ahead of need."""
-
 _lock = threading.Lock()
 _staging: dict[tuple, list[torch.Tensor]] = {}   # (shape, dtype, pinned) -> free buffers
 _staging_bytes = 0
@@ -45,8 +42,6 @@ _segments: list[SharedSegment] = []              # free staging segments (encode
 _copier: ThreadPoolExecutor | None = None
 _lent: dict[int, "Staged"] = {}                  # id(Repository) -> staging of its last committed save
 _fresh_bytes = 0   # staging bytes ever allocated while a save waited (not by prepare): tests pin it
-_prefaulter: ThreadPoolExecutor | None = None
-_preparing: dict[tuple, Future] = {}             # layout of a state -> its background pre-fault
 
 Alloc = Callable[[torch.Size, torch.dtype, bool], torch.Tensor]
 
@@ -98,7 +93,8 @@ def stage(core: Any, leaves: list, shared_memory: bool, keep: int = 1,
     if _fresh_bytes > fresh:
         # a state of a new size: fault in the other staging copies a loop saving it holds
         # (MAX_IN_FLIGHT + 1 with the delta cache) now, in the background, not at the next save
-        prepare(leaves, shared_memory, sets_for(core, keep) - 1)
+        from . import prefault
+        prefault.prepare(leaves, shared_memory, prefault.sets_for(core, keep) - 1)
     return out, memory, event, deferred
 
 
@@ -353,71 +349,13 @@ def snapshot(leaves: list, alloc: Alloc | None = None,
     return out, buffers, pinned, _copy_and_fence(copies)
 
 
-# staging memory ahead of the save ---------------------------------------------------------------
-
-def sets_for(core: Any, keep: int) -> int:
-    """Staging copies a loop saving in the background holds: ``keep`` in flight, plus the one lent
-    to the delta cache when the repository has one."""
-    return keep + (1 if core.delta_cache.max_bytes else 0)
-
-
-def _layout(leaves: list, shared: dict[int, list[int]]) -> list[tuple[tuple, torch.dtype, bool]]:
-    """The staging buffers :func:`_plan` takes for ``leaves``: (shape, dtype, pinned) each."""
-    out = []
-    for i, leaf in enumerate(leaves):
-        t, group = leaf.tensor, shared.get(i)
-        pin = t.device.type == "cuda" and torch.cuda.is_available()
-        if group is None:
-            out.append((tuple(t.shape), t.dtype, pin))
-        elif group[0] == i:
-            out.append(((t.untyped_storage().nbytes(),), torch.uint8, pin))
-    return out
-
-
-def _fault_in(t: torch.Tensor) -> torch.Tensor:
-    # write every page now, so a save's copy finds them mapped (no zeroing fault per 4 KiB)
-    torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).fill_(0)
-    return t
-
-
-def prepare(leaves: list, shared_memory: bool, sets: int) -> Future | None:
-    """Allocate and fault in ``sets`` staging copies for ``leaves`` in a background thread (at the
-    background saves' priority) and pool them, so the saves that follow take them instead of
-    fresh memory.  Once per layout; returns the pre-fault's future (None when nothing to do)."""
-    global _prefaulter
-    shared = _sharing(leaves)
-    if shared_memory:
-        size = _segment_size(leaves, shared)
-        key: tuple = ("segment", size)
-    else:
-        layout = _layout(leaves, shared)
-        key = ("buffers", tuple((s, str(d), p) for s, d, p in layout))
+def pool(buffers: list[torch.Tensor], layout: list, segment: SharedSegment | None = None) -> None:
+    """Put memory faulted in ahead of a save (:mod:`.prefault`) where the next saves look first."""
+    global _staging_bytes
     with _lock:
-        if sets < 1 or key in _preparing:
-            return _preparing.get(key)
-        if _prefaulter is None:
-            _prefaulter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltackpt-prefault")
-
-    def work() -> None:
-        global _staging_bytes
-        priority.run_idle(PREFAULT_IDLE)
-        for _ in range(sets):
-            if shared_memory:
-                seg = _new_segment(size)
-                _fault_in(seg.tensor)
-                with _lock:
-                    _segments.append(seg)
-                    _segments.sort(key=lambda s: s.size, reverse=True)
-                continue
-            bufs = [_fault_in(torch.empty(s, dtype=d, pin_memory=p)) for s, d, p in layout]
-            with _lock:
-                for t, (s, d, p) in zip(bufs, layout):
-                    _staging.setdefault((s, d, p), []).append(t)
-                    _staging_bytes += t.numel() * t.element_size()
-
-    future = _prefaulter.submit(work)
-    with _lock:
-        if len(_preparing) >= 8:   # layouts that keep changing: remember only recent ones
-            _preparing.clear()
-        _preparing[key] = future
-    return future
+        if segment is not None:
+            _segments.append(segment)
+            _segments.sort(key=lambda s: s.size, reverse=True)
+        for t, (shape, dtype, pin) in zip(buffers, layout):
+            _staging.setdefault((shape, dtype, pin), []).append(t)
+            _staging_bytes += t.numel() * t.element_size()

@@ -308,7 +308,7 @@ class Checkpointer:
         cache.  Call it once the state has its final shapes (after the first optimizer step, when
         the optimizer state exists); saves of another layout simply allocate their own.  Returns
         the background pre-fault's future (None for a blocking Checkpointer)."""
-        from . import staging
+        from . import prefault
         from .flatten import flatten
 
         if self.blocking:
@@ -318,7 +318,7 @@ class Checkpointer:
             obj = obj.state_dict()
         _, leaves = flatten(obj)
         process = async_save.uses_process(self.repo, leaves, self.background)
-        return staging.prepare(leaves, process, staging.sets_for(self.repo.core, async_save.MAX_IN_FLIGHT))
+        return prefault.prepare(leaves, process, prefault.sets_for(self.repo.core, async_save.MAX_IN_FLIGHT))
 
     def _collect(self) -> None:
         core, policy, grace = self.repo.core, self.retention, self.grace_seconds

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import deltackpt
-from deltackpt.frontend import async_save, staging
+from deltackpt.frontend import async_save, prefault, staging
 from deltackpt.frontend.training import Checkpointer
 
 
@@ -37,8 +37,8 @@ def _lent_ids(repo_path: str) -> set[int]:
 
 def _settle_prefault() -> None:
     """Wait for background pre-faults already queued (one worker: FIFO)."""
-    if staging._prefaulter is not None:
-        staging._prefaulter.submit(lambda: None).result()
+    if prefault._prefaulter is not None:
+        prefault._prefaulter.submit(lambda: None).result()
 
 
 def test_prepare_faults_in_every_copy_the_saves_then_take(repo_path):
