@@ -17,6 +17,13 @@ and shared memory gets no huge pages there.  What the process does give: a save 
 still commits if the training process is killed, and it keeps the save's Python off a
 Python-bound loop's GIL.
 
+Lazy snapshot (``optimizer=``, :mod:`.lazy`): the tensors an optimizer owns are copied after
+the call returns, while the next forward and backward run; ``optimizer.step()`` waits for the copy
+(a step pre-hook).  The caller then waits only for the rest (buffers, scheduler, scaler, RNG).
+
+First save: staging memory is faulted in ahead of need (:mod:`.prefault`: by
+``Checkpointer.prepare``, and after the first save of a new layout for the copy the next one takes).
+
 Priority: on Linux a background save runs under ``SCHED_IDLE`` (``BACKGROUND_IDLE``), so its
 threads never take a core the training loop is ready to use, and is put back to normal priority
 as soon as anyone waits for it (:mod:`.priority`).  ``BACKGROUND_NICE`` can lower the priority of

@@ -8,7 +8,12 @@ After its save commits, a :class:`Staged` copy stays *lent* to the repository's 
 next save computes its deltas against it, so the saver copies nothing.  When that next save
 commits, the cache forgets the memos viewing the older copy, and the memory goes back to the pool.
 So a loop saving in the background holds ``keep + 1`` copies of its state, where ``keep`` is the
-number of saves in flight (``async_save.MAX_IN_FLIGHT``).
+number of saves in flight (``async_save.MAX_IN_FLIGHT``).  :mod:`.prefault` allocates and faults
+in exactly those copies ahead of the first saves of a state.
+
+The copy itself (:func:`copy_host`) runs on the caller's thread and a helper per core torch's
+threads leave free, a large contiguous tensor cut into slices.  A save with ``optimizer=``
+(:mod:`.lazy`) hands back the copies of the optimizer's tensors instead of making them.
 """
 
 from __future__ import annotations

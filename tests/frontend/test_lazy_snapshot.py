@@ -205,15 +205,17 @@ def test_checkpointer_lazy_saves_every_step_bit_identical(repo_path, slow_copy):
     """Checkpointer(snapshot="lazy", optimizer=opt) saving at every step of a real loop: each
     version equals the training state at its step."""
     model, (opt,), _, one_step = _setup("adamw")
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)   # wraps opt.step
     one_step()
     slow_copy(0.2, nth=2)
     ckpt = Checkpointer(repo_path, policy=1, snapshot="lazy", optimizer=opt)
     expected = {}
     for step in range(1, 5):
-        state = training_state(model=model, optimizer=opt, step=step, capture_rng=False)
+        state = training_state(model=model, optimizer=opt, scheduler=sched, step=step, capture_rng=False)
         expected[step] = _clone(state)
         ckpt.step(state, step=step)
         one_step()
+        sched.step()
     ckpt.close()
     by_step = {v.step: v.id for v in deltackpt.Repo(repo_path).log()}
     for step, state in expected.items():
@@ -231,3 +233,21 @@ def test_bad_lazy_arguments_are_refused_before_anything_is_written(tmp_path):
         Checkpointer(tmp_path / "c", snapshot="sometimes")
     with pytest.raises(deltackpt.DeltackptError, match="optimizer"):
         Checkpointer(tmp_path / "c", snapshot="lazy")
+
+
+def test_lazy_save_through_the_encoder_process(repo_path, slow_copy, monkeypatch):
+    """background="process": the lazy copy goes into the shared segment before the encoder process
+    reads it, and the version is the state at the call."""
+    from deltackpt.repo import encoder_process
+    if not encoder_process.supported():
+        pytest.skip("no encoder process on this platform")
+    model, (opt,), _, one_step = _setup("adamw")
+    one_step()
+    expected = _clone({"model": model.state_dict(), "opt": opt.state_dict()})
+    slow_copy(0.3)
+    h = deltackpt.save({"model": model.state_dict(), "opt": opt.state_dict()}, repo_path, step=1,
+                       blocking=False, optimizer=opt, background="process")
+    one_step()
+    _assert_same(expected, deltackpt.load(repo_path, h.wait().id))
+    from deltackpt.frontend import staging
+    assert staging._lent[id(deltackpt.Repo(repo_path).core)].segment is not None
