@@ -147,6 +147,12 @@ class SaveHandle:
         """Bytes of the snapshot copied after the call returned (``optimizer=``; 0 otherwise)."""
         return self._deferred.nbytes if self._deferred is not None else 0
 
+    @property
+    def step_wait_seconds(self) -> float:
+        """Seconds ``optimizer.step()`` waited for this save's lazy copy (0 when it was done
+        first): with ``optimizer=``, the loop's stall is ``stall_seconds`` plus this."""
+        return self._deferred.step_wait_seconds if self._deferred is not None else 0.0
+
     def snapshot_done(self) -> bool:
         """True once the snapshot is complete: the saved tensors may then change in any way."""
         return self._deferred is None or self._deferred.done()

@@ -23,6 +23,7 @@ optimizer over the same parameters that was not passed) must come after
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable
 
@@ -119,6 +120,8 @@ class LazyCopy:
             id(opt): (opt.register_step_pre_hook(self._before_step), opt.register_step_post_hook(self._after_step))
             for opt in optimizers}
         self.nbytes = sum(d.numel() * d.element_size() for d, _ in host + cuda)
+        self.step_wait_seconds = 0.0
+        """Seconds optimizer steps were blocked waiting for the host copy (the lazy mode's stall)."""
 
     @staticmethod
     def _run(host: list, idle: bool, copy: Any) -> None:
@@ -154,10 +157,13 @@ class LazyCopy:
             self._future.result()
 
     def _before_step(self, opt: Any, args: Any, kwargs: Any) -> None:
-        try:
-            self._wait_host()
-        except BaseException:  # noqa: BLE001 - the save reports the copy's error; training goes on
-            pass
+        if not self.host_done():
+            t0 = time.perf_counter()
+            try:
+                self._wait_host()
+            except BaseException:  # noqa: BLE001 - the save reports the copy's error; training goes on
+                pass
+            self.step_wait_seconds += time.perf_counter() - t0
         for device, e in self._events:
             torch.cuda.current_stream(device).wait_event(e)   # GPU-side order, the CPU does not block
 

@@ -330,6 +330,7 @@ class Checkpointer:
     def wait(self) -> Version | None:
         """Wait for saves (and gc) in flight; raise their errors.  Returns the last Version."""
         async_save.drain(self.repo.core)
+        async_save._forget_done_lazy()   # the training thread, between steps: unhook the optimizers
         if isinstance(self.last, SaveHandle):
             return self.last.wait()
         return self.last
