@@ -33,9 +33,10 @@ ALIGN = 64  # staged tensors start on cache-line boundaries (and on any element 
 
 PARALLEL_COPY_BYTES = 16 << 20
 """A snapshot at least this large is copied by several threads (:func:`copy_threads`) when the
-machine has cores the training loop's torch threads leave free.  Memory-bound, but measured 20-30% faster on the 2-vCPU project
-machine (271 MB: 43 ms -> 31-38 ms), and the stall is the one part of a background save the loop
-waits for.  The other core is idle then: the previous save has finished."""
+machine has cores the training loop's torch threads leave free.  Memory-bound, but two threads
+measured 20-30% faster than one on the 2-vCPU project machine (271 MB: 43 ms -> 31-38 ms), and the
+stall is the one part of a background save the loop waits for.  The other cores are idle then:
+the previous save has finished."""
 
 MAX_COPY_THREADS = 4
 """Threads that copy one snapshot at most (memory bandwidth is saturated well before more)."""

@@ -251,3 +251,22 @@ def test_lazy_save_through_the_encoder_process(repo_path, slow_copy, monkeypatch
     _assert_same(expected, deltackpt.load(repo_path, h.wait().id))
     from deltackpt.frontend import staging
     assert staging._lent[id(deltackpt.Repo(repo_path).core)].segment is not None
+
+
+def test_a_failed_lazy_copy_fails_the_save_not_the_training_step(repo_path, monkeypatch):
+    """An error in the lazy copy (injected EIO) is raised by handle.wait() and commits nothing;
+    optimizer.step() itself goes on, and the next save works."""
+    monkeypatch.setattr(faults, "_SPEC", "snapshot.lazy_copy:1:eio")
+    monkeypatch.setattr(faults, "ACTIVE", True)
+    monkeypatch.setattr(faults, "_counts", {})
+    model, (opt,), _, one_step = _setup("adamw")
+    one_step()
+    deltackpt.save(model.state_dict(), repo_path, step=0)
+    h = deltackpt.save(model.state_dict(), repo_path, step=1, blocking=False, optimizer=opt)
+    one_step()
+    with pytest.raises(OSError, match="injected EIO"):
+        h.wait()
+    assert [v.step for v in deltackpt.Repo(repo_path).log()] == [0]
+    expected = _clone(model.state_dict())
+    v = deltackpt.save(model.state_dict(), repo_path, step=2, blocking=False, optimizer=opt).wait()
+    _assert_same(expected, deltackpt.load(repo_path, v.id))
