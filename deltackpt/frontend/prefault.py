@@ -26,6 +26,11 @@ from . import priority, staging
 PREFAULT_IDLE = True
 """Fault staging memory in under SCHED_IDLE (:mod:`.priority`): it is ahead of need."""
 
+AFTER_FIRST_SAVE = True
+"""Fault in the next staging copy right after the first background save of a layout.  It is the
+copy the second save would allocate; a process that saves a state only once holds it for nothing
+(until ``Repo.close`` drops it to ``MAX_IN_FLIGHT`` copies): set False there."""
+
 _prefaulter: ThreadPoolExecutor | None = None
 _preparing: dict[tuple, Future] = {}             # layout of a state -> its background pre-fault
 

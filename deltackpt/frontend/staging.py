@@ -96,10 +96,10 @@ def stage(core: Any, leaves: list, shared_memory: bool, keep: int = 1,
         copies = now
     event = _copy_and_fence(copies)
     memory = Staged(core, buffers, pinned, segment)
-    if _fresh_bytes > fresh:
+    from . import prefault
+    if _fresh_bytes > fresh and prefault.AFTER_FIRST_SAVE:
         # a state of a new size: fault in the other staging copies a loop saving it holds
         # (MAX_IN_FLIGHT + 1 with the delta cache) now, in the background, not at the next save
-        from . import prefault
         prefault.prepare(leaves, shared_memory, prefault.sets_for(core, keep) - 1)
     return out, memory, event, deferred
 
@@ -293,19 +293,34 @@ def copy_host(pairs: list[tuple[torch.Tensor, torch.Tensor]], threads: int | Non
         f.result()
 
 
-def _copy_and_fence(copies: list[tuple[torch.Tensor, torch.Tensor, bool]]) -> Any:
-    """Run ``copies`` now: device -> pinned host ones queued on the current CUDA stream (returns
-    the event that fences them, or None), host ones with :func:`copy_host`."""
-    event = None
+class _Fence:
+    """Events recorded after device -> host copies, one per device's current stream."""
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def synchronize(self) -> None:
+        for e in self.events:
+            e.synchronize()
+
+
+def _copy_and_fence(copies: list[tuple[torch.Tensor, torch.Tensor, bool]]) -> "_Fence | None":
+    """Run ``copies`` now: device -> pinned host ones queued on their device's current CUDA stream
+    (returns what fences them, or None), host ones with :func:`copy_host`."""
+    devices = []
     with torch.no_grad():
         for dst, src, pin in copies:
             if pin:
                 dst.copy_(src, non_blocking=True)
-    if any(pin for _, _, pin in copies):
-        event = torch.cuda.Event()
-        event.record()
+                if src.device not in devices:
+                    devices.append(src.device)
+    events = []
+    for device in devices:
+        e = torch.cuda.Event()
+        e.record(torch.cuda.current_stream(device))
+        events.append(e)
     copy_host([(dst, src) for dst, src, pin in copies if not pin])
-    return event
+    return _Fence(events) if events else None
 
 
 def _plan(leaves: list, alloc: Alloc, shared: dict[int, list[int]]) -> tuple[list, list[torch.Tensor], list[bool], list]:
