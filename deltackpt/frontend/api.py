@@ -251,21 +251,25 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
     ``deltackpt.frontend.async_save.BACKGROUND`` (``"thread"``).
 
     ``optimizer`` (with ``blocking=False``; one optimizer or a list): a *lazy* snapshot.  The
-    tensors the optimizer owns (its parameters, including ``model.state_dict()`` entries sharing
-    their storage, and every tensor in ``optimizer.state``) are not copied before the call
+    tensors the optimizer owns, found by storage (its parameters, so the ``model.state_dict()``
+    entries viewing them, and every tensor in ``optimizer.state``), are not copied before the call
     returns: a background thread (a CUDA side stream for GPU tensors) copies them while the next
     forward and backward run, and a step pre-hook makes ``optimizer.step()`` wait for that copy
     before it writes (on CUDA the optimizer's stream waits on the copy's event; the CPU does not
-    block).  Every other tensor (buffers such as BatchNorm statistics, scheduler, GradScaler and
-    RNG state, parameters the optimizer does not hold) is copied at call time as usual.  Safe
-    without further thought: forward, backward, ``zero_grad``, gradient clipping, ``scaler.scale``
-    / ``unscale_`` / ``step`` / ``update``, ``scheduler.step()``, skipped steps, more saves.  Not
-    seen by the hook, so call ``handle.wait_snapshot()`` first: any other in-place write to a
-    parameter or optimizer-state tensor (``model.load_state_dict`` / ``optimizer.load_state_dict``
-    into live tensors, EMA or SWA updates written into the live weights, ``p.mul_()`` under
-    ``no_grad``, a weight-tying fix-up, a second optimizer over the same parameters that was not
-    passed here).  With ``blocking=True`` the save is complete when it returns and ``optimizer`` is
-    not needed (it is checked, then ignored).
+    block).  Every other tensor is copied at call time as usual: buffers (BatchNorm statistics),
+    scheduler, GradScaler and RNG state, parameters the optimizer does not hold, and any copy a
+    ``state_dict()`` makes (so a wrapper whose ``state_dict()`` clones is simply not lazy).  Safe:
+    forward, backward, ``zero_grad``, gradient clipping, ``scaler.scale``/``unscale_``/``step``/
+    ``update`` (a skipped step too), ``scheduler.step()``, replacing tensors (``model.half()``,
+    ``optimizer.load_state_dict``: the old storage is what is copied), more saves.  The user's to
+    declare, by calling ``handle.wait_snapshot()`` first: any in-place write to a parameter or
+    optimizer-state tensor between the call and the next ``optimizer.step()`` other than by that
+    step (``model.load_state_dict``, swapping EMA weights in for evaluation, EMA/SWA updates into
+    the live weights, ``torch.nn.init`` or ``p.mul_()`` under ``no_grad``, a broadcast into the
+    parameters, a second optimizer over the same parameters that was not passed here).  After the
+    next ``optimizer.step()`` returns (CPU) or in stream order after it (CUDA), anything goes.
+    ``handle.step_wait_seconds`` tells how long steps waited.  With ``blocking=True`` the save is
+    complete when it returns and ``optimizer`` is not needed (it is checked, then ignored).
 
     ``workers``: encoder threads.  By default a blocking save uses every core (up to 4) and a
     background save the cores the training loop leaves free (``os.cpu_count()`` minus
