@@ -37,9 +37,12 @@ def _setup(width: int = 2048, depth: int = 4):
     return model, opt, one_step
 
 
-def _cpu(state: dict) -> dict:
-    return {k: (_cpu(v) if isinstance(v, dict) else v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v)
-            for k, v in state.items()}
+def _cpu(obj):
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_cpu(v) for v in obj]
+    return obj.detach().cpu().clone() if isinstance(obj, torch.Tensor) else obj
 
 
 def _assert_same(a, b):
@@ -49,6 +52,10 @@ def _assert_same(a, b):
             _assert_same(a[k], b[k])
     elif isinstance(a, torch.Tensor):
         assert torch.equal(a.cpu().reshape(-1).view(torch.uint8), b.cpu().reshape(-1).view(torch.uint8))
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_same(x, y)
     else:
         assert a == b
 
