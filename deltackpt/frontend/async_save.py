@@ -301,6 +301,19 @@ def submit(repo: "Repo", leaves: list, tree: Any, write: Callable[..., Version],
     return handle
 
 
+def wait_snapshots() -> None:
+    """Wait until every lazy snapshot copy of this process is done (:func:`deltackpt.restore`
+    does, before it writes into live tensors); a copy's error is left to its save."""
+    with _lock:
+        pending = list(_lazy)
+    for d in pending:
+        try:
+            d.wait()
+        except BaseException:  # noqa: BLE001 - raised by the save's handle
+            pass
+    _forget_done_lazy()
+
+
 def _forget_done_lazy() -> None:
     """Unhook the optimizers from lazy copies that have finished (from the caller's thread,
     between steps, where no optimizer is iterating its hooks)."""

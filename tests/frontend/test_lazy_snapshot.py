@@ -270,3 +270,19 @@ def test_a_failed_lazy_copy_fails_the_save_not_the_training_step(repo_path, monk
     expected = _clone(model.state_dict())
     v = deltackpt.save(model.state_dict(), repo_path, step=2, blocking=False, optimizer=opt).wait()
     _assert_same(expected, deltackpt.load(repo_path, v.id))
+
+
+def test_restore_into_the_model_waits_for_a_pending_lazy_copy(tmp_path, slow_copy):
+    """deltackpt.restore writes into the live parameters, so it first waits for every pending lazy
+    copy: a lazy save to one repository keeps the weights of the call even when the model is
+    restored from another repository right after."""
+    model, (opt,), _, one_step = _setup("adamw")
+    other = str(tmp_path / "other")
+    deltackpt.save(model.state_dict(), other, step=0)       # the weights restore will bring back
+    one_step()
+    expected = _clone(model.state_dict())
+    slow_copy(0.5)
+    h = deltackpt.save(model.state_dict(), str(tmp_path / "main"), step=1, blocking=False, optimizer=opt)
+    deltackpt.restore(model, other)
+    assert not torch.equal(model.fc.weight, expected["fc.weight"])
+    _assert_same(expected, deltackpt.load(str(tmp_path / "main"), h.wait().id))
