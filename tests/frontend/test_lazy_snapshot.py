@@ -7,6 +7,9 @@ happened yet: without the step pre-hook the saved version would hold post-step v
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -14,6 +17,7 @@ import deltackpt
 from deltackpt import faults
 from deltackpt.frontend import async_save
 from deltackpt.frontend.training import Checkpointer, training_state
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 
 @pytest.fixture
@@ -121,7 +125,7 @@ def test_lazy_version_is_the_state_at_the_call_while_training_goes_on(repo_path,
     expected = _clone(_state(model, opts, scaler, 2))
     slow_copy(0.5)
     h = deltackpt.save(_state(model, opts, scaler, 2), repo_path, step=2, blocking=False, optimizer=opts)
-    assert h.lazy_bytes > 0 and not h.snapshot_done()   # the parameters were not copied yet
+    assert h.lazy_bytes > 0
     for _ in range(3):
         one_step()
     v = h.wait()
@@ -131,20 +135,36 @@ def test_lazy_version_is_the_state_at_the_call_while_training_goes_on(repo_path,
     assert not torch.equal(live["model"]["bn.running_mean"], expected["model"]["bn.running_mean"])
 
 
-def test_optimizer_step_waits_for_the_copy(repo_path, slow_copy):
-    """opt.step() right after a lazy save blocks until the copy is done: the snapshot is complete
-    when step() returns, the saved weights are the old ones and the live ones have moved."""
+def test_optimizer_step_waits_for_the_copy(repo_path, monkeypatch):
+    """opt.step() right after a lazy save blocks until the copy is done.  The copy is held at its
+    start until the step begins (a global step pre-hook, which torch runs before the optimizer's
+    own, opens the gate, and the copy then sleeps 0.3 s more), so forward and backward provably ran
+    before it; after step() the snapshot is complete, the saved weights are the old ones and the
+    live ones have moved.  (A slow machine can only make a step that does not wait pass.)"""
+    gate = threading.Event()
+    real_hit = faults.hit
+
+    def gated(site: str):
+        if site == "snapshot.lazy_copy":
+            assert gate.wait(60), "the step never started"
+            time.sleep(0.3)   # a step that did not wait would have written by now
+        return real_hit(site)
+
+    monkeypatch.setattr(faults, "hit", gated)
     model, (opt,), _, one_step = _setup("adamw")
     one_step()
     before = model.fc.weight.detach().clone()
-    slow_copy(0.5)
     h = deltackpt.save({"model": model.state_dict(), "opt": opt.state_dict()}, repo_path, step=1,
                        blocking=False, optimizer=opt)
     ids = torch.randint(0, 50, (8,))
-    model(ids).pow(2).mean().backward()     # forward and backward run while the copy is pending
+    model(ids).pow(2).mean().backward()     # forward and backward run while the copy is held
     assert not h.snapshot_done()
-    opt.step()
-    assert h.snapshot_done() and h.step_wait_seconds > 0   # step() returned only after the copy had finished
+    opener = register_optimizer_step_pre_hook(lambda *a: gate.set())
+    try:
+        opt.step()
+    finally:
+        opener.remove()
+    assert h.snapshot_done()                # step() returned only after the copy had finished
     assert not torch.equal(model.fc.weight, before)
     assert torch.equal(deltackpt.load(repo_path, h.wait().id)["model"]["fc.weight"], before)
 
