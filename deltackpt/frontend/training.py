@@ -232,7 +232,8 @@ class Checkpointer:
     tensor before :meth:`step` returns.
 
     :meth:`prepare` allocates and faults in the staging memory the background saves of a state
-    will hold, in a background thread, so the first save costs what the later ones do.
+    will hold, in a background thread, so the first save costs what the later ones do.  The first
+    :meth:`step` given a state (not a callable) calls it; with a callable, call it yourself.
 
     Example::
 
@@ -269,6 +270,7 @@ class Checkpointer:
         self.stall_seconds = 0.0
         """Total seconds :meth:`step` blocked the caller for saves (snapshots, waits, blocking saves)."""
         self.last: "SaveHandle | Version | None" = None
+        self._prepared = False
         if start_step is not None:  # resumed: step-based schedules continue, not restart at 0
             self.policy.resumed(start_step, self.clock())
             # metric-based ones remember the best so far (versions of an abandoned future excluded)
@@ -284,6 +286,12 @@ class Checkpointer:
         from .api import save
 
         metrics = dict(metrics or {})
+        if not self._prepared and state is not None and not callable(state):
+            self._prepared = True   # the state's size is known now: its staging faults in meanwhile
+            try:
+                self.prepare(state)
+            except DeltackptError:
+                pass   # a state that cannot be saved is refused by the save that tries it
         if not (force or self.due(step, metrics)):
             return None
         t0 = time.perf_counter()

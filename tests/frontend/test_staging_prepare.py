@@ -125,3 +125,16 @@ def test_split_covers_every_byte_once():
     assert all(torch.equal(d, s) for d, s in pairs)
     assert sum(d.numel() * d.element_size() for share in shares for d, _ in share) == sum(
         d.numel() * d.element_size() for d, _ in pairs)
+
+
+def test_checkpointer_prepares_at_its_first_step(repo_path):
+    """The first Checkpointer.step given a state (a dict, no save due yet) starts the pre-fault:
+    the first save, steps later, allocates no staging memory."""
+    ckpt = Checkpointer(repo_path, policy=3)
+    assert ckpt.step(_state(1, 173), step=1) is None
+    _settle_prefault()
+    fresh = staging._fresh_bytes
+    assert ckpt.step(_state(2, 173), step=2) is None
+    ckpt.step(_state(3, 173), step=3).wait()
+    assert staging._fresh_bytes == fresh
+    ckpt.close()
