@@ -161,7 +161,8 @@ class SaveHandle:
         """Block until the lazy part of the snapshot (``optimizer=``) is copied, then unhook the
         optimizers.  Call it before changing a parameter or optimizer-state tensor outside
         ``optimizer.step()`` (``model.load_state_dict``, an EMA update into the live weights,
-        ``p.mul_()`` under ``no_grad``).  Raises the copy's error, if any."""
+        ``p.mul_()`` under ``no_grad``).  Call it from the training thread (it unregisters hooks
+        the optimizer iterates in ``step()``).  Raises the copy's error, if any."""
         if self._deferred is not None:
             self._deferred.wait()
             self._deferred.remove_hooks()

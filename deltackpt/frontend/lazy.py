@@ -17,7 +17,8 @@ What this does not see is the user's to declare (see :func:`deltackpt.save`): an
 to a parameter or optimizer-state tensor outside ``opt.step()`` (``model.load_state_dict``, EMA or
 weight-averaging updates into the live parameters, ``with torch.no_grad(): p.mul_(...)``, a second
 optimizer over the same parameters that was not passed) must come after
-``handle.wait_snapshot()``.
+``handle.wait_snapshot()``.  :func:`deltackpt.restore`, which writes into live parameters, waits
+for every pending copy by itself.
 """
 
 from __future__ import annotations
