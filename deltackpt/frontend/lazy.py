@@ -115,6 +115,7 @@ class LazyCopy:
             event.record(side)
             self._events.append((device, event))
         self._future: Future[None] | None = None
+        self._waiting = False   # someone waits for the host copy: it runs at normal priority
         if host:
             self._future = _executor().submit(self._run, host, idle, copy)
         self._hooks: dict[int, tuple[Any, Any]] = {   # id(optimizer) -> (pre-hook, post-hook) handles
@@ -124,11 +125,13 @@ class LazyCopy:
         self.step_wait_seconds = 0.0
         """Seconds optimizer steps were blocked waiting for the host copy (the lazy mode's stall)."""
 
-    @staticmethod
-    def _run(host: list, idle: bool, copy: Any) -> None:
+    def _run(self, host: list, idle: bool, copy: Any) -> None:
         global _copy_tid
         _copy_tid = threading.get_native_id()
-        priority.run_idle(idle)
+        if idle and not self._waiting:
+            priority.run_idle(True)
+            if self._waiting:   # a step began waiting meanwhile: it must not wait on an idle thread
+                priority.run_idle(False)
         try:
             faults.hit("snapshot.lazy_copy")   # tests widen the window here (sleepX)
             copy(host)
@@ -150,12 +153,13 @@ class LazyCopy:
             e.synchronize()
 
     def _wait_host(self) -> None:
-        if self._future is not None and not self._future.done():
+        if self._future is None:
+            return
+        if not self._future.done():
+            self._waiting = True
             if _copy_tid is not None:
                 priority.boost_thread(_copy_tid)   # someone waits: the copy must not yield any more
-            self._future.result()
-        elif self._future is not None:
-            self._future.result()
+        self._future.result()
 
     def _before_step(self, opt: Any, args: Any, kwargs: Any) -> None:
         if not self.host_done():
