@@ -23,8 +23,11 @@ import torch
 
 from . import priority, staging
 
-PREFAULT_IDLE = True
-"""Fault staging memory in under SCHED_IDLE (:mod:`.priority`): it is ahead of need."""
+PREFAULT_IDLE = False
+"""Fault staging memory in under SCHED_IDLE (:mod:`.priority`).  Off: measured (bench/first_save.py,
+268 MB, 2 cores, 03:45 UTC run) the idle pre-fault thread, started by the first save, held the GIL
+while torch's normal-priority threads kept both cores, and the caller's stall waited for it: first
+save 120-378 ms at idle against 56-58 ms at normal priority (torch.save+fsync: ~200 ms)."""
 
 AFTER_FIRST_SAVE = True
 """Fault in the next staging copy right after the first background save of a layout.  It is the
