@@ -13,6 +13,9 @@ time and torch.save time).  Reported:
   torch.save costs >= 10%);
 * thread vs process: the same background save in a thread of this process and in a forked child
   (fork after the snapshot, so both see the same bytes), to measure what the GIL costs the loop;
+* deltackpt-lazy: the thread save with ``optimizer=`` (lazy snapshot): the optimizer's tensors are
+  copied during the next forward/backward; its stall is the call plus the time the next
+  ``optimizer.step()`` waited for the copy (``SaveHandle.step_wait_seconds``);
 * deltackpt-thread-normal: the thread save at normal priority instead of SCHED_IDLE (the A/B of
   ``async_save.BACKGROUND_IDLE``); ``--paired`` also reports the loop thread's run-queue wait;
 * cpu-burn, mem-burn, fault-burn, gil-burn: no save, but at each save point a thread burns
@@ -227,6 +230,8 @@ def run(job: Job, steps: int, every: int, mode: str, workdir: str, burn_s: float
             torch_save(job.state(), path, fsync=True)
         elif mode in ("deltackpt-thread", "deltackpt-thread-nice10", "deltackpt-thread-normal"):
             handles.append(deltackpt.save(job.state(), repo, step=i, blocking=False))
+        elif mode == "deltackpt-lazy":
+            handles.append(deltackpt.save(job.state(), repo, step=i, blocking=False, optimizer=job.opt))
         elif mode == "deltackpt-blocking":
             deltackpt.save(job.state(), repo, step=i)
         elif mode == "deltackpt-fork":
@@ -244,6 +249,8 @@ def run(job: Job, steps: int, every: int, mode: str, workdir: str, burn_s: float
     for h in handles:
         h.wait()
     tail = time.perf_counter() - tail0
+    if mode == "deltackpt-lazy":   # the loop's stall also counts the step that waited for the copy
+        stalls = [s + h.step_wait_seconds for s, h in zip(stalls, handles)]
     cpu = _cpu() - c0
     bg = [h.background_seconds for h in handles if h.background_seconds is not None]
     Repo(repo).close() if os.path.exists(repo) else None
@@ -306,6 +313,9 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
             elif mode in ("deltackpt-thread", "deltackpt-process", "deltackpt-thread-normal"):
                 async_save.BACKGROUND = mode.split("-")[1]
                 handle = deltackpt.save(job.state(), repo, step=step, blocking=False)
+            elif mode == "deltackpt-lazy":
+                async_save.BACKGROUND = "thread"
+                handle = deltackpt.save(job.state(), repo, step=step, blocking=False, optimizer=job.opt)
             elif mode == "deltackpt-blocking":
                 deltackpt.save(job.state(), repo, step=step)
             elif mode in burners:
@@ -320,6 +330,8 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
                 job.step()
                 steps.append((time.perf_counter() - s0, busy))
                 step += 1
+            if handle is not None:   # a lazy save's stall also counts the step that waited for its copy
+                stalls[mode][-1] += handle.step_wait_seconds
             clean = [d for d, busy in steps if not busy]
             if c and mode == "none":
                 none_steps.append([d for d, _ in steps])

@@ -259,7 +259,8 @@ def _metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
 def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None = None,
          metrics: Mapping[str, Any] | None = None, meta: Any = None, tag: str | None = None,
          encoding: Mapping[str, str] | str | None = None, blocking: bool = True,
-         workers: int | None = None, background: str | None = None) -> "Version | SaveHandle":
+         workers: int | None = None, background: str | None = None,
+         optimizer: Any = None) -> "Version | SaveHandle":
     """Save a module's state_dict, a state dict or a nested training state as a new version.
 
     Unchanged chunks are not written again; changed ones are stored as deltas against the last
@@ -276,6 +277,27 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
     loop's GIL; local repositories and CPU tensors only, others use the thread).  Default:
     ``deltackpt.frontend.async_save.BACKGROUND`` (``"thread"``).
 
+    ``optimizer`` (with ``blocking=False``; one optimizer or a list): a *lazy* snapshot.  The
+    tensors the optimizer owns, found by storage (its parameters, so the ``model.state_dict()``
+    entries viewing them, and every tensor in ``optimizer.state``), are not copied before the call
+    returns: a background thread (a CUDA side stream for GPU tensors) copies them while the next
+    forward and backward run, and a step pre-hook makes ``optimizer.step()`` wait for that copy
+    before it writes (on CUDA the optimizer's stream waits on the copy's event; the CPU does not
+    block).  Every other tensor is copied at call time as usual: buffers (BatchNorm statistics),
+    scheduler, GradScaler and RNG state, parameters the optimizer does not hold, and any copy a
+    ``state_dict()`` makes (so a wrapper whose ``state_dict()`` clones is simply not lazy).  Safe:
+    forward, backward, ``zero_grad``, gradient clipping, ``scaler.scale``/``unscale_``/``step``/
+    ``update`` (a skipped step too), ``scheduler.step()``, replacing tensors (``model.half()``,
+    ``optimizer.load_state_dict``: the old storage is what is copied), more saves.  The user's to
+    declare, by calling ``handle.wait_snapshot()`` first: any in-place write to a parameter or
+    optimizer-state tensor between the call and the next ``optimizer.step()`` other than by that
+    step (``model.load_state_dict``, swapping EMA weights in for evaluation, EMA/SWA updates into
+    the live weights, ``torch.nn.init`` or ``p.mul_()`` under ``no_grad``, a broadcast into the
+    parameters, a second optimizer over the same parameters that was not passed here).  After the
+    next ``optimizer.step()`` returns (CPU) or in stream order after it (CUDA), anything goes.
+    ``handle.step_wait_seconds`` tells how long steps waited.  With ``blocking=True`` the save is
+    complete when it returns and ``optimizer`` is not needed (it is checked, then ignored).
+
     ``workers``: encoder threads.  By default a blocking save uses every core (up to 4) and a
     background save the cores the training loop leaves free (``os.cpu_count()`` minus
     ``torch.get_num_threads()``, at least 1), so that it does not compete with training for CPU.
@@ -289,6 +311,8 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
                            "ckpt", step=100, metrics={"loss": 0.31}, tag="warmup-done")
         h = deltackpt.save(model, "ckpt", step=200, blocking=False)   # training goes on
         h.wait()
+        h = deltackpt.save(training_state(model=model, optimizer=opt), "ckpt", step=300,
+                           blocking=False, optimizer=opt)        # returns before copying the weights
     """
     import torch
 
@@ -316,6 +340,10 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
         name_of(leaf.tensor.dtype, leaf.name)
     if tag is not None:
         check_name(tag)
+    optimizers = None
+    if optimizer is not None:
+        from .lazy import optimizers_of
+        optimizers = optimizers_of(optimizer)
     r = _repo(repo, create=True)
 
     def write(leaves: list, tree: Any, devices: list[str] | None = None, threads: int | None = workers,
@@ -339,7 +367,7 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
         devices = [str(leaf.tensor.device) for leaf in leaves]
         threads = workers or async_save.spare_cores()
         return async_save.submit(r, leaves, tree, lambda staged, t, **where: write(staged, t, devices, threads, **where),
-                                 background=background)
+                                 background=background, optimizers=optimizers)
     async_save.drain(r.core)
     return write(leaves, tree)
 

@@ -17,6 +17,13 @@ and shared memory gets no huge pages there.  What the process does give: a save 
 still commits if the training process is killed, and it keeps the save's Python off a
 Python-bound loop's GIL.
 
+Lazy snapshot (``optimizer=``, :mod:`.lazy`): the tensors an optimizer owns are copied after
+the call returns, while the next forward and backward run; ``optimizer.step()`` waits for the copy
+(a step pre-hook).  The caller then waits only for the rest (buffers, scheduler, scaler, RNG).
+
+First save: staging memory is faulted in ahead of need (:mod:`.prefault`: by
+``Checkpointer.prepare``, and after the first save of a new layout for the copy the next one takes).
+
 Priority: on Linux a background save runs under ``SCHED_IDLE`` (``BACKGROUND_IDLE``), so its
 threads never take a core the training loop is ready to use, and is put back to normal priority
 as soon as anyone waits for it (:mod:`.priority`).  ``BACKGROUND_NICE`` can lower the priority of
@@ -53,7 +60,7 @@ import torch
 
 from ..repo import encoder_process
 from ..repo.versions import Version
-from . import priority, staging
+from . import lazy, priority, staging
 
 if TYPE_CHECKING:
     from .api import Repo
@@ -69,6 +76,7 @@ _executor: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
 _in_flight: dict[int, list["SaveHandle"]] = {}   # id(Repository) -> handles not yet collected
 _encoder: encoder_process.EncoderProcess | None = None
+_lazy: list["lazy.LazyCopy"] = []                # lazy copies whose optimizer hooks are still registered
 
 
 BACKGROUND_IDLE = True
@@ -123,8 +131,9 @@ class SaveHandle:
     """
 
     def __init__(self, future: "Future[Version]", staged_bytes: int, stall_seconds: float,
-                 timing: dict[str, float]) -> None:
+                 timing: dict[str, float], deferred: "lazy.LazyCopy | None" = None) -> None:
         self._future = future
+        self._deferred = deferred
         self._observed = False
         self._timing = timing
         self.staged_bytes = staged_bytes
@@ -137,6 +146,31 @@ class SaveHandle:
     def background_seconds(self) -> float | None:
         """Seconds of background work (hash, encode, write, commit), once done."""
         return self._timing.get("background")
+
+    @property
+    def lazy_bytes(self) -> int:
+        """Bytes of the snapshot copied after the call returned (``optimizer=``; 0 otherwise)."""
+        return self._deferred.nbytes if self._deferred is not None else 0
+
+    @property
+    def step_wait_seconds(self) -> float:
+        """Seconds ``optimizer.step()`` waited for this save's lazy copy (0 when it was done
+        first): with ``optimizer=``, the loop's stall is ``stall_seconds`` plus this."""
+        return self._deferred.step_wait_seconds if self._deferred is not None else 0.0
+
+    def snapshot_done(self) -> bool:
+        """True once the snapshot is complete: the saved tensors may then change in any way."""
+        return self._deferred is None or self._deferred.done()
+
+    def wait_snapshot(self) -> None:
+        """Block until the lazy part of the snapshot (``optimizer=``) is copied, then unhook the
+        optimizers.  Call it before changing a parameter or optimizer-state tensor outside
+        ``optimizer.step()`` (``model.load_state_dict``, an EMA update into the live weights,
+        ``p.mul_()`` under ``no_grad``).  Call it from the training thread (it unregisters hooks
+        the optimizer iterates in ``step()``).  Raises the copy's error, if any."""
+        if self._deferred is not None:
+            self._deferred.wait()
+            self._deferred.remove_hooks()
 
     def done(self) -> bool:
         """True when the save has committed or failed."""
@@ -224,15 +258,26 @@ def uses_process(repo: "Repo", leaves: list, background: str | None = None) -> b
 
 
 def submit(repo: "Repo", leaves: list, tree: Any, write: Callable[..., Version],
-           after: Callable[[Version], None] | None = None, background: str | None = None) -> SaveHandle:
+           after: Callable[[Version], None] | None = None, background: str | None = None,
+           optimizers: list | None = None) -> SaveHandle:
     """Snapshot ``leaves`` now and run ``write(staged_leaves, tree, encoder=..., segment=...,
     owner=...)`` (then ``after(version)``) in the background; ``encoder`` and ``segment`` are None
     on the thread path, ``owner`` marks the staging memory lent to the delta cache.  Used by
-    :func:`deltackpt.save` with ``blocking=False``."""
+    :func:`deltackpt.save` with ``blocking=False``.  ``optimizers``: the tensors they own are
+    copied lazily (:mod:`.lazy`), the rest now."""
     core = repo.core
     drain(core, keep=MAX_IN_FLIGHT - 1)
+    _forget_done_lazy()
     t0 = time.perf_counter()
-    staged, memory, event = staging.stage(core, leaves, shared_memory=uses_process(repo, leaves, background))
+    lazy_keys = lazy.owned_storages(optimizers) if optimizers else None
+    staged, memory, event, (host, cuda) = staging.stage(core, leaves, shared_memory=uses_process(repo, leaves, background),
+                                                        keep=MAX_IN_FLIGHT, lazy_keys=lazy_keys)
+    deferred = (lazy.LazyCopy(host, cuda, optimizers or [], BACKGROUND_IDLE,
+                              lambda pairs: staging.copy_host(pairs, threads=spare_cores()))
+                if host or cuda else None)
+    if deferred is not None:
+        with _lock:
+            _lazy.append(deferred)
     stall = time.perf_counter() - t0
     timing: dict[str, float] = {}
 
@@ -243,6 +288,8 @@ def submit(repo: "Repo", leaves: list, tree: Any, write: Callable[..., Version],
         try:
             if event is not None:
                 event.synchronize()
+            if deferred is not None:
+                deferred.wait()
             encoder = _encoder_process() if memory.segment is not None else None
             version = write(staged, tree, encoder=encoder, segment=memory.segment, owner=memory.owner)
             ok = True
@@ -255,7 +302,7 @@ def submit(repo: "Repo", leaves: list, tree: Any, write: Callable[..., Version],
             timing["background"] = time.perf_counter() - start
 
     with _lock:  # with release_idle_thread: never submitted to an executor being shut down
-        handle = SaveHandle(_pool().submit(work), memory.nbytes, stall, timing)
+        handle = SaveHandle(_pool().submit(work), memory.nbytes, stall, timing, deferred)
         _in_flight.setdefault(id(core), []).append(handle)
     return handle
 
@@ -276,6 +323,29 @@ try:
     getattr(threading, "_register_atexit", lambda fn: None)(_finish_at_exit)
 except RuntimeError:
     pass  # first imported while the interpreter shuts down (a save from an atexit handler): no notice
+
+
+def wait_snapshots() -> None:
+    """Wait until every lazy snapshot copy of this process is done (:func:`deltackpt.restore`
+    does, before it writes into live tensors); a copy's error is left to its save."""
+    with _lock:
+        pending = list(_lazy)
+    for d in pending:
+        try:
+            d.wait()
+        except BaseException:  # noqa: BLE001 - raised by the save's handle
+            pass
+    _forget_done_lazy()
+
+
+def _forget_done_lazy() -> None:
+    """Unhook the optimizers from lazy copies that have finished (from the caller's thread,
+    between steps, where no optimizer is iterating its hooks)."""
+    with _lock:
+        done = [d for d in _lazy if d.done()]
+        _lazy[:] = [d for d in _lazy if d not in done]
+    for d in done:
+        d.remove_hooks()
 
 
 def run_after(core: Any, fn: Callable[[], Any]) -> SaveHandle:

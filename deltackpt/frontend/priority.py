@@ -93,3 +93,15 @@ def boost() -> None:
                 os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
         except (OSError, ValueError):
             continue  # the thread ended meanwhile
+
+
+def boost_thread(tid: int) -> None:
+    """Put the thread ``tid`` of this process back to normal priority if it is under SCHED_IDLE
+    (a lazy snapshot copy the optimizer now waits for)."""
+    if not _supported:
+        return
+    try:
+        if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+    except OSError:
+        pass  # the thread ended meanwhile

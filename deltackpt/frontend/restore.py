@@ -73,6 +73,8 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Repo | Store", 
                                  f"{'...' if len(unexpected) > 5 else ''} (pass strict=False to skip them)")
     pending: list[tuple[str, int]] = []
     direct: list[tuple[int, memoryview]] = []
+    from .async_save import wait_snapshots
+    wait_snapshots()   # a lazy save's copy may still be reading these parameters
     with torch.no_grad():
         for k in wanted:
             i = by_name.get(prefix + k)

@@ -8,7 +8,12 @@ After its save commits, a :class:`Staged` copy stays *lent* to the repository's 
 next save computes its deltas against it, so the saver copies nothing.  When that next save
 commits, the cache forgets the memos viewing the older copy, and the memory goes back to the pool.
 So a loop saving in the background holds ``keep + 1`` copies of its state, where ``keep`` is the
-number of saves in flight (``async_save.MAX_IN_FLIGHT``).
+number of saves in flight (``async_save.MAX_IN_FLIGHT``).  :mod:`.prefault` allocates and faults
+in exactly those copies ahead of the first saves of a state.
+
+The copy itself (:func:`copy_host`) runs on the caller's thread and a helper per core torch's
+threads leave free, a large contiguous tensor cut into slices.  A save with ``optimizer=``
+(:mod:`.lazy`) hands back the copies of the optimizer's tensors instead of making them.
 """
 
 from __future__ import annotations
@@ -27,10 +32,14 @@ from . import priority
 ALIGN = 64  # staged tensors start on cache-line boundaries (and on any element size)
 
 PARALLEL_COPY_BYTES = 16 << 20
-"""A snapshot at least this large is copied by two threads when the machine has a core the training
-loop's torch threads leave free.  Memory-bound, but measured 20-30% faster on the 2-vCPU project
-machine (271 MB: 43 ms -> 31-38 ms), and the stall is the one part of a background save the loop
-waits for.  The other core is idle then: the previous save has finished."""
+"""A snapshot at least this large is copied by several threads (:func:`copy_threads`) when the
+machine has cores the training loop's torch threads leave free.  Memory-bound, but two threads
+measured 20-30% faster than one on the 2-vCPU project machine (271 MB: 43 ms -> 31-38 ms), and the
+stall is the one part of a background save the loop waits for.  The other cores are idle then:
+the previous save has finished."""
+
+MAX_COPY_THREADS = 4
+"""Threads that copy one snapshot at most (memory bandwidth is saturated well before more)."""
 
 _lock = threading.Lock()
 _staging: dict[tuple, list[torch.Tensor]] = {}   # (shape, dtype, pinned) -> free buffers
@@ -38,6 +47,7 @@ _staging_bytes = 0
 _segments: list[SharedSegment] = []              # free staging segments (encoder process)
 _copier: ThreadPoolExecutor | None = None
 _lent: dict[int, "Staged"] = {}                  # id(Repository) -> staging of its last committed save
+_fresh_bytes = 0   # staging bytes ever allocated while a save waited (not by prepare): tests pin it
 
 Alloc = Callable[[torch.Size, torch.dtype, bool], torch.Tensor]
 
@@ -63,13 +73,35 @@ class Staged:
         self.buffers = []
 
 
-def stage(core: Any, leaves: list, shared_memory: bool) -> tuple[list, Staged, Any]:
+def stage(core: Any, leaves: list, shared_memory: bool, keep: int = 1,
+          lazy_keys: set | None = None) -> tuple[list, Staged, Any, tuple[list, list]]:
     """Snapshot ``leaves`` for a background save to ``core``: (staged leaves, their memory, CUDA
-    event to wait on or None).  ``shared_memory``: into a segment the encoder process can map."""
+    event to wait on or None, deferred copies).  ``shared_memory``: into a segment the encoder
+    process can map.  Tensors whose storage is in ``lazy_keys`` (:func:`.lazy.owned_storages`)
+    are not copied now: their (staging, source) pairs come back as deferred ``(host, cuda)``
+    copies for :class:`.lazy.LazyCopy`."""
     shared = _sharing(leaves)
     segment, alloc = _segment_allocator(leaves, shared) if shared_memory else (None, None)
-    staged, buffers, pinned, event = snapshot(leaves, alloc, shared)
-    return staged, Staged(core, buffers, pinned, segment), event
+    fresh = _fresh_bytes
+    out, buffers, pinned, copies = _plan(leaves, alloc or _take, shared)
+    deferred: tuple[list, list] = ([], [])
+    if lazy_keys:
+        from .lazy import storage_key
+        now = []
+        for dst, src, pin in copies:
+            if storage_key(src) in lazy_keys:
+                deferred[1 if pin else 0].append((dst, src))
+            else:
+                now.append((dst, src, pin))
+        copies = now
+    event = _copy_and_fence(copies)
+    memory = Staged(core, buffers, pinned, segment)
+    from . import prefault
+    if _fresh_bytes > fresh and prefault.AFTER_FIRST_SAVE:
+        # a state of a new size: fault in the other staging copies a loop saving it holds
+        # (MAX_IN_FLIGHT + 1 with the delta cache) now, in the background, not at the next save
+        prefault.prepare(leaves, shared_memory, prefault.sets_for(core, keep) - 1)
+    return out, memory, event, deferred
 
 
 def settle(staged: Staged, ok: bool, encoder: EncoderProcess | None, keep: int) -> None:
@@ -96,14 +128,17 @@ def release_lent(core: Any, encoder: EncoderProcess | None, keep: int) -> None:
 # per-shape buffers ------------------------------------------------------------------------------
 
 def _take(shape: torch.Size, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
-    global _staging_bytes
+    global _staging_bytes, _fresh_bytes
     with _lock:
         free = _staging.get((tuple(shape), dtype, pinned))
         if free:
             t = free.pop()
             _staging_bytes -= t.numel() * t.element_size()
             return t
-    return torch.empty(shape, dtype=dtype, pin_memory=pinned)
+    t = torch.empty(shape, dtype=dtype, pin_memory=pinned)
+    with _lock:
+        _fresh_bytes += t.numel() * t.element_size()
+    return t
 
 
 def _give_back(buffers: list[torch.Tensor], pinned: list[bool], keep: int) -> None:
@@ -128,21 +163,17 @@ def _aligned(n: int) -> int:
 def _segment_allocator(leaves: list, shared: dict[int, list[int]]) -> tuple[SharedSegment, Alloc]:
     """A staging segment big enough for ``leaves`` (reused from an earlier save when one is free)
     and an allocator that carves it, in snapshot order, into contiguous tensors."""
-    total = 0
-    for i, leaf in enumerate(leaves):
-        group = shared.get(i)
-        if group is None:
-            total += _aligned(leaf.tensor.numel() * leaf.tensor.element_size())
-        elif group[0] == i:
-            total += _aligned(leaf.tensor.untyped_storage().nbytes())
+    total = _segment_size(leaves, shared)
     with _lock:
         fits = [s for s in _segments if s.size >= total]
         seg = min(fits, key=lambda s: s.size) if fits else None
         if seg is not None:
             _segments.remove(seg)
     if seg is None:
-        seg = SharedSegment(total)
-        seg.tensor = torch.frombuffer(seg.map, dtype=torch.uint8)
+        global _fresh_bytes
+        seg = _new_segment(total)
+        with _lock:
+            _fresh_bytes += seg.size
     pos = 0
 
     def alloc(shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:
@@ -152,6 +183,23 @@ def _segment_allocator(leaves: list, shared: dict[int, list[int]]) -> tuple[Shar
         return out
 
     return seg, alloc
+
+
+def _new_segment(size: int) -> SharedSegment:
+    seg = SharedSegment(size)
+    seg.tensor = torch.frombuffer(seg.map, dtype=torch.uint8)
+    return seg
+
+
+def _segment_size(leaves: list, shared: dict[int, list[int]]) -> int:
+    total = 0
+    for i, leaf in enumerate(leaves):
+        group = shared.get(i)
+        if group is None:
+            total += _aligned(leaf.tensor.numel() * leaf.tensor.element_size())
+        elif group[0] == i:
+            total += _aligned(leaf.tensor.untyped_storage().nbytes())
+    return total
 
 
 def _give_back_segment(seg: SharedSegment, encoder: EncoderProcess | None, keep: int) -> None:
@@ -185,78 +233,150 @@ def _copy_list(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
             dst.copy_(src)
 
 
-def _copy_all(copies: list[tuple[torch.Tensor, torch.Tensor, bool]]) -> None:
+def copy_threads() -> int:
+    """Threads for a host copy: the caller plus a helper for each core torch's intra-op threads
+    leave free (``copy_`` itself already runs on torch's threads), at most MAX_COPY_THREADS."""
+    return max(1, min(MAX_COPY_THREADS, 1 + (os.cpu_count() or 1) - torch.get_num_threads()))
+
+
+def _split(pairs: list[tuple[torch.Tensor, torch.Tensor]], parts: int) -> list[list]:
+    """Cut ``pairs`` into ``parts`` lists of about equal bytes; a contiguous tensor larger than
+    a share is cut into flat slices, so one big tensor is copied by several threads too."""
+    total = sum(d.numel() * d.element_size() for d, _ in pairs)
+    share = max(1, -(-total // parts))
+    out: list[list] = [[]]
+    room = share
+    for dst, src in pairs:
+        size = dst.numel() * dst.element_size()
+        if size <= room or not (src.is_contiguous() and dst.is_contiguous() and src.dtype == dst.dtype):
+            out[-1].append((dst, src))
+            room -= size
+        else:
+            flat_d, flat_s, n, pos = dst.view(-1), src.view(-1), dst.numel(), 0
+            while pos < n:
+                take = min(n - pos, max(1, room // dst.element_size()))
+                out[-1].append((flat_d[pos:pos + take], flat_s[pos:pos + take]))
+                pos += take
+                room -= take * dst.element_size()
+                if room <= 0 and pos < n:
+                    out.append([])
+                    room = share
+        if room <= 0:
+            out.append([])
+            room = share
+    return [p for p in out if p]
+
+
+def copy_host(pairs: list[tuple[torch.Tensor, torch.Tensor]], threads: int | None = None) -> None:
+    """Copy host ``pairs`` with ``threads`` threads (default :func:`copy_threads`: the caller is
+    blocked, so every core torch leaves free) when they are at least PARALLEL_COPY_BYTES; the
+    caller's thread takes the first share."""
     global _copier
-    for dst, src, pin in copies:
-        if pin:   # device -> pinned host: queued on the CUDA stream, fenced by the caller's event
-            dst.copy_(src, non_blocking=True)
-    host = [(dst, src) for dst, src, pin in copies if not pin]
-    total = sum(dst.numel() * dst.element_size() for dst, _ in host)
-    if total < PARALLEL_COPY_BYTES or (os.cpu_count() or 1) <= torch.get_num_threads() or len(host) < 2:
-        _copy_list(host)
+    total = sum(dst.numel() * dst.element_size() for dst, _ in pairs)
+    parts = min(MAX_COPY_THREADS, threads or copy_threads())
+    if total < PARALLEL_COPY_BYTES or parts < 2:
+        _copy_list(pairs)
         return
-    acc, cut = 0, len(host)
-    for k, (dst, _) in enumerate(host):
-        acc += dst.numel() * dst.element_size()
-        if acc >= total / 2:
-            cut = k + 1
-            break
-    if _copier is None:
-        # the snapshot is the caller's stall: never at idle priority (see materialize.pool)
-        _copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltackpt-snapshot",
-                                     initializer=priority.run_idle, initargs=(False,))
-    other = _copier.submit(_copy_list, host[cut:])
-    _copy_list(host[:cut])
-    other.result()
+    shares = _split(pairs, parts)
+    if len(shares) < 2:
+        _copy_list(pairs)
+        return
+    with _lock:
+        if _copier is None:
+            # the snapshot is the caller's stall: never at idle priority (see materialize.pool)
+            _copier = ThreadPoolExecutor(max_workers=MAX_COPY_THREADS - 1, thread_name_prefix="deltackpt-snapshot",
+                                         initializer=priority.run_idle, initargs=(False,))
+        copier = _copier
+    others = [copier.submit(_copy_list, share) for share in shares[1:]]
+    _copy_list(shares[0])
+    for f in others:
+        f.result()
 
 
-def snapshot(leaves: list, alloc: Alloc | None = None,
-             shared: dict[int, list[int]] | None = None) -> tuple[list, list[torch.Tensor], list[bool], Any]:
-    """Copy each leaf's tensor into host staging memory; tensors sharing a storage are copied as
-    one storage and rebuilt as views of it, so sharing survives.  Returns (new leaves, staging
-    buffers, pinned flags, CUDA event to wait on or None).  ``alloc``: where the copies go
-    (default: reusable per-shape buffers, pinned for CUDA tensors)."""
+class _Fence:
+    """Events recorded after device -> host copies, one per device's current stream."""
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def synchronize(self) -> None:
+        for e in self.events:
+            e.synchronize()
+
+
+def _copy_and_fence(copies: list[tuple[torch.Tensor, torch.Tensor, bool]]) -> "_Fence | None":
+    """Run ``copies`` now: device -> pinned host ones queued on their device's current CUDA stream
+    (returns what fences them, or None), host ones with :func:`copy_host`."""
+    devices = []
+    with torch.no_grad():
+        for dst, src, pin in copies:
+            if pin:
+                dst.copy_(src, non_blocking=True)
+                if src.device not in devices:
+                    devices.append(src.device)
+    events = []
+    for device in devices:
+        e = torch.cuda.Event()
+        e.record(torch.cuda.current_stream(device))
+        events.append(e)
+    copy_host([(dst, src) for dst, src, pin in copies if not pin])
+    return _Fence(events) if events else None
+
+
+def _plan(leaves: list, alloc: Alloc, shared: dict[int, list[int]]) -> tuple[list, list[torch.Tensor], list[bool], list]:
+    """Staging for each leaf: (new leaves viewing it, staging buffers, pinned flags, the copies
+    to make as (staging, source, pinned)).  Tensors sharing a storage get one copy of the storage
+    and are rebuilt as views of it, so sharing survives."""
     from .flatten import TensorLeaf
 
-    alloc = alloc or _take
-    shared = _sharing(leaves) if shared is None else shared
     out: list = [None] * len(leaves)
     buffers: list[torch.Tensor] = []
     pinned: list[bool] = []
     storage_copy: dict[int, torch.Tensor] = {}
-    copies: list[tuple[torch.Tensor, torch.Tensor, bool]] = []   # (staging, source, pinned)
-    cuda_used = False
-    with torch.no_grad():
-        for i, leaf in enumerate(leaves):
-            t = leaf.tensor
-            on_cuda = t.device.type == "cuda"
-            cuda_used |= on_cuda
-            pin = on_cuda and torch.cuda.is_available()
-            group = shared.get(i)
-            if group is None:
-                dst = alloc(t.shape, t.dtype, pin)
-                copies.append((dst, t, pin))
-                buffers.append(dst)
-                pinned.append(pin)
-                out[i] = TensorLeaf(leaf.index, leaf.key, leaf.name, dst)
-                continue
-            gid = group[0]
-            if gid not in storage_copy:
-                src = t.untyped_storage()
-                raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(src)
-                dst = alloc(raw.shape, torch.uint8, pin)
-                copies.append((dst, raw, pin))
-                buffers.append(dst)
-                pinned.append(pin)
-                storage_copy[gid] = dst
-            base = storage_copy[gid]
-            # base may be a slice of a larger staging segment: offsets count from its start
-            offset = base.storage_offset() // t.element_size() + t.storage_offset()
-            view = torch.empty(0, dtype=t.dtype).set_(base.untyped_storage(), offset, t.shape, t.stride())
-            out[i] = TensorLeaf(leaf.index, leaf.key, leaf.name, view)
-    _copy_all(copies)
-    event = None
-    if cuda_used and torch.cuda.is_available():
-        event = torch.cuda.Event()
-        event.record()
-    return out, buffers, pinned, event
+    copies: list[tuple[torch.Tensor, torch.Tensor, bool]] = []
+    for i, leaf in enumerate(leaves):
+        t = leaf.tensor
+        pin = t.device.type == "cuda" and torch.cuda.is_available()
+        group = shared.get(i)
+        if group is None:
+            dst = alloc(t.shape, t.dtype, pin)
+            copies.append((dst, t.detach(), pin))
+            buffers.append(dst)
+            pinned.append(pin)
+            out[i] = TensorLeaf(leaf.index, leaf.key, leaf.name, dst)
+            continue
+        gid = group[0]
+        if gid not in storage_copy:
+            raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+            dst = alloc(raw.shape, torch.uint8, pin)
+            copies.append((dst, raw, pin))
+            buffers.append(dst)
+            pinned.append(pin)
+            storage_copy[gid] = dst
+        base = storage_copy[gid]
+        # base may be a slice of a larger staging segment: offsets count from its start
+        offset = base.storage_offset() // t.element_size() + t.storage_offset()
+        out[i] = TensorLeaf(leaf.index, leaf.key, leaf.name,
+                            torch.empty(0, dtype=t.dtype).set_(base.untyped_storage(), offset, t.shape, t.stride()))
+    return out, buffers, pinned, copies
+
+
+def snapshot(leaves: list, alloc: Alloc | None = None,
+             shared: dict[int, list[int]] | None = None) -> tuple[list, list[torch.Tensor], list[bool], Any]:
+    """Copy each leaf's tensor into host staging memory now (see :func:`_plan`).  Returns (new
+    leaves, staging buffers, pinned flags, CUDA event to wait on or None).  ``alloc``: where the
+    copies go (default: reusable per-shape buffers, pinned for CUDA tensors)."""
+    out, buffers, pinned, copies = _plan(leaves, alloc or _take, _sharing(leaves) if shared is None else shared)
+    return out, buffers, pinned, _copy_and_fence(copies)
+
+
+def pool(buffers: list[torch.Tensor], layout: list, segment: SharedSegment | None = None) -> None:
+    """Put memory faulted in ahead of a save (:mod:`.prefault`) where the next saves look first."""
+    global _staging_bytes
+    with _lock:
+        if segment is not None:
+            _segments.append(segment)
+            _segments.sort(key=lambda s: s.size, reverse=True)
+        for t, (shape, dtype, pin) in zip(buffers, layout):
+            _staging.setdefault((shape, dtype, pin), []).append(t)
+            _staging_bytes += t.numel() * t.element_size()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
@@ -226,6 +227,16 @@ class Checkpointer:
     resumed run starts from (``resume(...).step``), so schedules continue instead of restarting.
     ``background``: ``"thread"`` or ``"process"``, as in :func:`deltackpt.save`.
 
+    ``snapshot="lazy"`` with ``optimizer=opt`` (one or a list): background saves return before
+    the optimizer's parameters and state are copied; ``opt.step()`` waits for the copy (see
+    ``optimizer`` in :func:`deltackpt.save` for exactly what is safe, and
+    ``self.last.wait_snapshot()`` for what is not).  ``snapshot="eager"`` (default) copies every
+    tensor before :meth:`step` returns.
+
+    :meth:`prepare` allocates and faults in the staging memory the background saves of a state
+    will hold, in a background thread, so the first save costs what the later ones do.  The first
+    :meth:`step` given a state (not a callable) calls it; with a callable, call it yourself.
+
     Example::
 
         ckpt = Checkpointer("ckpt", policy=YoungDaly(mtbf=4 * 3600), retention=Retention(keep_last=3))
@@ -240,10 +251,17 @@ class Checkpointer:
                  retention: Retention | None = None, blocking: bool = False, gc_every: int = 1,
                  encoding: Any = None, grace_seconds: float = DEFAULT_GRACE_SECONDS,
                  start_step: int | None = None, clock: Callable[[], float] = time.monotonic,
-                 background: str | None = None) -> None:
+                 background: str | None = None, snapshot: str = "eager", optimizer: Any = None) -> None:
         if retention is not None and not isinstance(retention, Retention):
             raise InvalidArgumentError(f"retention must be a Retention, got {type(retention).__name__}")
         grace_seconds = check_seconds("grace_seconds", grace_seconds, allow_inf=True)  # before any I/O
+        from .lazy import optimizers_of
+        if snapshot not in ("eager", "lazy"):
+            raise InvalidArgumentError(f"snapshot must be 'eager' or 'lazy', got {snapshot!r}")
+        if snapshot == "lazy" and optimizer is None:
+            raise InvalidArgumentError("snapshot='lazy' needs optimizer=: its step is what waits for the copy")
+        self.snapshot = snapshot
+        self.optimizers = optimizers_of(optimizer) if optimizer is not None else None
         self.repo = _repo(repo, create=True)
         self.background = background
         self.policy = as_policy(policy)
@@ -257,6 +275,7 @@ class Checkpointer:
         self.stall_seconds = 0.0
         """Total seconds :meth:`step` blocked the caller for saves (snapshots, waits, blocking saves)."""
         self.last: "SaveHandle | Version | None" = None
+        self._prepared = False
         if start_step is not None:  # resumed: step-based schedules continue, not restart at 0
             self.policy.resumed(start_step, self.clock())
             # metric-based ones remember the best so far (versions of an abandoned future excluded)
@@ -272,14 +291,21 @@ class Checkpointer:
         from .api import save
 
         metrics = dict(metrics or {})
+        if not self._prepared and state is not None and not callable(state):
+            self._prepared = True   # the state's size is known now: its staging faults in meanwhile
+            try:
+                self.prepare(state)
+            except DeltackptError:
+                pass   # a state that cannot be saved is refused by the save that tries it
         if not (force or self.due(step, metrics)):
             return None
         t0 = time.perf_counter()
         obj = state() if callable(state) else state
         if obj is None:
             raise DeltackptError("Checkpointer.step: a save is due but no state was given")
+        lazy = self.optimizers if self.snapshot == "lazy" and not self.blocking else None
         result = save(obj, self.repo, step=step, metrics=metrics, meta=meta, tag=tag, encoding=self.encoding,
-                      blocking=self.blocking, background=self.background)
+                      blocking=self.blocking, background=self.background, optimizer=lazy)
         self.saves += 1
         if self.retention is not None and self.saves % self.gc_every == 0:
             self._collect()
@@ -288,6 +314,24 @@ class Checkpointer:
         self.policy.saved(step, self.clock(), cost, metrics)
         self.last = result
         return result
+
+    def prepare(self, state: Any) -> "Future[None] | None":
+        """Allocate and fault in, in a background thread, the staging memory background saves of
+        ``state`` (or ``state()``) hold: ``MAX_IN_FLIGHT`` copies, plus the one lent to the delta
+        cache.  Call it once the state has its final shapes (after the first optimizer step, when
+        the optimizer state exists); saves of another layout simply allocate their own.  Returns
+        the background pre-fault's future (None for a blocking Checkpointer)."""
+        from . import prefault
+        from .flatten import flatten
+
+        if self.blocking:
+            return None   # a blocking save stages nothing
+        obj = state() if callable(state) else state
+        if isinstance(obj, torch.nn.Module):
+            obj = obj.state_dict()
+        _, leaves = flatten(obj)
+        process = async_save.uses_process(self.repo, leaves, self.background)
+        return prefault.prepare(leaves, process, prefault.sets_for(self.repo.core, async_save.MAX_IN_FLIGHT))
 
     def _collect(self) -> None:
         core, policy, grace = self.repo.core, self.retention, self.grace_seconds
@@ -299,6 +343,7 @@ class Checkpointer:
     def wait(self) -> Version | None:
         """Wait for saves (and gc) in flight; raise their errors.  Returns the last Version."""
         async_save.drain(self.repo.core)
+        async_save._forget_done_lazy()   # the training thread, between steps: unhook the optimizers
         if isinstance(self.last, SaveHandle):
             return self.last.wait()
         return self.last

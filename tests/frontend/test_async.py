@@ -158,9 +158,9 @@ def test_background_save_takes_only_the_cores_training_leaves(monkeypatch, tmp_p
 
 
 def test_a_large_snapshot_is_copied_by_two_threads(repo_path, monkeypatch):
-    """Above PARALLEL_COPY_BYTES, with a core the training threads leave free, the copies after the
-    half-way byte mark run on a helper thread: every tensor on both sides of the cut (a shared
-    storage included) is in the version, bit for bit, and the helper ran."""
+    """Above PARALLEL_COPY_BYTES, with cores the training threads leave free, the copies beyond the
+    caller's share run on helper threads: every tensor on every side of the cuts (a shared storage
+    included) is in the version, bit for bit, and a helper ran."""
     monkeypatch.setattr(staging, "PARALLEL_COPY_BYTES", 1)
     monkeypatch.setattr(staging, "_copier", None)
     monkeypatch.setattr(staging.os, "cpu_count", lambda: 4)

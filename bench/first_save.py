@@ -1,0 +1,103 @@
+"""Stall of the first background saves of a process, against a durable torch.save of the same state.
+
+Issue 18's case: a state of a few large tensors (default eight 2048x4096 float32, 268 MB).  Each
+configuration runs in a fresh Python process (so its first save really is the process's first),
+which measures torch.save+fsync of the state (median of 3), then ``--saves`` background saves of
+the state (a few elements changed between saves), each waited for before the next, and reports
+every save's stall (``SaveHandle.stall_seconds``) and its ratio to torch.save+fsync:
+
+* ``plain``: ``deltackpt.save(state, repo, blocking=False)`` from the first save on;
+* ``prepare``: ``Checkpointer.prepare(state)`` first (its pre-fault waited for, as a loop would
+  have trained meanwhile), then the same saves through the Checkpointer.
+
+    PYTHONPATH=. python bench/first_save.py                      # ~1 minute
+    PYTHONPATH=. python bench/first_save.py --tensors 8 --rows 2048 --cols 4096 --saves 5 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _child(cfg: str, tensors: int, rows: int, cols: int, saves: int, workdir: str) -> dict:
+    import torch
+
+    import deltackpt
+    from deltackpt.frontend.training import Checkpointer
+
+    g = torch.Generator().manual_seed(0)
+    state = {f"w{i}": torch.randn(rows, cols, generator=g) for i in range(tensors)}
+    path = os.path.join(workdir, "torch.pt")
+    ts = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        with open(path, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        ts.append(time.perf_counter() - t0)
+    torch_save_s = statistics.median(ts)
+    repo = os.path.join(workdir, f"repo-{cfg}")
+    ckpt = Checkpointer(repo, policy=1) if cfg == "prepare" else None
+    if ckpt is not None:
+        ckpt.prepare(state).result()
+    stalls = []
+    for step in range(1, saves + 1):
+        with torch.no_grad():
+            for t in state.values():
+                t.view(-1)[step * 7919 % t.numel()] += 1.0
+        if ckpt is not None:
+            t0 = time.perf_counter()
+            h = ckpt.step(state, step=step)
+            stalls.append(time.perf_counter() - t0)
+        else:
+            h = deltackpt.save(state, repo, step=step, blocking=False)
+            stalls.append(h.stall_seconds)
+        h.wait()
+    return {"config": cfg, "state_bytes": sum(t.numel() * 4 for t in state.values()),
+            "torch_save_fsync_s": torch_save_s, "stalls_s": stalls,
+            "ratios": [s / torch_save_s for s in stalls]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tensors", type=int, default=8)
+    ap.add_argument("--rows", type=int, default=2048)
+    ap.add_argument("--cols", type=int, default=4096)
+    ap.add_argument("--saves", type=int, default=5)
+    ap.add_argument("--configs", default="plain,prepare")
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    workdir = args.dir or tempfile.mkdtemp(prefix="first-save-")
+    if args.child:
+        print(json.dumps(_child(args.child, args.tensors, args.rows, args.cols, args.saves, workdir)))
+        return 0
+    results = []
+    for cfg in args.configs.split(","):
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", cfg, "--tensors", str(args.tensors),
+                              "--rows", str(args.rows), "--cols", str(args.cols), "--saves", str(args.saves),
+                              "--dir", workdir], check=True, capture_output=True, text=True)
+        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"state {results[0]['state_bytes'] / 1e6:.0f} MB, {os.cpu_count()} cores")
+    print("| config | torch.save+fsync | " + " | ".join(f"save {i + 1}" for i in range(args.saves)) + " |")
+    print("|---|---|" + "---|" * args.saves)
+    for r in results:
+        cells = " | ".join(f"{s * 1e3:.0f} ms ({x:.2f}x)" for s, x in zip(r["stalls_s"], r["ratios"]))
+        print(f"| {r['config']} | {r['torch_save_fsync_s'] * 1e3:.0f} ms | {cells} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
