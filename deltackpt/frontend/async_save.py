@@ -272,7 +272,7 @@ def submit(repo: "Repo", leaves: list, tree: Any, write: Callable[..., Version],
     lazy_keys = lazy.owned_storages(optimizers) if optimizers else None
     staged, memory, event, (host, cuda) = staging.stage(core, leaves, shared_memory=uses_process(repo, leaves, background),
                                                         keep=MAX_IN_FLIGHT, lazy_keys=lazy_keys)
-    deferred = (lazy.LazyCopy(host, cuda, optimizers or [], BACKGROUND_IDLE,
+    deferred = (lazy.LazyCopy(host, cuda, optimizers or [], BACKGROUND_IDLE and lazy.COPY_IDLE,
                               lambda pairs: staging.copy_host(pairs, threads=spare_cores()))
                 if host or cuda else None)
     if deferred is not None:

@@ -7,8 +7,8 @@ tensors, RNG states: small) and returns; the tensors ``opt`` owns (its parameter
 in ``opt.state``, found by storage) are copied by :class:`LazyCopy` in the background, and a step
 pre-hook on ``opt`` makes the next ``opt.step()`` wait for that copy before it writes.
 
-CPU tensors are copied by a snapshot thread (under ``SCHED_IDLE`` when background saves are, put
-back to normal priority as soon as the optimizer has to wait).  CUDA tensors are copied into
+CPU tensors are copied by a snapshot thread (at normal priority, see :data:`COPY_IDLE`; under
+``SCHED_IDLE`` it is put back to normal as soon as the optimizer has to wait).  CUDA tensors are copied into
 pinned host buffers on a side stream that first waits for the current stream (the last step's
 kernels); the hook then makes the optimizer's stream wait on the copy's CUDA event, so the GPU
 orders the two and the CPU does not block.
@@ -33,6 +33,14 @@ import torch
 from .. import faults
 from ..errors import UnsupportedLeafError
 from . import priority
+
+COPY_IDLE = False
+"""Run the lazy copy under SCHED_IDLE (when background saves do).  Off: an idle thread that holds
+the GIL between copies can be starved by torch's threads while the loop waits for the GIL (seen
+with the pre-fault thread, :data:`.prefault.PREFAULT_IDLE`).  Not resolved by measurement yet:
+bench/async_stall.py (minilm-full, 1 thread, every 9 steps, 4 paired rounds) gave the lazy mode
++4.2% [+1.4, +8.4] at idle against +1.9% [+1.0, +3.0] for the plain thread save in the same run,
+and a second run at normal priority was too noisy to compare (+8.7% vs +8.5% [+4.1, +22.1])."""
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
