@@ -203,6 +203,8 @@ def _apply(state: Any, v: Version, **parts: Any) -> None:
         raise StateMismatchError(f"version {v.short_id} is not a training state (a dict); use deltackpt.load")
     strict = parts.pop("strict")
     restore_rng = parts.pop("restore_rng")
+    # a lazy save (to any repository) may still be copying the live tensors this writes into
+    async_save.wait_snapshots()
     for name, target in parts.items():
         if target is None:
             continue
