@@ -306,3 +306,19 @@ def test_restore_into_the_model_waits_for_a_pending_lazy_copy(tmp_path, slow_cop
     deltackpt.restore(model, other)
     assert not torch.equal(model.fc.weight, expected["fc.weight"])
     _assert_same(expected, deltackpt.load(str(tmp_path / "main"), h.wait().id))
+
+
+def test_resume_from_another_repository_waits_for_a_pending_lazy_copy(tmp_path, slow_copy):
+    """resume() loads into the live model and optimizer, so it waits for every pending lazy copy,
+    not only its own repository's: the lazy save keeps the state of the call."""
+    from deltackpt.frontend.training import resume, training_state
+    model, (opt,), _, one_step = _setup("adamw")
+    other = str(tmp_path / "other")
+    deltackpt.save(training_state(model=model, optimizer=opt, step=0), other, step=0)
+    one_step()
+    expected = _clone(model.state_dict())
+    slow_copy(0.5)
+    h = deltackpt.save(model.state_dict(), str(tmp_path / "main"), step=1, blocking=False, optimizer=opt)
+    resume(other, model=model, optimizer=opt)
+    assert not torch.equal(model.fc.weight, expected["fc.weight"])
+    _assert_same(expected, deltackpt.load(str(tmp_path / "main"), h.wait().id))
