@@ -24,7 +24,8 @@ _ZYGOTE: list[Zygote] = []
 
 
 class RepoMachine(RuleBasedStateMachine):
-    """The model: ``versions`` (id -> digest, in commit order), ``tags`` and ``latest``."""
+    """The model: ``versions`` (id -> digest, in commit order), ``parents`` (id -> the latest it was
+    committed on), ``tags`` and ``latest``."""
 
     @initialize()
     def setup(self):
@@ -34,6 +35,7 @@ class RepoMachine(RuleBasedStateMachine):
         self.dir = tempfile.mkdtemp(prefix="deltackpt-sm-")
         self.path = os.path.join(self.dir, "r")
         self.versions: dict[str, str] = {}
+        self.parents: dict[str, str | None] = {}
         self.tags: dict[str, str] = {}
         self.latest: str | None = None
         self.step = 0
@@ -48,7 +50,17 @@ class RepoMachine(RuleBasedStateMachine):
     def _commit(self, vid: str, digest: str) -> None:
         self.versions.pop(vid, None)
         self.versions[vid] = digest
+        self.parents[vid] = self.latest
         self.latest = vid
+
+    def _history_order(self) -> list[str]:
+        """What keep_last counts: latest and its first parents while they exist, then the versions
+        off that line (a crashed save's manifest, versions behind a gap gc left), newest first."""
+        line, cur = [], self.latest
+        while cur is not None and cur in self.versions and cur not in line:
+            line.append(cur)
+            cur = self.parents.get(cur)
+        return line + [v for v in reversed(self.versions) if v not in line]
 
     @rule(seed=st.integers(0, 2**16))
     def save_new(self, seed):
@@ -103,7 +115,7 @@ class RepoMachine(RuleBasedStateMachine):
         if not self.versions:
             return
         rep = deltackpt.gc(self.path, keep_last=keep, grace_seconds=0)
-        must = set(self.tags.values()) | {self.latest} | set(list(self.versions)[-keep:])
+        must = set(self.tags.values()) | {self.latest} | set(self._history_order()[:keep])
         assert not must & set(rep.removed), f"gc removed versions it had to keep: {must & set(rep.removed)}"
         for vid in rep.removed:
             self.versions.pop(vid, None)
@@ -169,6 +181,7 @@ class RepoMachine(RuleBasedStateMachine):
             import deltackpt
             assert child_mod.state_digest(deltackpt.load(self.path, vid)) == attempt
             self.versions[vid] = attempt
+            self.parents[vid] = before
         if c.committed():
             assert core.latest() == c.committed()[0][0], "save() returned but latest does not name it"
         assert core.latest() in (before, *self.versions), "latest moved to a version nobody saved"
