@@ -233,29 +233,6 @@ def _repo(repo: "str | os.PathLike | Repo | Store", create: bool = False) -> Rep
     return Repo(repo, create=create)
 
 
-def _plain(value: Any, what: str) -> Any:
-    from .flatten import flatten
-    tree, leaves = flatten(value, (what,))
-    if leaves:
-        raise UnsupportedLeafError(f"{what} may not hold tensors ({leaves[0].name or '<root>'}); use floats")
-    return tree
-
-
-def _metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
-    from .flatten import INT_MAX, INT_MIN, check_text, int_text
-    out: dict[str, Any] = {}
-    for k, v in (metrics or {}).items():
-        if hasattr(v, "item") and callable(v.item):
-            v = v.item()  # 0-d tensors and numpy scalars, the usual way losses arrive
-        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise UnsupportedLeafError(f"metric {ascii(k):.80}: metrics are str -> number, got {type(v).__name__}")
-        check_text(k, "metric name")
-        if isinstance(v, int) and not INT_MIN <= v <= INT_MAX:
-            raise UnsupportedLeafError(f"metric {k!r:.80}: integer {int_text(v)} does not fit in 64 bits; pass a float")
-        out["" + k] = int(v) if isinstance(v, int) else float(v)
-    return out
-
-
 def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None = None,
          metrics: Mapping[str, Any] | None = None, meta: Any = None, tag: str | None = None,
          encoding: Mapping[str, str] | str | None = None, blocking: bool = True,
@@ -278,25 +255,15 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
     ``deltackpt.frontend.async_save.BACKGROUND`` (``"thread"``).
 
     ``optimizer`` (with ``blocking=False``; one optimizer or a list): a *lazy* snapshot.  The
-    tensors the optimizer owns, found by storage (its parameters, so the ``model.state_dict()``
-    entries viewing them, and every tensor in ``optimizer.state``), are not copied before the call
-    returns: a background thread (a CUDA side stream for GPU tensors) copies them while the next
-    forward and backward run, and a step pre-hook makes ``optimizer.step()`` wait for that copy
-    before it writes (on CUDA the optimizer's stream waits on the copy's event; the CPU does not
-    block).  Every other tensor is copied at call time as usual: buffers (BatchNorm statistics),
-    scheduler, GradScaler and RNG state, parameters the optimizer does not hold, and any copy a
-    ``state_dict()`` makes (so a wrapper whose ``state_dict()`` clones is simply not lazy).  Safe:
-    forward, backward, ``zero_grad``, gradient clipping, ``scaler.scale``/``unscale_``/``step``/
-    ``update`` (a skipped step too), ``scheduler.step()``, replacing tensors (``model.half()``,
-    ``optimizer.load_state_dict``: the old storage is what is copied), more saves.  The user's to
-    declare, by calling ``handle.wait_snapshot()`` first: any in-place write to a parameter or
-    optimizer-state tensor between the call and the next ``optimizer.step()`` other than by that
-    step (``model.load_state_dict``, swapping EMA weights in for evaluation, EMA/SWA updates into
-    the live weights, ``torch.nn.init`` or ``p.mul_()`` under ``no_grad``, a broadcast into the
-    parameters, a second optimizer over the same parameters that was not passed here).  After the
-    next ``optimizer.step()`` returns (CPU) or in stream order after it (CUDA), anything goes.
-    ``handle.step_wait_seconds`` tells how long steps waited.  With ``blocking=True`` the save is
-    complete when it returns and ``optimizer`` is not needed (it is checked, then ignored).
+    tensors the optimizer owns (its parameters and every tensor in ``optimizer.state``, found by
+    storage) are copied in the background while the next forward and backward run, and a step
+    pre-hook makes ``optimizer.step()`` wait for that copy before it writes; every other tensor is
+    copied at call time.  Any other in-place write to a parameter or optimizer-state tensor before
+    the next ``optimizer.step()`` (``model.load_state_dict``, EMA weights swapped in, ``p.mul_()``
+    under ``no_grad``) is the user's to declare by calling ``handle.wait_snapshot()`` first; what
+    is safe without it is listed in :mod:`deltackpt.frontend.lazy`.  ``handle.step_wait_seconds``
+    tells how long steps waited.  With ``blocking=True`` the save is complete when it returns and
+    ``optimizer`` is not needed (it is checked, then ignored).
 
     ``workers``: encoder threads.  By default a blocking save uses every core (up to 4) and a
     background save the cores the training loop leaves free (``os.cpu_count()`` minus
@@ -319,7 +286,7 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
     from . import async_save
     from ..format.refs import check_name
     from .dtypes import name_of
-    from .flatten import INT_MAX, INT_MIN, flatten, int_text
+    from .flatten import INT_MAX, INT_MIN, flatten, int_text, metrics_of, plain_only
     from .planner import plan_blobs
 
     if isinstance(obj, torch.nn.Module):
@@ -329,7 +296,7 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
         raise UnsupportedLeafError(f"step must be an int, got {type(step).__name__}")
     if step is not None and not INT_MIN <= step <= INT_MAX:
         raise UnsupportedLeafError(f"step {int_text(step)} does not fit in 64 bits")
-    plain_metrics, plain_meta = _metrics(metrics), _plain(meta, "meta")
+    plain_metrics, plain_meta = metrics_of(metrics), plain_only(meta, "meta")
     if background not in (None, "thread", "process"):
         raise DeltackptError(f"background must be 'thread' or 'process', got {background!r}")
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):

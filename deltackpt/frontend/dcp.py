@@ -48,7 +48,8 @@ from ..format.manifest import Blob, Manifest, TensorEntry, TensorRef
 from ..repo import locks, saver
 from ..repo.saver import BlobInput
 from ..store.base import Store
-from .api import Repo, _metrics, portable_location
+from .api import Repo, portable_location
+from .flatten import metrics_of
 from .dtypes import dtype_of, name_of
 from .flatten import contiguous_strides
 from .tensor_bytes import byte_view
@@ -214,7 +215,7 @@ class Writer(StorageWriter):
                                "planner_data": _plain(metadata.planner_data, "planner_data"),
                                "storage": storage}}
         manifest = Manifest(parent=None, time=time.time(), tree=tree, tensors=tensors, blobs=blobs, step=self.step,
-                            metrics=_metrics(self.metrics), meta=self.meta,
+                            metrics=metrics_of(self.metrics), meta=self.meta,
                             extra={"written": {"bytes": written}, "dcp_world_size": len(results)})
         try:
             self.version_id = saver.commit_manifest(repo.core, manifest, tag=self.tag)

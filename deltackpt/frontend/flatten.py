@@ -161,6 +161,29 @@ def flatten(obj: Any, prefix: tuple = ()) -> tuple[Any, list[TensorLeaf]]:
     return tree, leaves
 
 
+def plain_only(value: Any, what: str) -> Any:
+    """``value`` (metadata such as ``meta``) as a plain tree; tensors are refused."""
+    tree, leaves = flatten(value, (what,))
+    if leaves:
+        raise UnsupportedLeafError(f"{what} may not hold tensors ({leaves[0].name or '<root>'}); use floats")
+    return tree
+
+
+def metrics_of(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``metrics`` as str -> int/float, checked before anything is written."""
+    out: dict[str, Any] = {}
+    for k, v in (metrics or {}).items():
+        if hasattr(v, "item") and callable(v.item):
+            v = v.item()  # 0-d tensors and numpy scalars, the usual way losses arrive
+        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise UnsupportedLeafError(f"metric {ascii(k):.80}: metrics are str -> number, got {type(v).__name__}")
+        check_text(k, "metric name")
+        if isinstance(v, int) and not INT_MIN <= v <= INT_MAX:
+            raise UnsupportedLeafError(f"metric {k!r:.80}: integer {int_text(v)} does not fit in 64 bits; pass a float")
+        out["" + k] = int(v) if isinstance(v, int) else float(v)
+    return out
+
+
 def unflatten(tree: Any, make: Any, keep: Any = None) -> Any:
     """Rebuild the saved object: TensorRef(i) -> make(i); tensors with ``keep(i)`` False are dropped
     from dicts (and become None in lists), so a layer load returns only what was asked for."""

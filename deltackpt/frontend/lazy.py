@@ -13,6 +13,11 @@ pinned host buffers on a side stream that first waits for the current stream (th
 kernels); the hook then makes the optimizer's stream wait on the copy's CUDA event, so the GPU
 orders the two and the CPU does not block.
 
+Safe without waiting: forward, backward, ``zero_grad``, gradient clipping,
+``scaler.scale``/``unscale_``/``step``/``update`` (a skipped step too), ``scheduler.step()``,
+replacing tensors (``model.half()``, ``optimizer.load_state_dict``: the old storage is what is
+copied), more saves; a wrapper whose ``state_dict()`` clones is simply not lazy.
+
 What this does not see is the user's to declare (see :func:`deltackpt.save`): any in-place write
 to a parameter or optimizer-state tensor outside ``opt.step()`` (``model.load_state_dict``, EMA or
 weight-averaging updates into the live parameters, ``with torch.no_grad(): p.mul_(...)``, a second
