@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import msgpack
+import pytest
 import torch
 
 import deltackpt
@@ -74,3 +76,11 @@ def nested_tuples(depth: int, leaf: object) -> msgpack.ExtType:
     for _ in range(depth - 1):
         ext = msgpack.ExtType(manifest_fmt.EXT_TUPLE, msgpack.packb([ext], use_bin_type=True))
     return ext
+
+
+@pytest.fixture
+def root(template: str, tmp_path) -> str:
+    """A fresh copy of the test module's ``template`` repository (imported by each module)."""
+    path = str(tmp_path / "repo")
+    shutil.copytree(template, path)
+    return path

@@ -19,19 +19,13 @@ from deltackpt.repo.packfile import read_entries
 from deltackpt.repo.repository import Repository
 from deltackpt.store.base import check_key
 
-from ._hostile import make_repo, probe
+from ._hostile import make_repo, probe, root  # noqa: F401  (root: a fixture)
 
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory):
     return make_repo(str(tmp_path_factory.mktemp("anchors") / "repo"))
 
-
-@pytest.fixture
-def root(template, tmp_path):
-    path = str(tmp_path / "repo")
-    shutil.copytree(template, path)
-    return path
 
 
 def _tag_files(root: str) -> list[str]:

@@ -18,7 +18,8 @@ from deltackpt.errors import LimitExceededError, UnsupportedLeafError
 from deltackpt.format import manifest as manifest_fmt
 from deltackpt.format.limits import MAX_MSGPACK_DEPTH, MAX_TUPLE_PAYLOAD_BYTES
 
-from ._hostile import commit_raw_manifest, latest, make_repo, manifest_body, nested_tuples, probe
+from ._hostile import (commit_raw_manifest, latest, make_repo, manifest_body, nested_tuples, probe,  # noqa: F401
+                       root)  # root: a fixture
 
 READERS = [("cli", "log"), ("cli", "verify"), ("load",), ("verify",), ("resume",)]
 
@@ -27,13 +28,6 @@ READERS = [("cli", "log"), ("cli", "verify"), ("load",), ("verify",), ("resume",
 def template(tmp_path_factory):
     return make_repo(str(tmp_path_factory.mktemp("nested") / "repo"))
 
-
-@pytest.fixture
-def root(template, tmp_path):
-    import shutil
-    path = str(tmp_path / "repo")
-    shutil.copytree(template, path)
-    return path
 
 
 def _raw(root: str, tree_value: object) -> bytes:

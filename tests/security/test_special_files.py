@@ -16,7 +16,7 @@ import pytest
 
 import deltackpt
 
-from ._hostile import latest, make_repo, probe
+from ._hostile import latest, make_repo, probe, root  # noqa: F401  (root: a fixture)
 
 TIMEOUT = 90  # seconds: every case answers in about two; a FIFO hang never does
 RSS_MARGIN_MIB = 48  # over the same reader on the intact repository (a sparse GiB read whole: 1024)
@@ -26,12 +26,6 @@ RSS_MARGIN_MIB = 48  # over the same reader on the intact repository (a sparse G
 def template(tmp_path_factory):
     return make_repo(str(tmp_path_factory.mktemp("special") / "repo"), versions=3)
 
-
-@pytest.fixture
-def root(template, tmp_path):
-    path = str(tmp_path / "repo")
-    shutil.copytree(template, path)
-    return path
 
 
 def _keys(root: str, folder: str) -> list[str]:
