@@ -55,3 +55,12 @@ def file_digests(root: str) -> dict[str, str]:
             with open(p, "rb") as f:
                 out[os.path.relpath(p, root)] = hashlib.sha1(f.read()).hexdigest()
     return out
+
+
+def proc_state(pid: int) -> str:
+    """The one-letter state of process ``pid`` (``T`` stopped, ``Z`` zombie, ...), or ``"gone"``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

@@ -18,7 +18,7 @@ import torch.distributed.checkpoint as dcp
 
 import deltackpt
 import deltackpt.dcp
-from tests.conftest import ROOT
+from tests.conftest import ROOT, proc_state
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -36,14 +36,6 @@ _SAVER = textwrap.dedent("""
 """)
 
 
-def _state_of(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
-
-
 def test_gc_between_write_data_and_finish_keeps_the_chunks(tmp_path):
     """gc run while a DCP save has stored its chunks but not committed (frozen in ``finish``, just before
     the refs lock) waits for that save, and the version ``dcp.save`` then returns loads bit-exactly."""
@@ -58,7 +50,7 @@ def test_gc_between_write_data_and_finish_keeps_the_chunks(tmp_path):
                              stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while _state_of(saver.pid) != "T":
+        while proc_state(saver.pid) != "T":
             assert saver.poll() is None, saver.communicate()
             assert time.monotonic() < deadline, "the DCP saver never reached finish"
             time.sleep(0.02)

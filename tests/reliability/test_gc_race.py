@@ -9,16 +9,9 @@ import time
 
 import pytest
 from harness import oracle, record, wait_for
+from tests.conftest import proc_state
 
 pytestmark = pytest.mark.reliability
-
-
-def _state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
 
 
 def _template(zygote, path: str):
@@ -49,7 +42,7 @@ def test_gc_while_save_is_frozen(zygote, tmp_path, site, kind):
     tmpl = _template(zygote, path)
     job = {"steps": 1, "start": 0, "seed": 0, "offset": 100} if kind == "dedup" else {"steps": 1, "start": 5, "seed": 3}
     saver = zygote.start("save", path, fault=f"{site}:stop", **job)
-    wait_for(lambda: _state(saver.pid) == "T", 30, f"saver to freeze at {site}")
+    wait_for(lambda: proc_state(saver.pid) == "T", 30, f"saver to freeze at {site}")
     gc = zygote.start("gc", path, keep_last=1, grace=0)
     time.sleep(0.3)
     assert not gc.done.is_set(), f"gc finished while a save was frozen at {site}: {gc.text()}"
@@ -70,7 +63,7 @@ def test_save_while_gc_is_frozen(zygote, tmp_path):
     path = str(tmp_path / "r")
     tmpl = _template(zygote, path)
     gc = zygote.start("gc", path, keep_last=1, grace=0, fault="gc.mark:1:stop")
-    wait_for(lambda: _state(gc.pid) == "T", 30, "gc to freeze")
+    wait_for(lambda: proc_state(gc.pid) == "T", 30, "gc to freeze")
     saver = zygote.start("save", path, steps=1, start=0, seed=0, offset=100)
     time.sleep(0.3)
     assert not saver.done.is_set(), f"save finished while gc held the repository: {saver.text()}"
@@ -97,7 +90,7 @@ def test_tag_while_gc_is_frozen_after_planning_keeps_the_version(zygote, tmp_pat
     tmpl = _template(zygote, path)
     (oldest, d0), *_ = tmpl.committed()
     gc = zygote.start("gc", path, keep_last=1, grace=0, fault="gc.mark:1:stop")
-    wait_for(lambda: _state(gc.pid) == "T", 30, "gc to freeze")
+    wait_for(lambda: proc_state(gc.pid) == "T", 30, "gc to freeze")
     tag = zygote.run("tag", path, name="keep", version=oldest)
     assert tag.exit_code == 0 and f"TAGGED keep {oldest}" in tag.lines(), tag.text()
     os.kill(gc.pid, signal.SIGCONT)
@@ -116,7 +109,7 @@ def test_tag_resolved_before_gc_deleted_the_version_fails_typed(zygote, tmp_path
     tmpl = _template(zygote, path)
     (oldest, _d0), *_ = tmpl.committed()
     tag = zygote.start("tag", path, name="late", version=oldest, fault="lock.refs.write:1:stop")
-    wait_for(lambda: _state(tag.pid) == "T", 30, "tag to freeze before the refs lock")
+    wait_for(lambda: proc_state(tag.pid) == "T", 30, "tag to freeze before the refs lock")
     gc = zygote.run("gc", path, keep_last=1, grace=600)  # (grace 0 would delete the frozen tag's temp file)
     assert gc.exit_code == 0 and any(ln.startswith("GC ") for ln in gc.lines()), gc.text()
     os.kill(tag.pid, signal.SIGCONT)
