@@ -1,24 +1,27 @@
 """The repository config object: format name and version, checked before anything else is read.
 
-    config = msgpack map {"format": "deltackpt", "version": 1, "repo_id": hex, "created": float,
+    config = msgpack map {"format": "deltackpt", "version": 1 | 2, "repo_id": hex, "created": float,
                           "chunk_bytes": int, "keyframe_interval": int, ["delta_base": str]}
 
-``delta_base`` says what writers take lossless deltas against: ``"parent"`` (the chunk at the same
-place in the previous save: a chain, depth <= keyframe_interval; the default, written only when
-different) or ``"keyframe"`` (that place's last keyframe: a star, depth <= 1).  Readers need it
-not: every delta names its base.
+``delta_base`` says what writers take lossless deltas against: ``"child"`` (format 2 only, its
+default: the newest version of every chunk is stored whole and the one before it becomes a delta
+against it, so the newest version is one read away), ``"parent"`` (the chunk at the same place in
+the previous save: a forward chain, depth <= keyframe_interval; format 1's default, written only
+when different there) or ``"keyframe"`` (that place's last keyframe: a star, depth <= 1).  Readers
+need it not: every delta names its base.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import CorruptObjectError, FormatVersionError
+from ..errors import CorruptObjectError, FormatVersionError, InvalidArgumentError
 from . import msgpack_io
-from .limits import DEFAULT_CHUNK_BYTES, DEFAULT_KEYFRAME_INTERVAL, FORMAT_VERSION, MAX_CHUNK_BYTES, MAX_CONFIG_BYTES
+from .limits import (DEFAULT_CHUNK_BYTES, DEFAULT_KEYFRAME_INTERVAL, FORMAT_VERSION, MAX_CHUNK_BYTES, MAX_CONFIG_BYTES,
+                     READABLE_VERSIONS)
 
 FORMAT_NAME = "deltackpt"
-DELTA_BASES = ("parent", "keyframe")
+DELTA_BASES = ("child", "parent", "keyframe")
 
 
 @dataclass
@@ -28,19 +31,27 @@ class Config:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     keyframe_interval: int = DEFAULT_KEYFRAME_INTERVAL
     version: int = FORMAT_VERSION
-    delta_base: str = "parent"
+    delta_base: str = "child"
 
     def to_bytes(self) -> bytes:
         obj = {"format": FORMAT_NAME, "version": self.version, "repo_id": self.repo_id, "created": self.created,
                "chunk_bytes": self.chunk_bytes, "keyframe_interval": self.keyframe_interval}
-        if self.delta_base != "parent":
+        if self.version >= 2 or self.delta_base != "parent":
             obj["delta_base"] = self.delta_base
         return msgpack_io.pack(obj)
 
 
-def check_delta_base(value: str) -> str:
+def default_delta_base(version: int) -> str:
+    return "parent" if version < 2 else "child"
+
+
+def check_delta_base(value: str, version: int = FORMAT_VERSION) -> str:
+    """``value`` if a writer of a format-``version`` repository may use it, else InvalidArgumentError."""
     if value not in DELTA_BASES:
-        raise ValueError(f"delta_base must be one of {DELTA_BASES}, not {value!r}")
+        raise InvalidArgumentError(f"delta_base must be one of {DELTA_BASES}, not {value!r}")
+    if value == "child" and version < 2:
+        raise InvalidArgumentError("delta_base 'child' needs a format-2 repository; this one is format "
+                                   f"{version} (its readers would not follow reverse deltas)")
     return value
 
 
@@ -49,16 +60,17 @@ def decode(data: bytes, *, where: str) -> Config:
     if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
         raise CorruptObjectError(f"{where}: config is not a deltackpt config")
     version = obj.get("version")
-    if version != FORMAT_VERSION:
-        raise FormatVersionError(f"{where}: repository format version {version!r} is not supported by this "
-                                 f"deltackpt (it reads version {FORMAT_VERSION}); upgrade deltackpt")
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        raise FormatVersionError(f"{where}: repository format version {version!r:.20} is not supported by this "
+                                 f"deltackpt (it reads versions {', '.join(map(str, READABLE_VERSIONS))}); "
+                                 "upgrade deltackpt")
     repo_id = obj.get("repo_id")
     if not isinstance(repo_id, str):
         raise CorruptObjectError(f"{where}: config lacks repo_id")
     chunk = msgpack_io.expect_int(obj.get("chunk_bytes", DEFAULT_CHUNK_BYTES), "config chunk_bytes", 1, MAX_CHUNK_BYTES)
     k = msgpack_io.expect_int(obj.get("keyframe_interval", DEFAULT_KEYFRAME_INTERVAL), "config keyframe_interval", 0, 1024)
     created = obj.get("created", 0.0)
-    base = obj.get("delta_base", "parent")
-    if base not in DELTA_BASES:
+    base = obj.get("delta_base", default_delta_base(version))
+    if base not in DELTA_BASES or (base == "child" and version < 2):
         raise CorruptObjectError(f"{where}: config delta_base {base!r:.40} is not one of {DELTA_BASES}")
     return Config(repo_id, float(created) if isinstance(created, (int, float)) else 0.0, chunk, k, version, base)

@@ -1,6 +1,9 @@
 """Hard limits every reader enforces before allocating anything (spec/FORMAT.md, "Limits")."""
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# versions this code reads; it writes FORMAT_VERSION into new repositories and keeps an existing
+# repository's version (a version-1 repository stays readable by version-1 readers)
+READABLE_VERSIONS = (1, 2)
 """The one on-disk format version this code writes and reads."""
 
 MAX_CHUNK_BYTES = 64 * 1024 * 1024

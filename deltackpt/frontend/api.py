@@ -97,7 +97,7 @@ class Repo:
                 core.level = level
             if delta_base is not None:
                 from ..format.config import check_delta_base
-                core.config.delta_base = check_delta_base(delta_base)
+                core.config.delta_base = check_delta_base(delta_base, core.config.version)
         self.core = core
 
     @classmethod

@@ -26,6 +26,7 @@ from ..format.limits import MAX_INDEX_BYTES, PACK_MAX_OBJECTS, PACK_TARGET_BYTES
 from ..format.objects import EncodedObject
 from ..format.pack import PackBuilder, PackEntry
 from . import locks
+from .copies import resolve
 from .layout import INDEX, MANIFESTS, PACKS, TAGS, pack_key
 from .repository import Repository
 from .retention import Retention
@@ -110,12 +111,10 @@ def _plan(repo: Repository, policy: Retention, report: GcReport, rebase: bool, g
     # a chunk may be indexed in several packs (concurrent saves, an interrupted gc): use the
     # shallowest copy whose pack exists, and never write an index that drops a chunk a kept
     # version needs
-    by_pack: dict[str, list[PackEntry]] = {}
-    chosen: dict[bytes, tuple[str, PackEntry]] = {}
-    for cid, pid, e in repo.index_items(all_copies=True):
-        by_pack.setdefault(pid, []).append(e)
-        if pid in packs_on_disk and (cid not in chosen or e.depth < chosen[cid][1].depth):
-            chosen[cid] = (pid, e)  # the shallowest copy: a rebased keyframe needs no base
+    by_pack: dict[str, list[PackEntry]] = repo.pack_entries
+    # the copy with the shortest real chain among packs that exist (copies.py): recorded depths go
+    # stale, and two copies may name each other as bases
+    chosen = resolve(repo.all_copies(), usable=packs_on_disk.__contains__).best
     # a keyframe that several kept deltas use as their base (lossless deltas form a star
     # around their keyframe) is cheaper to keep than to rebase every one of them
     users_of: dict[bytes, int] = {}
@@ -273,8 +272,7 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
         # net: negative when rebasing deltas into keyframes costs more than the removed versions held
         report.reclaimed_bytes = deleted_bytes - new_bytes + (old_bytes - sum(packs_on_disk.values())) + \
             old_index_bytes - len(index_data)
-        repo._index.clear()
-        repo._index_files.clear()
+        repo.forget_index()
         repo.refresh_index()
         repo.decoded = type(repo.decoded)(repo.decoded.max_bytes)
     return report

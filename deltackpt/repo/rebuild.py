@@ -61,9 +61,6 @@ def rebuild_index(repo: Repository) -> RebuildReport:
         repo.store.sync_dir(INDEX, site="rebuild.dir") if hasattr(repo.store, "sync_dir") else None
         report.packs_indexed = len(packs)
         report.chunks_indexed = sum(len(entries) for _, entries in packs.values())
-        with repo._lock:
-            repo._index.clear()
-            repo._index_files.clear()
-            repo.bad_index_files.clear()
+        repo.forget_index()
         repo.refresh_index()
     return report

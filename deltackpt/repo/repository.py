@@ -34,6 +34,7 @@ from ..format.manifest import Manifest
 from ..format.pack import PackEntry
 from ..store.base import Store
 from ..store.local import LocalStore
+from .copies import Copy, Resolution, resolve
 from .delta_cache import DeltaCache
 from .layout import (CONFIG, DEFAULT_DECODED_CACHE_BYTES, DEFAULT_DELTA_CACHE_BYTES, INDEX, LATEST_REF,
                      MANIFESTS, TAGS)
@@ -94,13 +95,15 @@ class Repository(ChunkReader):
         if keyframe_interval is not None:
             self.config.keyframe_interval = keyframe_interval
         if delta_base is not None:
-            self.config.delta_base = config_fmt.check_delta_base(delta_base)
+            self.config.delta_base = config_fmt.check_delta_base(delta_base, self.config.version)
         self.delta_cache = DeltaCache(delta_cache_bytes)
         self.decoded = DecodedCache(DEFAULT_DECODED_CACHE_BYTES)
-        self._index: dict[bytes, tuple[str, PackEntry]] = {}
-        # other copies of a chunk (concurrent saves, an interrupted gc): tried when a pack is gone
-        self._alternates: dict[bytes, list[tuple[str, PackEntry]]] = {}
+        # every indexed copy of every chunk, in index order; which one to read is computed (copies.py)
+        self._copies: dict[bytes, list[Copy]] = {}
+        self._resolution: Resolution | None = None
         self._index_files: set[str] = set()
+        self.index_file_packs: dict[str, set[str]] = {}  # index key -> the packs it names
+        self.pack_entries: dict[str, list[PackEntry]] = {}  # pack id -> its indexed entries
         self.bad_index_files: dict[str, str] = {}  # index key -> why it was skipped
         self._manifests: dict[str, Manifest] = {}
         self._lock = threading.RLock()
@@ -124,11 +127,8 @@ class Repository(ChunkReader):
                 keys = self.store.list(INDEX)
                 current = set(keys)
                 if not self._index_files <= current:
-                    # gc replaced index files: rebuild from scratch
-                    self._index.clear()
-                    self._alternates.clear()
-                    self._index_files.clear()
-                    self.bad_index_files.clear()
+                    # gc (or a save dropping superseded keyframes) replaced index files: start over
+                    self.forget_index()
                 try:
                     for key in keys:
                         if key in self._index_files:
@@ -144,51 +144,108 @@ class Repository(ChunkReader):
                             continue
                         for pid, (_plen, entries) in packs.items():
                             self.add_index_entries(pid, entries)
-                        self._index_files.add(key)
+                        self.note_index_file(key, packs)
                     return
                 except (ObjectNotFoundError, FileNotFoundError):
                     continue  # an index file vanished under us (gc): list again
             raise DeltackptError(f"{self.location}: index kept changing while loading; retry")
 
+    def forget_index(self) -> None:
+        """Drop everything loaded from index files (the next refresh reads them all again)."""
+        with self._lock:
+            self._copies.clear()
+            self._resolution = None
+            self._index_files.clear()
+            self.index_file_packs.clear()
+            self.pack_entries.clear()
+            self.bad_index_files.clear()
+
+    @property
+    def resolution(self) -> Resolution:
+        """Each chunk's shortest real chain and the copy that gives it (recomputed after the index grew)."""
+        res = self._resolution
+        if res is None:
+            with self._lock:
+                res = self._resolution
+                if res is None:
+                    res = self._resolution = resolve(self._copies)
+        return res
+
     def has_chunk(self, cid: bytes) -> bool:
-        return cid in self._index
+        return cid in self._copies
 
     def entry(self, cid: bytes) -> tuple[str, PackEntry]:
-        try:
-            return self._index[cid]
-        except KeyError:
-            hint = f"; damaged index files: {sorted(self.bad_index_files)} (run rebuild_index)" if self.bad_index_files else ""
-            raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file){hint}") from None
+        """The copy of ``cid`` to read (the first indexed one when no copy's chain resolves)."""
+        best = self.resolution.best.get(cid)
+        if best is not None:
+            return best
+        copies = self._copies.get(cid)
+        if copies:
+            return copies[0]
+        hint = f"; damaged index files: {sorted(self.bad_index_files)} (run rebuild_index)" if self.bad_index_files else ""
+        raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file){hint}")
 
     def add_index_entries(self, pack_id: str, entries: Iterable[PackEntry]) -> None:
-        """Index a pack's entries.  Of several copies of a chunk the shallowest is preferred: after
-        gc rebased a delta into a keyframe and died before deleting the old index files, the old
-        copy's base may be gone while the keyframe copy needs nothing."""
+        """Index a pack's entries (a chunk indexed twice in one pack counts once)."""
         with self._lock:
+            known = self.pack_entries.setdefault(pack_id, [])
+            fresh = not known
             for e in entries:
-                first = self._index.setdefault(e.chunk_id, (pack_id, e))
-                if first[0] == pack_id:
+                copies = self._copies.setdefault(e.chunk_id, [])
+                if not fresh and any(p == pack_id for p, _ in copies):
                     continue
-                alts = self._alternates.setdefault(e.chunk_id, [])
-                if e.depth < first[1].depth:
-                    self._index[e.chunk_id] = (pack_id, e)
-                    alts.insert(0, first)
-                else:
-                    alts.append((pack_id, e))
+                copies.append((pack_id, e))
+                known.append(e)
+            self._resolution = None
 
     def entries_for(self, cid: bytes) -> list[tuple[str, PackEntry]]:
-        """Every known copy of a chunk, the preferred one first."""
-        first = self._index.get(cid)
-        return ([first] if first else []) + self._alternates.get(cid, [])
+        """Every known copy of a chunk, the one with the shortest real chain first."""
+        copies = self._copies.get(cid)
+        if not copies:
+            return []
+        return copies if len(copies) == 1 else self.resolution.order(copies)
 
-    def note_index_file(self, key: str) -> None:
+    def chain_depth(self, cid: bytes) -> int | None:
+        """Links from ``cid`` down to a keyframe along its best copies (0: a keyframe), None when its
+        chain does not resolve."""
+        return self.resolution.depth.get(cid)
+
+    def note_index_file(self, key: str, packs: Iterable[str] = ()) -> None:
         self._index_files.add(key)
+        self.index_file_packs[key] = set(packs)
+
+    def replace_index_files(self, removed: Iterable[str], added: dict[str, dict]) -> None:
+        """Mirror in memory what a writer just did on disk: index files ``removed`` are gone (and
+        with them every pack only they named), the files in ``added`` ({key: {pack id: (pack length,
+        entries)}}) are new."""
+        with self._lock:
+            gone: set[str] = set()
+            for key in removed:
+                gone |= self.index_file_packs.pop(key, set())
+                self._index_files.discard(key)
+            still = set().union(*self.index_file_packs.values(), *(set(p) for p in added.values()))
+            for pid in gone - still:
+                for e in self.pack_entries.pop(pid, ()):
+                    copies = [c for c in self._copies.get(e.chunk_id, ()) if c[0] != pid]
+                    if copies:
+                        self._copies[e.chunk_id] = copies
+                    else:
+                        self._copies.pop(e.chunk_id, None)
+            for key, packs in added.items():
+                for pid, (_plen, entries) in packs.items():
+                    if pid not in self.pack_entries:
+                        self.add_index_entries(pid, entries)
+                self.note_index_file(key, packs)
+            self._resolution = None
+
+    def all_copies(self) -> dict[bytes, list[Copy]]:
+        return self._copies
 
     def index_items(self, *, all_copies: bool = False) -> list[tuple[bytes, str, PackEntry]]:
-        items = [(cid, pid, e) for cid, (pid, e) in self._index.items()]
+        """(chunk id, pack id, entry) for the copy of each chunk to read, or for every copy."""
         if all_copies:
-            items += [(cid, pid, e) for cid, alts in self._alternates.items() for pid, e in alts]
-        return items
+            return [(cid, pid, e) for cid, cps in self._copies.items() for pid, e in cps]
+        return [(cid, *self.entry(cid)) for cid in self._copies]
 
     # manifests and versions -----------------------------------------------------------------
     def version_ids(self) -> list[str]:
@@ -347,12 +404,11 @@ class Repository(ChunkReader):
             cur: bytes | None = cid
             while cur is not None and cur not in out:
                 out.add(cur)
-                entry = self._index.get(cur)
-                cur = entry[1].base if entry else None
+                cur = self.entry(cur)[1].base if cur in self._copies else None
         return out
 
     def stored_size(self, chunk_ids: Iterable[bytes]) -> int:
-        return sum(self._index[c][1].length for c in chunk_ids if c in self._index)
+        return sum(self.entry(c)[1].length for c in chunk_ids if c in self._copies)
 
     def info(self) -> dict[str, Any]:
         return {"location": self.location, "format_version": self.config.version, "repo_id": self.config.repo_id,

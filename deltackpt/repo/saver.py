@@ -27,15 +27,17 @@ from ..format.manifest import Blob, ChunkRef, Manifest, TensorEntry
 from ..format.objects import EncodedObject
 from ..format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
 from ..format.pack import PackStream
-from . import commit, locks
+from . import commit, locks, supersede
+from .arena import CopyArena
+from .packer import Packer
 from .chunking import chunk_bounds
 from .delta_cache import ChunkMemo
 from .presence import ChunkPresence
 from .layout import INDEX, pack_key
 from .repository import Repository
+from .reverse import ReverseDeltas
 
 WINDOW = 16  # chunks in flight per worker pool: bounds memory held by encoded results
-ARENA_SEGMENT = 32 << 20  # copies kept by the delta cache are carved from buffers this large
 
 
 @dataclass
@@ -65,6 +67,8 @@ class SaveStats:
     objects_bytes: int = 0
     packs: int = 0
     manifest_bytes: int = 0
+    chunks_restored: int = 0   # previous head chunks re-stored as reverse deltas (format 2)
+    superseded_bytes: int = 0  # head keyframe bytes those made redundant and removed
     encodings: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     manifest: Manifest | None = None  # the manifest committed (write_version)
@@ -90,88 +94,34 @@ def default_workers() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-class _Packer:
-    """Streams objects into pack files as they arrive (the write syscalls overlap the workers'
-    encoding), then writes one index file for the packs of this save."""
+@dataclass
+class _Save:
+    """One save's writers and dedup answers, shared by its encoder threads."""
 
-    def __init__(self, repo: Repository, stats: SaveStats) -> None:
-        self.repo = repo
-        self.stats = stats
-        self.stream: PackStream | None = None
-        self.writer = None
-        self.written: dict[str, tuple[int, list]] = {}
-        self.pending: set[bytes] = set()
+    repo: Repository
+    present: ChunkPresence      # dedup only against chunks whose packs exist (presence.py)
+    packer: Packer             # keyframes and forward deltas; with reverse deltas, the head keyframes
+    back: Packer | None = None  # reverse deltas of the previous head chunks (format 2, reverse.py)
+    rev: ReverseDeltas | None = None
 
-    def add(self, r: _ChunkResult) -> None:
-        assert r.parts is not None
-        if self.stream is None:
-            self.writer = self.repo.store.writer(site="pack")
-            self.stream = PackStream(self.writer.write)
-        self.stream.add(r.cid, r.parts, encoding=r.encoding, raw_len=r.raw_len, base=r.base, depth=r.depth)
-        self.pending.add(r.cid)
-        if self.stream.size >= PACK_TARGET_BYTES or len(self.stream) >= PACK_MAX_OBJECTS:
-            self.flush()
+    def known(self, cid: bytes) -> bool:
+        return cid in self.packer.pending or self.present.usable(cid)
 
-    def flush(self) -> None:
-        if self.stream is None:
-            return
-        stream, writer = self.stream, self.writer
-        self.stream = self.writer = None
-        pid = stream.finish()
-        writer.commit(pack_key(pid))
-        self.written[pid] = (stream.size, list(stream.entries))
-        self.stats.packs += 1
-        self.stats.objects_bytes += stream.size
+    def whole(self, cid: bytes) -> bool:
+        """Stored as a keyframe, by this save or in a pack that exists."""
+        if cid in self.packer.pending:
+            return True
+        e = self.present.entry(cid)
+        return e is not None and e.base is None
 
-    def abort(self) -> None:
-        if self.writer is not None:
-            self.writer.abort()
-        self.stream = self.writer = None
-
-    def finish(self) -> None:
-        self.flush()
-        if not self.written:
-            return
-        data = index_fmt.encode(self.written)
-        key = INDEX + hex_id(data)
-        self.repo.store.put_atomic(key, data, site="index")
-        for pid, (_plen, entries) in self.written.items():
-            self.repo.add_index_entries(pid, entries)
-        self.repo.note_index_file(key)
+    def depth(self, cid: bytes, recorded: int) -> int:
+        """The real chain length of an indexed chunk (recorded depths go stale in format 2)."""
+        d = self.repo.chain_depth(cid)
+        return recorded if d is None else d
 
 
-class _CopyArena:
-    """Where a save's private copies of its chunks go when the delta cache will keep them: slices
-    of a few large numpy buffers instead of one fresh ``bytes`` per chunk.  Kept memory is fresh
-    memory, and a fresh 2 MiB allocation costs 512 page faults; numpy backs buffers of 4 MiB and
-    more with transparent huge pages, which makes the copy of a 100 MiB state ~3x cheaper.
-
-    A buffer lives while any slice of it does, so only copies the cache will hold come from here
-    (at most its size, in save order, which is the order the cache fills and is refilled by the
-    next save); transient copies (cache off or full, lossy blobs) stay per-chunk ``bytes`` so the
-    save's memory stays bounded by the cache plus the window.  At most about one segment more than
-    the cache is held while a save replaces the previous save's copies."""
-
-    def __init__(self, budget: int) -> None:
-        self.left = budget     # bytes the cache can still take
-        self.buf: np.ndarray | None = None
-        self.pos = 0
-
-    def take(self, n: int) -> np.ndarray | None:
-        if n > self.left or n == 0:
-            return None
-        if self.buf is None or self.pos + n > len(self.buf):
-            self.buf = np.empty(max(n, min(ARENA_SEGMENT, self.left)), dtype=np.uint8)
-            self.pos = 0
-        out = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        self.left -= n
-        return out
-
-
-def _encode_one(repo: Repository, raw: memoryview | bytes, ctx: ChunkContext, memo: ChunkMemo | None, mode: str,
-                known: Callable[[bytes], bool], present: ChunkPresence, copy_to: np.ndarray | None = None,
-                owner: Any = None) -> tuple[_ChunkResult, ChunkMemo]:
+def _encode_one(sv: _Save, raw: memoryview | bytes, ctx: ChunkContext, memo: ChunkMemo | None, mode: str,
+                copy_to: np.ndarray | None = None, owner: Any = None) -> tuple[_ChunkResult, ChunkMemo, _ChunkResult | None]:
     # the one copy (into ``copy_to``, or a fresh bytes): the caller's tensor may change once save()
     # returns, and the id must be the hash of exactly the bytes encoded.  Lent bytes (``owner``)
     # stay as they are until the owner is dropped from the cache: no copy.
@@ -183,22 +133,25 @@ def _encode_one(repo: Repository, raw: memoryview | bytes, ctx: ChunkContext, me
         np.copyto(copy_to, np.frombuffer(raw, dtype=np.uint8))
         data = memoryview(copy_to)
     src = digest(data)
-    depth_of = lambda cid: getattr(present.entry(cid), "depth", 0)  # noqa: E731 - 0 when written by this save
+    repo, known, present = sv.repo, sv.known, sv.present
+    if sv.rev is not None and mode == "lossless":
+        return _encode_head(sv, data, src, ctx, memo, owner)
+    depth_of = lambda cid: sv.depth(cid, getattr(present.entry(cid), "depth", 0))  # noqa: E731 - 0 when written by this save
     # lossless deltas against the position's last keyframe (a star) rather than the parent
     star = mode == "lossless" and repo.config.delta_base == "keyframe"
     if mode == "lossless":
         if known(src):
             r = _ChunkResult(src, len(data), None, 0, None, depth_of(src), 0.0, False)
             stored = ChunkMemo(src, data, r.depth, src, owner=owner)
-            return r, _next_base(memo, stored, None) if star else stored
+            return r, _next_base(memo, stored, None) if star else stored, None
     elif memo is not None and memo.source_id == src and known(memo.chunk_id):
         # unchanged since the last lossy save: reuse the stored approximation as is
-        return _ChunkResult(memo.chunk_id, len(data), None, 0, None, memo.depth, 0.0, True), memo
+        return _ChunkResult(memo.chunk_id, len(data), None, 0, None, memo.depth, 0.0, True), memo, None
     base = None
     entry = present.entry(memo.chunk_id) if memo is not None else None  # never a base whose pack is gone
     if (memo is not None and entry is not None and len(memo.data) == len(data)
             and (not star or memo.age < repo.config.keyframe_interval)):
-        base = BaseChunk(memo.chunk_id, memo.data, entry.depth, entry.length)
+        base = BaseChunk(memo.chunk_id, memo.data, sv.depth(memo.chunk_id, entry.depth), entry.length)
     prefer = memo.winner if memo is not None and base is not None else None
     choice = encode_chunk(data, ctx, mode=mode, base=base, keyframe_interval=repo.config.keyframe_interval,
                           prefer=prefer)
@@ -208,7 +161,7 @@ def _encode_one(repo: Repository, raw: memoryview | bytes, ctx: ChunkContext, me
     if known(cid):
         r = _ChunkResult(cid, len(data), None, 0, None, depth_of(cid), choice.encoded.max_abs_err, recon is not None)
         stored = ChunkMemo(cid, kept, r.depth, src, owner=owner if recon is None else None)
-        return r, _next_base(memo, stored, None) if star else stored
+        return r, _next_base(memo, stored, None) if star else stored, None
     params = dict(choice.encoded.params)
     base_id = choice.base.chunk_id if choice.base else None
     if base_id is not None:
@@ -218,7 +171,27 @@ def _encode_one(repo: Repository, raw: memoryview | bytes, ctx: ChunkContext, me
                      choice.encoded.max_abs_err, recon is not None)
     winner = choice.encoding if choice.lossless and choice.base is not None else None
     stored = ChunkMemo(cid, kept, choice.depth, src, winner=winner, owner=owner if recon is None else None)
-    return r, _next_base(memo, stored, base_id) if star else stored
+    return r, _next_base(memo, stored, base_id) if star else stored, None
+
+
+def _encode_head(sv: _Save, data, src: bytes, ctx: ChunkContext, memo: ChunkMemo | None,
+                 owner: Any) -> tuple[_ChunkResult, ChunkMemo, _ChunkResult | None]:
+    """Format 2 (reverse.py): the new chunk as a keyframe unless one is stored already, and the
+    position's previous chunk as a delta against it when that pays."""
+    assert sv.rev is not None
+    if sv.whole(src):
+        r = _ChunkResult(src, len(data), None, 0, None, 0, 0.0, False)
+    else:
+        choice = encode_chunk(data, ctx)
+        head = EncodedObject(choice.encoding, len(data), dict(choice.encoded.params), b"").head()
+        r = _ChunkResult(src, len(data), [head, choice.encoded.payload], choice.encoding, None, 0, 0.0, False)
+    back, winner = None, memo.winner if memo is not None else None
+    if memo is not None and memo.chunk_id != src:
+        enc = sv.rev.encode(memo, src, data, ctx, sv.present)
+        if enc is not None:
+            parts, winner, _params = enc
+            back = _ChunkResult(memo.chunk_id, len(memo.data), parts, winner, src, 1, 0.0, False)
+    return r, ChunkMemo(src, data, 0, src, winner=winner, owner=owner), back
 
 
 def _next_base(memo: ChunkMemo | None, stored: ChunkMemo, base_id: bytes | None) -> ChunkMemo:
@@ -246,7 +219,7 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
                                    metrics=dict(metrics or {}), meta=meta, extra=dict(extra or {})))
     stats = SaveStats()
     with locks.save_lock(repo.store):
-        manifest_blobs = _store_locked(repo, blobs, stats, workers, progress)
+        manifest_blobs, sv = _store_locked(repo, blobs, stats, workers, progress, reverse=True)
         for t in tensors:
             src = blobs[t.blob]
             t.exact, t.max_abs_err = src.exact, src.max_abs_err
@@ -258,6 +231,10 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
         vid = _commit(repo, Manifest(parent=None, time=time.time(), tree=tree, tensors=tensors,
                                      blobs=manifest_blobs, step=step, metrics=dict(metrics or {}), meta=meta,
                                      writer=commit.writer_name(), extra={**(extra or {}), "written": written}), stats, tag)
+        if sv.rev is not None and sv.rev.restored:
+            # the previous head keyframes now have reverse deltas: drop the packs they make redundant
+            stats.superseded_bytes = supersede.drop_superseded(
+                repo, sv.rev.restored, protected={c.chunk_id for b in manifest_blobs for c in b.chunks})
     stats.seconds = time.perf_counter() - t0
     return vid, stats
 
@@ -276,7 +253,9 @@ def store_blobs(repo: Repository, blobs: list[BlobInput], *, workers: int | None
     t0 = time.perf_counter()
     stats = SaveStats()
     with locks.save_lock(repo.store):
-        manifest_blobs = _store_locked(repo, blobs, stats, workers, progress)
+        # no reverse deltas here: only a commit may drop the keyframes they replace, and the commit
+        # happens elsewhere; these chunks chain forward on the parent (delta_base "parent")
+        manifest_blobs, _sv = _store_locked(repo, blobs, stats, workers, progress, reverse=False)
     stats.seconds = time.perf_counter() - t0
     return manifest_blobs, stats
 
@@ -291,33 +270,40 @@ def commit_manifest(repo: Repository, manifest: Manifest, *, tag: str | None = N
 
 
 def _store_locked(repo: Repository, blobs: list[BlobInput], stats: SaveStats, workers: int | None,
-                  progress: Callable[[int, int], None] | None) -> list[Blob]:
-    """Chunks -> packs -> one index file, under a save lock the caller holds.  A failure leaves
-    no pack under a final name (the streaming writer is aborted)."""
+                  progress: Callable[[int, int], None] | None, *, reverse: bool) -> tuple[list[Blob], _Save]:
+    """Chunks -> packs -> one index file (two with reverse deltas: the head keyframes' packs are
+    dropped as a whole later), under a save lock the caller holds.  A failure leaves no pack under a
+    final name (the streaming writers are aborted)."""
     repo.refresh_index()
-    packer = _Packer(repo, stats)
-    present = ChunkPresence(repo)   # dedup only against chunks whose packs exist (presence.py)
-    known = lambda cid: cid in packer.pending or present.usable(cid)  # noqa: E731
+    present = ChunkPresence(repo)
+    sv = _Save(repo, present, Packer(repo, stats))
+    if reverse and repo.config.delta_base == "child" and repo.config.keyframe_interval > 0:
+        sv.back, sv.rev = Packer(repo, stats), ReverseDeltas(repo.resolution, repo.config.keyframe_interval)
     manifest_blobs: list[Blob] = []
     try:
-        _write_blobs(repo, blobs, packer, stats, manifest_blobs, known, present, workers, progress)
+        _write_blobs(sv, blobs, stats, manifest_blobs, workers, progress)
     except BaseException:
-        packer.abort()
+        sv.packer.abort()
+        if sv.back is not None:
+            sv.back.abort()
         raise
-    packer.finish()
+    sv.packer.finish()
+    if sv.back is not None:
+        sv.back.finish()
     if present.missing_packs:
         warnings.warn(f"{repo.location}: {len(present.missing_packs)} pack(s) the index names are missing "
                       f"({', '.join(sorted(present.missing_packs)[:3])}...); this save stored the chunks it needed "
                       "again, but older versions may be damaged: run `deltackpt verify`", RuntimeWarning, stacklevel=2)
-    return manifest_blobs
+    return manifest_blobs, sv
 
 
-def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stats: SaveStats,
-                 manifest_blobs: list[Blob], known, present: ChunkPresence, workers: int | None, progress) -> None:
+def _write_blobs(sv: _Save, blobs: list[BlobInput], stats: SaveStats, manifest_blobs: list[Blob],
+                 workers: int | None, progress) -> None:
     """Hash and encode every chunk of every blob in a pool, keeping up to WINDOW chunks in flight
     ACROSS blobs (a model is mostly tensors of one or two chunks: a window per blob would leave
     the pool idle), and pack the results in submission order, so packs are laid out the same way
     for the same input."""
+    repo = sv.repo
     total = sum(len(b.data) for b in blobs)
     done = 0
     chunk_lists: list[list[ChunkRef]] = [[] for _ in blobs]
@@ -339,14 +325,14 @@ def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stat
 
     def consume_oldest() -> None:
         bi, ci, fut = in_flight.popleft()
-        _take(fut.result(), blobs[bi], ci, chunk_lists[bi], packer, repo, stats, known)
+        _take(fut.result(), blobs[bi], ci, chunk_lists[bi], sv, stats)
         remaining[bi] -= 1
         finish_ready()
 
     # a star keeps a keyframe as the base for several saves: longer than a lender's promise
     lent = [b.owner if b.owner is not None and b.mode == "lossless" and repo.config.delta_base != "keyframe" else None
             for b in blobs]
-    arena = _CopyArena(min(repo.delta_cache.max_bytes,
+    arena = CopyArena(min(repo.delta_cache.max_bytes,
                            sum(len(b.data) for b, o in zip(blobs, lent)
                                if b.mode == "lossless" and o is None and not hasattr(b.data, "read_range"))))
     with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
@@ -365,8 +351,7 @@ def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stat
                     raw, copy_to = staged(s, e), None
                 else:
                     raw, copy_to = view[s:e], arena.take(e - s) if b.mode == "lossless" and lent[bi] is None else None
-                in_flight.append((bi, i, pool.submit(_encode_one, repo, raw, ctx, memo, b.mode, known, present, copy_to,
-                                                     lent[bi])))
+                in_flight.append((bi, i, pool.submit(_encode_one, sv, raw, ctx, memo, b.mode, copy_to, lent[bi])))
                 while len(in_flight) >= WINDOW:
                     consume_oldest()
             submitted[bi] = True
@@ -376,23 +361,32 @@ def _write_blobs(repo: Repository, blobs: list[BlobInput], packer: _Packer, stat
     finish_ready()
 
 
-def _take(result: tuple, b: BlobInput, i: int, chunks: list[ChunkRef], packer: _Packer, repo: Repository,
-          stats: SaveStats, known: Callable[[bytes], bool]) -> None:
-    """Record one encoded chunk (in order): its reference, the delta cache, and its object."""
-    r, memo = result
+def _take(result: tuple, b: BlobInput, i: int, chunks: list[ChunkRef], sv: _Save, stats: SaveStats) -> None:
+    """Record one encoded chunk (in order): its reference, the delta cache, and its objects."""
+    r, memo, back = result
     chunks.append(ChunkRef(r.cid, r.raw_len))
-    repo.delta_cache.put((b.key, i), memo)
+    sv.repo.delta_cache.put((b.key, i), memo)
+    if back is not None and sv.back is not None and sv.rev is not None and back.cid not in sv.back.pending:
+        sv.back.add(back)
+        sv.rev.restored.add(back.cid)
+        stats.chunks_restored += 1
+        _count(stats, back.encoding)
     stats.chunks_total += 1
     if r.lossy:
         b.exact = False
         b.max_abs_err = max(b.max_abs_err, r.err)
-    if r.parts is None or known(r.cid):
+    head = sv.rev is not None and b.mode == "lossless"
+    if r.parts is None or (sv.whole(r.cid) if head else sv.known(r.cid)):
         stats.chunks_reused += 1
         return
     stats.chunks_new += 1
-    name = codec_of(r.encoding).name
+    _count(stats, r.encoding)
+    sv.packer.add(r)
+
+
+def _count(stats: SaveStats, encoding: int) -> None:
+    name = codec_of(encoding).name
     stats.encodings[name] = stats.encodings.get(name, 0) + 1
-    packer.add(r)
 
 
 def _commit(repo: Repository, manifest: Manifest, stats: SaveStats, tag: str | None) -> str:

@@ -104,13 +104,12 @@ def run_verify(repo: Repository, *, read_data: bool = True,
                     if vid in s:
                         break
                     s.add(vid)
-                    entry = repo._index.get(cur)
-                    cur = entry[1].base if entry else None
+                    cur = repo.entry(cur)[1].base if repo.has_chunk(cur) else None
                     hops += 1
 
     bad_packs: dict[str, str] = {}
     packs_on_disk = {k.rsplit("/", 1)[-1] for k in repo.store.list(PACKS)}
-    indexed_packs = {pid for _, pid, _ in repo.index_items()}
+    indexed_packs = set(repo.pack_entries)
     for pid in sorted(packs_on_disk | indexed_packs):
         try:
             packfile.check(repo.store, pid)  # streamed: a pack is never held whole

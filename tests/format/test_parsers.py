@@ -367,8 +367,8 @@ def test_parse_revision():
 
 def test_config_future_version():
     """A config with a format version this reader does not know is a FormatVersionError."""
-    data = msgpack.packb({"format": "deltackpt", "version": 2, "repo_id": "ab"})
-    with pytest.raises(FormatVersionError, match="version 2"):
+    data = msgpack.packb({"format": "deltackpt", "version": 3, "repo_id": "ab"})
+    with pytest.raises(FormatVersionError, match="version 3"):
         config_fmt.decode(data, where="repo")
 
 

@@ -1,4 +1,4 @@
-"""A second, independent reader of format version 1, written only from spec/FORMAT.md.
+"""A second, independent reader of format versions 1 and 2, written only from spec/FORMAT.md.
 
 It imports nothing from deltackpt's format, codecs or repo packages: msgpack, zstandard, xxhash
 and numpy read the bytes, torch only builds tensors to compare with ``deltackpt.load``.  If this
@@ -35,8 +35,8 @@ class SpecReader:
         self.root = root
         self.encodings_seen: set[int] = set()
         config = msgpack.unpackb(self.get("config"), raw=False)                     # "Config and versioning"
-        assert config["format"] == "deltackpt" and config["version"] == 1
-        self.index: dict[bytes, tuple[str, list]] = {}                             # "Index"
+        assert config["format"] == "deltackpt" and config["version"] in (1, 2)
+        copies: dict[bytes, list[tuple[str, list]]] = {}                            # "Index files"
         for name in sorted(os.listdir(os.path.join(root, "index"))):
             data = self.get(f"index/{name}")
             assert data[:8] == b"DCKIDX\x01\x00"
@@ -44,7 +44,28 @@ class SpecReader:
             assert xxhash.xxh64_intdigest(body) == checksum
             for pack_id, (_pack_len, entries) in msgpack.unpackb(body, raw=False, strict_map_key=False).items():
                 for e in entries:
-                    self.index.setdefault(e[0], (pack_id, e))
+                    copies.setdefault(e[0], []).append((pack_id, e))
+        self.index = self.choose(copies)
+
+    @staticmethod
+    def choose(copies: dict[bytes, list[tuple[str, list]]]) -> dict[bytes, tuple[str, list]]:
+        """'Choosing a copy' (§8): real depth breadth-first from the keyframes, first copy among equals."""
+        chosen: dict[bytes, tuple[str, list]] = {}
+        level = [cid for cid, cps in copies.items() for c in cps[:1] if any(x[1][5] is None for x in cps)]
+        for cid in level:
+            chosen[cid] = next(x for x in copies[cid] if x[1][5] is None)
+        while level:
+            reached = set(level)
+            level = []
+            for cid, cps in copies.items():
+                if cid in chosen:
+                    continue
+                for c in cps:
+                    if c[1][5] in reached:
+                        chosen[cid] = c
+                        level.append(cid)
+                        break
+        return chosen
 
     def get(self, key: str, start: int = 0, length: int | None = None) -> bytes:
         assert all(re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]*", p) for p in key.split("/"))  # "Threat model"
@@ -56,7 +77,7 @@ class SpecReader:
             os.close(fd)
 
     def index_from_packs(self) -> dict[bytes, tuple[str, list]]:                   # "Pack files": self-describing
-        out = {}
+        out: dict[bytes, list[tuple[str, list]]] = {}
         for sub in sorted(os.listdir(os.path.join(self.root, "packs"))):
             for pack_id in sorted(os.listdir(os.path.join(self.root, "packs", sub))):
                 key = f"packs/{sub}/{pack_id}"
@@ -67,8 +88,8 @@ class SpecReader:
                 header = data[len(data) - 20 - header_len:len(data) - 20]
                 assert xxhash.xxh64_intdigest(header) == checksum
                 for e in msgpack.unpackb(header, raw=False):
-                    out.setdefault(e[0], (pack_id, e))
-        return out
+                    out.setdefault(e[0], []).append((pack_id, e))
+        return self.choose(out)
 
     def resolve_latest(self) -> str:                                                # "Refs, tags and revisions"
         vid = self.get("refs/latest").decode("ascii").strip()
@@ -210,8 +231,9 @@ class TiedLM(torch.nn.Module):
         return self.head(self.norm(self.mlp(self.emb(ids))))
 
 
-def _train_and_save(path: str) -> None:
+def _train_and_save(path: str, delta_base: str) -> None:
     torch.manual_seed(0)
+    deltackpt.Repo.init(path, delta_base=delta_base)
     model = TiedLM()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     table = torch.randn(128, 8)  # a lookup table of which one save touches only a few rows
@@ -230,12 +252,14 @@ def _train_and_save(path: str) -> None:
         deltackpt.save(state, path, step=step, metrics={"loss": float(loss.detach())})
 
 
-def test_second_reader_matches_deltackpt(tmp_path):
+@pytest.mark.parametrize("delta_base", ["child", "parent"])
+def test_second_reader_matches_deltackpt(tmp_path, delta_base):
     """An independent reader written from the spec loads every tensor bit-identical to deltackpt.load,
     through raw, bg-zstd, xor-delta, sub-delta and sparse objects, with tied storage kept shared,
-    and rebuilds the index from the pack headers alone."""
+    and rebuilds the index from the pack headers alone; in both write topologies (format 2's reverse
+    deltas, whose index holds several copies per chunk, and forward chains)."""
     path = str(tmp_path / "repo")
-    _train_and_save(path)
+    _train_and_save(path, delta_base)
     reader = SpecReader(path)
     vid = reader.resolve_latest()
     ours, m = reader.load(vid)
@@ -245,9 +269,13 @@ def test_second_reader_matches_deltackpt(tmp_path):
     assert ours["model"]["emb.weight"].untyped_storage().data_ptr() == ours["model"]["head.weight"].untyped_storage().data_ptr()
     assert ours["head_t"].untyped_storage().data_ptr() == ours["model"]["emb.weight"].untyped_storage().data_ptr()
     assert ours["ema_bf16"]["norm.weight"].dtype == torch.bfloat16
-    # the parent too: it is all keyframes, the head all deltas against it
+    # the parent too: with "child" the head is all keyframes and the parent deltas against it;
+    # with "parent" the other way round
     assert_same(reader.load(m["parent"])[0], deltackpt.load(path, m["parent"]))
     assert reader.index_from_packs() == reader.index  # the index can be rebuilt from the packs alone
-    missing = {0, 1, 2, 3, 4} - reader.encodings_seen
+    # forward chains cover every lossless codec here; reverse deltas pick their own winners
+    missing = ({0, 1, 2, 3, 4} if delta_base == "parent" else {0, 1}) - reader.encodings_seen
+    if delta_base == "child":
+        assert reader.encodings_seen & {2, 3, 4}, "no reverse delta was read"
     if missing:
         pytest.fail(f"the saved repository used no object of encodings {sorted(missing)}: the test lost coverage")

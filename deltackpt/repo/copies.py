@@ -1,0 +1,108 @@
+"""Which stored copy of a chunk to read.
+
+A chunk id may be indexed several times: two saves raced, gc rebased a delta into a keyframe and
+died before deleting the old index, or (format 2) a head keyframe and the reverse delta that
+replaces it coexist until the keyframe's pack is dropped.  The ``depth`` an entry records is the
+chain length when it was written; it goes stale when a keyframe further down is later re-stored as
+a delta, and two copies can even name each other as bases (a value that comes back: A, B, A).
+So the choice is computed, not read: a breadth-first walk from the keyframes over the "is a delta
+against" edges gives every chunk its shortest real chain and the copy that achieves it.  Following
+chosen copies strictly shortens the chain at every link, so it never loops.
+
+Example::
+
+    res = resolve(copies_by_chunk)                      # every pack usable
+    pid, entry = res.best[cid]; res.depth[cid]          # the copy to read, links to a keyframe
+    res = resolve(copies_by_chunk, usable=lambda pid: pid in packs_on_disk)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+from ..format.pack import PackEntry
+
+Copy = tuple[str, PackEntry]  # (pack id, entry)
+
+
+@dataclass
+class Resolution:
+    best: dict[bytes, Copy] = field(default_factory=dict)
+    depth: dict[bytes, int] = field(default_factory=dict)
+    _children: dict[bytes, list[bytes]] | None = None
+    _heights: dict[bytes, int] = field(default_factory=dict)
+
+    def order(self, copies: list[Copy]) -> list[Copy]:
+        """``copies`` of one chunk, the one giving the shortest chain first; copies whose base does
+        not resolve come last, in index order."""
+        inf = 1 << 30
+
+        def rank(c: Copy) -> int:
+            base = c[1].base
+            if base is None:
+                return 0
+            d = self.depth.get(base)
+            return inf if d is None else d + 1
+        return sorted(copies, key=rank)
+
+    def height(self, cid: bytes) -> int:
+        """The longest chain of chosen deltas that leads to ``cid`` (0: no chunk decodes through it).
+        Re-storing ``cid`` as a delta makes every such chain one link longer."""
+        if self._children is None:
+            children: dict[bytes, list[bytes]] = {}  # built whole before publishing: threads share it
+            for c, (_pid, e) in self.best.items():
+                if e.base is not None:
+                    children.setdefault(e.base, []).append(c)
+            self._children = children
+        if cid in self._heights:
+            return self._heights[cid]
+        # iterative post-order: chains may be up to MAX_CHAIN_DEPTH long
+        children = self._children
+        stack = [(cid, False)]
+        while stack:
+            node, done = stack.pop()
+            kids = children.get(node, ())
+            if done:
+                self._heights[node] = max((self._heights[k] + 1 for k in kids), default=0)
+            elif node not in self._heights:
+                stack.append((node, True))
+                stack.extend((k, False) for k in kids if k not in self._heights)
+        return self._heights[cid]
+
+
+def resolve(copies: Mapping[bytes, Iterable[Copy]], usable: Callable[[str], bool] | None = None,
+            extra: Iterable[tuple[bytes, Copy]] = ()) -> Resolution:
+    """Shortest real chain and chosen copy of every chunk whose chain ends in a keyframe, using only
+    copies in packs ``usable`` accepts (every pack when None) plus ``extra`` copies.  Among equally
+    short choices the first copy in index order wins, so the choice is stable."""
+    res = Resolution()
+    users: dict[bytes, list[tuple[bytes, Copy]]] = {}
+    frontier: list[bytes] = []
+
+    def take(cid: bytes, copy: Copy) -> None:
+        if copy[1].base is None:
+            if cid not in res.depth:
+                res.depth[cid] = 0
+                res.best[cid] = copy
+                frontier.append(cid)
+        else:
+            users.setdefault(copy[1].base, []).append((cid, copy))
+
+    for cid, cps in copies.items():
+        for copy in cps:
+            if usable is None or usable(copy[0]):
+                take(cid, copy)
+    for cid, copy in extra:
+        take(cid, copy)
+    while frontier:
+        nxt: list[bytes] = []
+        for base in frontier:
+            d = res.depth[base] + 1
+            for cid, copy in users.get(base, ()):
+                if cid not in res.depth:
+                    res.depth[cid] = d
+                    res.best[cid] = copy
+                    nxt.append(cid)
+        frontier = nxt
+    return res

@@ -1,0 +1,118 @@
+"""Dropping the head keyframes that a save's reverse deltas made redundant (format 2, reverse.py).
+
+After version N is committed, the previous head chunks it re-stored as deltas are decodable through
+N's keyframes, so the packs holding their old keyframes can go, with no full gc.  A pack is
+dropped only when every object in it is still readable another way without it: its chunk resolves
+through other copies (copies.py), and a chunk the new head version uses keeps a keyframe, so
+``latest`` stays one object per chunk.  A pack that is mostly redundant but still holds needed
+objects (the first version's pack, of which a fine-tune changes one layer) is rewritten: the
+needed objects are copied byte for byte into a new pack first.
+
+Order, each step durable before the next, so a crash anywhere leaves every committed version
+readable (at worst an unindexed pack, which gc removes after its grace period):
+1. write the new pack (if any), then the index files that replace those naming a dropped pack;
+2. delete the replaced index files, fsync ``index/``;
+3. delete the dropped packs.
+All of it runs under the refs lock, so two saves never drop packs on the strength of each other's
+copies, and inside the save lock, so gc is not running.
+"""
+
+from __future__ import annotations
+
+from ..format import index as index_fmt
+from ..format.ids import hex_id
+from ..format.limits import MAX_INDEX_BYTES
+from ..format.pack import PackBuilder, PackEntry
+from . import locks
+from .copies import resolve
+from .layout import INDEX, pack_key
+from .repository import Repository
+
+REWRITE_DEAD_FRACTION = 0.2   # rewrite a pack once this much of it is redundant (gc uses the same)
+_NEW = "new"                   # the pack being built, while planning
+
+
+def _plan(repo: Repository, candidates: set[str], protected: set[bytes]) -> dict[str, list[PackEntry]]:
+    """For each candidate pack, the objects that must survive its removal (copied elsewhere)."""
+    copies = repo.all_copies()
+    keep: dict[str, list[PackEntry]] = {pid: [] for pid in candidates}
+    while True:  # keeping an object can only make more chunks resolve: this settles
+        extra = [(e.chunk_id, (_NEW, e)) for kept in keep.values() for e in kept]
+        res = resolve(copies, usable=lambda pid: pid not in candidates, extra=extra)
+        grew = False
+        for pid in candidates:
+            kept = {e.chunk_id for e in keep[pid]}
+            for e in repo.pack_entries.get(pid, ()):
+                if e.chunk_id in kept:
+                    continue
+                depth = res.depth.get(e.chunk_id)
+                if depth is None or (depth > 0 and e.chunk_id in protected):
+                    keep[pid].append(e)
+                    kept.add(e.chunk_id)
+                    grew = True
+        if not grew:
+            return keep
+
+
+def drop_superseded(repo: Repository, restored: set[bytes], protected: set[bytes]) -> int:
+    """Remove the packs whose keyframes of ``restored`` chunks are now redundant; ``protected``:
+    chunks that must keep a keyframe (those of the version just committed).  Returns the bytes
+    removed (net of any rewritten pack)."""
+    store = repo.store
+    with locks.refs_lock(store):
+        repo.refresh_index()
+        copies = repo.all_copies()
+        candidates = {pid for cid in restored for pid, e in copies.get(cid, ()) if e.base is None}
+        if not candidates:
+            return 0
+        keep = _plan(repo, candidates, protected)
+        files = {key: index_fmt.decode(store.get_bounded(key, MAX_INDEX_BYTES), what=key)
+                 for key, named in repo.index_file_packs.items() if named & candidates}
+        sizes = {pid: plen for body in files.values() for pid, (plen, _) in body.items()}
+        drop: set[str] = set()
+        builder = PackBuilder()
+        for pid in sorted(candidates):
+            kept, size = keep[pid], sizes.get(pid)
+            if size is None:
+                continue
+            if kept and size - sum(e.length for e in kept) < REWRITE_DEAD_FRACTION * size:
+                continue  # mostly needed: leave it
+            for e in kept:
+                builder.add(e.chunk_id, store.get(pack_key(pid), e.offset, e.length), encoding=e.encoding,
+                            raw_len=e.raw_len, base=e.base, depth=e.depth)
+            drop.add(pid)
+        if not drop:
+            return 0
+        new_packs: dict[str, tuple[int, list[PackEntry]]] = {}
+        if len(builder):
+            data = builder.finish()
+            new_packs[hex_id(data)] = (len(data), list(builder.entries))
+            store.put_atomic(pack_key(hex_id(data)), data, site="supersede.pack")
+        replaced: list[str] = []
+        added: dict[str, dict[str, tuple[int, list[PackEntry]]]] = {}
+        for key, body in sorted(files.items()):
+            if not set(body) & drop:
+                continue
+            rest = {pid: v for pid, v in body.items() if pid not in drop}
+            rest.update(new_packs)
+            new_packs = {}  # named once, by the first replacement
+            if rest:
+                out = index_fmt.encode(rest)
+                new_key = INDEX + hex_id(out)
+                store.put_atomic(new_key, out, site="supersede.index")
+                added[new_key] = rest
+            replaced.append(key)
+        for key in replaced:
+            store.delete(key, site="supersede.index.delete")
+        sync = getattr(store, "sync_dir", None)
+        if sync is not None:  # no replaced index file may come back after a crash naming a dropped pack
+            sync(INDEX, site="supersede.dir")
+        freed = 0
+        for pid in sorted(drop):
+            try:
+                store.delete(pack_key(pid), site="supersede.delete")
+                freed += sizes[pid]
+            except FileNotFoundError:
+                pass
+        repo.replace_index_files(replaced, added)
+        return freed - sum(plen for body in added.values() for pid, (plen, _) in body.items() if pid not in sizes)
