@@ -193,11 +193,9 @@ def _encode_one(repo: Repository, raw: memoryview | bytes, ctx: ChunkContext, me
             stored = ChunkMemo(src, data, r.depth, src, owner=owner)
             return r, _next_base(memo, stored, None) if star else stored
     elif memo is not None and memo.source_id == src and known(memo.chunk_id):
-        # unchanged since the last lossy save: reuse the stored approximation as is (which may be
-        # the input itself, when that save fell back to lossless), with its error
-        lossy = memo.chunk_id != src
-        err = max_abs_err(memo.data, data, ctx.dtype) if lossy else 0.0
-        return _ChunkResult(memo.chunk_id, len(data), None, 0, None, memo.depth, err, lossy), memo
+        # unchanged since the last lossy save: reuse what was stored (maybe the input itself), with its error
+        err = max_abs_err(memo.data, data, ctx.dtype) if memo.chunk_id != src else 0.0
+        return _ChunkResult(memo.chunk_id, len(data), None, 0, None, memo.depth, err, memo.chunk_id != src), memo
     base = None
     entry = present.entry(memo.chunk_id) if memo is not None else None  # never a base whose pack is gone
     if (memo is not None and entry is not None and len(memo.data) == len(data)
