@@ -32,7 +32,8 @@ def decode(data: bytes, *, what: str = "index") -> dict[str, tuple[int, list[Pac
     if len(data) < len(MAGIC) + _SUM.size or data[:6] != MAGIC[:6]:
         raise CorruptObjectError(f"{what}: missing index magic")
     if data[:8] != MAGIC:
-        raise FormatVersionError(f"{what}: index version {data[6]} is not supported")
+        raise FormatVersionError(f"{what}: index version {data[6]} (reserved byte {data[7]}) is not supported; "
+                                 f"this deltackpt reads index version {MAGIC[6]}: written by a newer deltackpt?")
     body = data[len(MAGIC):-_SUM.size]
     (checksum,) = _SUM.unpack(data[-_SUM.size:])
     if xxhash.xxh64_intdigest(body) != checksum:

@@ -16,6 +16,10 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 _REVISION = re.compile(r"(?P<base>[^~]+?)(?:~(?P<back>[0-9]{1,6}))?")
 RESERVED = {LATEST, "HEAD"}
 _ID_LIKE = re.compile(r"[0-9a-f]{4,32}")
+# what "whitespace" means around ref contents and revisions: the six ASCII characters every
+# language agrees on (Python's str.strip would also take \x1c-\x1f and Unicode spaces)
+WHITESPACE = " \t\n\r\x0b\x0c"
+MAX_REVISION_LENGTH = 256
 
 
 def check_name(name: object, *, kind: str = "tag") -> str:
@@ -33,6 +37,16 @@ def check_name(name: object, *, kind: str = "tag") -> str:
     return name
 
 
+def is_tag_name(name: str) -> bool:
+    """Whether ``name`` may name a tag.  Never true for 4-32 lowercase hex digits, so a revision
+    that looks like a version id prefix always means one: no file under refs/tags/ can shadow it."""
+    try:
+        check_name(name)
+    except InvalidNameError:
+        return False
+    return True
+
+
 def encode_ref(version_id: str) -> bytes:
     return (version_id + "\n").encode("ascii")
 
@@ -41,7 +55,7 @@ def decode_ref(data: bytes, *, what: str) -> str:
     if len(data) > MAX_REF_BYTES:
         raise CorruptObjectError(f"{what}: ref file of {len(data)} bytes is too large")
     try:
-        text = data.decode("ascii").strip()
+        text = data.decode("ascii").strip(WHITESPACE)
     except UnicodeDecodeError:
         raise CorruptObjectError(f"{what}: ref is not ASCII") from None
     if len(text) != ID_HEX_LEN or not is_hex_prefix(text):
@@ -59,9 +73,29 @@ class Revision:
 
 
 def parse_revision(text: object) -> Revision:
-    if not isinstance(text, str) or not text or len(text) > 256:
+    """``BASE[~N]`` after stripping surrounding whitespace; at most 256 characters once stripped."""
+    if not isinstance(text, str):
         raise UnknownVersionError(f"not a revision: {text!r:.80}")
-    m = _REVISION.fullmatch(text.strip())
+    stripped = text.strip(WHITESPACE)
+    if not stripped or len(stripped) > MAX_REVISION_LENGTH:
+        raise UnknownVersionError(f"not a revision: {text!r:.80} (1-{MAX_REVISION_LENGTH} characters)")
+    m = _REVISION.fullmatch(stripped)
     if not m:
         raise UnknownVersionError(f"not a revision: {text!r:.80} (try 'latest', 'latest~2', a tag or an id prefix)")
     return Revision(m.group("base"), int(m.group("back") or 0))
+
+
+def parse_best(base: str) -> tuple[str, str]:
+    """``best:METRIC[:min|:max]`` -> (metric, "min" | "max").  Only a final ``:min`` or ``:max`` is
+    the direction; everything between ``best:`` and it is the metric name, colons included
+    (``best:val:acc:max`` is metric ``val:acc``; a metric named ``x:max`` is ``best:x:max:min``)."""
+    if not base.startswith("best:"):
+        raise UnknownVersionError(f"{base!r:.80}: not a best: revision")
+    metric, direction = base[len("best:"):], "min"
+    for suffix in (":min", ":max"):
+        if metric.endswith(suffix):
+            metric, direction = metric[:-len(suffix)], suffix[1:]
+            break
+    if not metric:
+        raise UnknownVersionError(f"{base!r:.80}: use best:METRIC, best:METRIC:min or best:METRIC:max")
+    return metric, direction

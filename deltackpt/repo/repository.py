@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Iterable
 
-from ..errors import (AmbiguousVersionError, CorruptObjectError, DeltackptError, FormatVersionError,
+from ..errors import (AmbiguousVersionError, CorruptObjectError, DeltackptError,
                       NotARepositoryError, ObjectNotFoundError, StoreError, UnknownVersionError)
 from ..format import config as config_fmt
 from ..format import index as index_fmt
@@ -135,10 +135,11 @@ class Repository(ChunkReader):
                             continue
                         try:
                             packs = index_fmt.decode(self.store.get_bounded(key, MAX_INDEX_BYTES), what=key)
-                        except (CorruptObjectError, FormatVersionError) as exc:
+                        except CorruptObjectError as exc:
                             # one damaged index file must not make every version unreadable: its
                             # chunks read as missing (typed errors), verify names the versions, and
-                            # rebuild_index() restores the entries from the packs
+                            # rebuild_index() restores the entries from the packs.  A version byte
+                            # this reader does not know is no damage: FormatVersionError propagates
                             self.bad_index_files[key] = str(exc)
                             self._index_files.add(key)
                             continue
@@ -331,11 +332,11 @@ class Repository(ChunkReader):
             vid = self._best(base)
         else:
             vid = None
-            try:
-                refs.check_name(base)
-                vid = self.read_ref(TAGS + base)
-            except DeltackptError:
-                pass
+            if refs.is_tag_name(base):  # never 4-32 hex: an id prefix is never shadowed by a tag
+                try:
+                    vid = self.read_ref(TAGS + base)
+                except DeltackptError:
+                    pass
             if vid is None:
                 if not (4 <= len(base) <= 32 and is_hex_prefix(base)):
                     raise UnknownVersionError(f"no tag or version {base!r} in {self.location}")
@@ -356,10 +357,8 @@ class Repository(ChunkReader):
         return vid
 
     def _best(self, base: str) -> str:
-        parts = base.split(":")
-        if len(parts) not in (2, 3) or not parts[1] or (len(parts) == 3 and parts[2] not in ("min", "max")):
-            raise UnknownVersionError(f"{base!r}: use best:METRIC or best:METRIC:max")
-        metric, sign = parts[1], (-1 if len(parts) == 3 and parts[2] == "max" else 1)
+        metric, direction = refs.parse_best(base)
+        sign = -1 if direction == "max" else 1
         best: tuple[float, float, str] | None = None
         for vid, m in self.scan():
             if isinstance(m, DeltackptError):

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..codecs.base import ChunkContext
+from ..codecs.floats import max_abs_err
 from ..codecs.pipeline import BaseChunk, encode_chunk
 from ..codecs.registry import get as codec_of
 from ..format import index as index_fmt
@@ -145,8 +146,9 @@ def _encode_one(sv: _Save, raw: memoryview | bytes, ctx: ChunkContext, memo: Chu
             stored = ChunkMemo(src, data, r.depth, src, owner=owner)
             return r, _next_base(memo, stored, None) if star else stored, None
     elif memo is not None and memo.source_id == src and known(memo.chunk_id):
-        # unchanged since the last lossy save: reuse the stored approximation as is
-        return _ChunkResult(memo.chunk_id, len(data), None, 0, None, memo.depth, 0.0, True), memo, None
+        # unchanged since the last lossy save: reuse what was stored (maybe the input itself), with its error
+        err = max_abs_err(memo.data, data, ctx.dtype) if memo.chunk_id != src else 0.0
+        return _ChunkResult(memo.chunk_id, len(data), None, 0, None, memo.depth, err, memo.chunk_id != src), memo, None
     base = None
     entry = present.entry(memo.chunk_id) if memo is not None else None  # never a base whose pack is gone
     if (memo is not None and entry is not None and len(memo.data) == len(data)
@@ -158,8 +160,9 @@ def _encode_one(sv: _Save, raw: memoryview | bytes, ctx: ChunkContext, memo: Chu
     recon = choice.encoded.recon
     cid = src if recon is None else digest(recon)
     kept = data if recon is None else recon
+    lossy = cid != src  # a lossy codec whose output equals the input (fp16 of small ints) stored it exactly
     if known(cid):
-        r = _ChunkResult(cid, len(data), None, 0, None, depth_of(cid), choice.encoded.max_abs_err, recon is not None)
+        r = _ChunkResult(cid, len(data), None, 0, None, depth_of(cid), choice.encoded.max_abs_err, lossy)
         stored = ChunkMemo(cid, kept, r.depth, src, owner=owner if recon is None else None)
         return r, _next_base(memo, stored, None) if star else stored, None
     params = dict(choice.encoded.params)
@@ -168,7 +171,7 @@ def _encode_one(sv: _Save, raw: memoryview | bytes, ctx: ChunkContext, memo: Chu
         params["base"] = base_id
     head = EncodedObject(choice.encoding, len(data), params, b"").head()
     r = _ChunkResult(cid, len(data), [head, choice.encoded.payload], choice.encoding, base_id, choice.depth,
-                     choice.encoded.max_abs_err, recon is not None)
+                     choice.encoded.max_abs_err, lossy)
     winner = choice.encoding if choice.lossless and choice.base is not None else None
     stored = ChunkMemo(cid, kept, choice.depth, src, winner=winner, owner=owner if recon is None else None)
     return r, _next_base(memo, stored, base_id) if star else stored, None
@@ -223,7 +226,7 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
         for t in tensors:
             src = blobs[t.blob]
             t.exact, t.max_abs_err = src.exact, src.max_abs_err
-            if src.mode != "lossless":
+            if not src.exact:  # the lossy mode names what stored it; a blob it left exact is "lossless"
                 t.encoding = src.mode
         stats.seconds = time.perf_counter() - t0
         written = {"bytes": stats.objects_bytes, "chunks_new": stats.chunks_new,

@@ -113,6 +113,13 @@ def codec_vectors() -> dict[str, list[dict]]:
     sh_base = (rng.standard_normal(300) * 0.1).astype("<f2")
     sh_new = (sh_base.astype(np.float64) * 0.9).astype("<f2")
     sh_new[::7] = (rng.standard_normal(43) * 0.1).astype("<f2")
+    nan32 = np.array([0x7F800001, 0x7FC01234, 0xFF812345, 0x7F800000, 0xFF800000, 0x3F800000], dtype="<u4")
+    nan64 = np.array([0x7FF0000000000001, 0xFFF4000012345678, 0x7FF8000000000000, 0xFFF0000000000000],
+                     dtype="<u8")
+    nan_base = np.linspace(1e-3, 2e-3, 256, dtype=np.float32).astype("<f4")
+    nan_new = (nan_base.astype(np.float64) * 0.9).astype("<f4")
+    nan_base.view("<u4")[[5, 9]] = [0x7F800001, 0xFF812345]    # a signaling NaN and a negative one with a payload
+    nan_new.view("<u4")[[5, 9]] = [0x7F800001, 0x3F800000]     # the same NaN again; 1.0
     return {
         "q8-scaled-delta": [codec_case("q8-scaled-delta", snew.tobytes(), "float32", 4, 4, sbase.tobytes(),
                                        note="300 float32 decayed by 0.9**20 (a decaying chunk: value-relative step floor), every 13th of block 1 new; block 2's codes are all 0, so its scale is 0"),
@@ -131,7 +138,9 @@ def codec_vectors() -> dict[str, list[dict]]:
                       codec_case("sub-delta", f32_new.tobytes(), "float32", 4, 4, f32_base.tobytes(),
                                  note="each float32 moved to its next value up: bit-pattern delta +1 or -1")],
         "scaled-delta": [codec_case("scaled-delta", adam_new.tobytes(), "float32", 4, 4, adam_base.tobytes(),
-                                    note="256 float32 that decayed by 0.9 (an Adam moment with no gradient), every 7th also moved: residuals 0 except those")],
+                                    note="256 float32 that decayed by 0.9 (an Adam moment with no gradient), every 7th also moved: residuals 0 except those"),
+                         codec_case("scaled-delta", nan_new.tobytes(), "float32", 4, 4, nan_base.tobytes(),
+                                    note="NaN in the base: the prediction is the base NaN with the quiet bit set (payload and sign kept), so element 5 (new = the base's signaling NaN 0x7f800001) has residual -0x400000, not 0")],
         "sparse": [codec_case("sparse", table_new.tobytes(), "float32", 4, 16, table.tobytes(),
                               note="8 rows of 16 bytes, row 5 changed")],
         "q8-delta": [codec_case("q8-delta", qnew.tobytes(), "float32", 4, 4, qbase.tobytes(),
@@ -143,12 +152,20 @@ def codec_vectors() -> dict[str, list[dict]]:
                      codec_case("q4-delta", h_new.tobytes(), "float16", 2, 2, h_base.tobytes(),
                                 note="float16: float32 arithmetic, result rounded to float16 (nearest even)")],
         "fp16": [codec_case("fp16", casts.tobytes(), "float32", 4, 4, note="round to nearest even; 65504 is fp16 max"),
-                 codec_case("fp16", f64.tobytes(), "float64", 8, 8, note="float64 source: one rounding to float16")],
+                 codec_case("fp16", f64.tobytes(), "float64", 8, 8, note="float64 source: one rounding to float16"),
+                 codec_case("fp16", nan32.tobytes(), "float32", 4, 4,
+                            note="NaNs: H = sign|0x7c00|top 10 mantissa bits (0x7c01 when those are 0); decoded to float32 bit for bit (p << 13): a signaling NaN stays signaling"),
+                 codec_case("fp16", nan64.tobytes(), "float64", 8, 8,
+                            note="NaNs from float64: decoded through float32, whose widening to float64 sets the quiet bit: 0x7c01 -> 0x7ff8040000000000")],
         "bf16": [codec_case("bf16", casts.tobytes(), "float32", 4, 4, note="round to nearest even on the upper 16 bits"),
                  codec_case("bf16", ties.tobytes(), "float32", 4, 4,
                             note="ties: 1+2^-8 -> 1.0 (even), 1+3*2^-8 -> 1+2^-6 (even), the smallest normal and the largest finite bfloat16 stay"),
                  codec_case("bf16", f64.tobytes(), "float64", 8, 8,
-                            note="float64 source: rounded to float32 first, then to bfloat16: 1+2^-8+2^-30 -> 1+2^-8 (float32) -> 1.0 (tie to even); one rounding would give 1+2^-7")],
+                            note="float64 source: rounded to float32 first, then to bfloat16: 1+2^-8+2^-30 -> 1+2^-8 (float32) -> 1.0 (tie to even); one rounding would give 1+2^-7"),
+                 codec_case("bf16", nan32.tobytes(), "float32", 4, 4,
+                            note="NaNs: the encoder sets the quiet bit (0x7f800001 -> 0x7fc0, 0xff812345 -> 0xffc1); decoded bit for bit (H << 16)"),
+                 codec_case("bf16", nan64.tobytes(), "float64", 8, 8,
+                            note="NaNs from float64: rounded to float32 (IEEE: quiet bit set, top 23 payload bits kept), then as from float32")],
     }
 
 

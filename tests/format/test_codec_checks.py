@@ -116,3 +116,23 @@ def test_cast_parameters(name):
     codec, params, payload, n, base = case(name)
     refused(codec, params | {"dt": "float16"}, payload, n, base)
     refused(codec, params, payload, n - 2, base)
+
+
+def test_a_keyframe_object_carrying_a_base_parameter_is_refused():
+    """The base check of FORMAT.md §6 holds for keyframes too: a raw object whose parameters name a
+    16-byte base disagrees with its entry's nil base (raw.md's "ignore any parameters" excepts it)."""
+    from deltackpt.format.pack import PackEntry
+    from deltackpt.repo.reader import ChunkReader
+    raw = bytes(8)
+    cid = bytes(range(16))
+    plain = objects.EncodedObject(0, 8, {}, raw).to_bytes()
+    entry = PackEntry(cid, 8, len(plain), 0, 8, None, 0)
+    assert bytes(ChunkReader._check_object("p", entry, plain).payload) == raw
+    for params, ok in (({"x": 1}, True), ({"base": 5}, True), ({"base": cid}, False)):
+        obj = objects.EncodedObject(0, 8, params, raw).to_bytes()
+        entry = PackEntry(cid, 8, len(obj), 0, 8, None, 0)
+        if ok:
+            ChunkReader._check_object("p", entry, obj)
+        else:
+            with pytest.raises(CorruptObjectError, match="base disagrees"):
+                ChunkReader._check_object("p", entry, obj)

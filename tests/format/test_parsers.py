@@ -356,13 +356,36 @@ def test_decode_ref_refuses():
             refs.decode_ref(data, what="refs/latest")
 
 
+def test_ref_whitespace_is_the_six_ascii_characters():
+    """Around a ref's id only space, tab, LF, CR, VT and FF are stripped (what every language calls
+    whitespace); Python's str.strip also took the separators 0x1c-0x1f, which C readers refuse."""
+    vid = "ab" * 16
+    assert refs.decode_ref((" \t\r\x0b\x0c" + vid + "\n").encode(), what="refs/latest") == vid
+    for sep in (b"\x1c", b"\x1f", b"\x85"):
+        with pytest.raises(CorruptObjectError):
+            refs.decode_ref(sep + vid.encode() + b"\n", what="refs/latest")
+
+
 def test_parse_revision():
     """Revisions are BASE or BASE~N (N up to 6 digits); a bare '~' or empty text is an unknown version."""
     assert refs.parse_revision("latest~3") == refs.Revision("latest", 3)
     assert refs.parse_revision("best:loss:max") == refs.Revision("best:loss:max", 0)
-    for bad in ("", "latest~", "~2", "a~1~2", "x" * 300, "latest~1234567"):
+    for bad in ("", "latest~", "~2", "a~1~2", "x" * 300, "latest~1234567", " " * 10):
         with pytest.raises(UnknownVersionError):
             refs.parse_revision(bad)
+    assert refs.parse_revision(" " * 300 + "v1~2\n") == refs.Revision("v1", 2)  # bounded after stripping
+
+
+def test_parse_best_takes_only_a_final_min_or_max_as_the_direction():
+    """best:METRIC[:min|:max]: the metric is everything between, colons included; empty is refused."""
+    assert refs.parse_best("best:loss") == ("loss", "min")
+    assert refs.parse_best("best:acc:max") == ("acc", "max")
+    assert refs.parse_best("best:val:acc:max") == ("val:acc", "max")
+    assert refs.parse_best("best:a:b") == ("a:b", "min")
+    assert refs.parse_best("best:x:max:min") == ("x:max", "min")
+    for bad in ("best:", "best::min", "best::max"):
+        with pytest.raises(UnknownVersionError):
+            refs.parse_best(bad)
 
 
 def test_config_future_version():
@@ -380,15 +403,20 @@ def test_config_not_a_config():
             config_fmt.decode(msgpack.packb(body), where="repo")
 
 
-def test_config_delta_base_is_optional_checked_and_written_only_when_not_default():
-    """A config without delta_base means "parent" (and "parent" is not written, so older configs'
-    bytes are unchanged); "keyframe" round-trips; anything else is refused as corrupt."""
+def test_config_delta_base_defaults_per_format_version_and_is_checked():
+    """Format 2 writes delta_base ("child" by default); a format-1 config without it means "parent"
+    (and "parent" is not written there, so older configs' bytes are unchanged); "keyframe"
+    round-trips; "child" in a format-1 config, or any other value, is refused as corrupt."""
     cfg = config_fmt.Config(repo_id="ab" * 16, created=1.0)
-    assert b"delta_base" not in cfg.to_bytes()
-    assert config_fmt.decode(cfg.to_bytes(), where="t").delta_base == "parent"
-    cfg.delta_base = "keyframe"
-    assert config_fmt.decode(cfg.to_bytes(), where="t").delta_base == "keyframe"
-    obj = msgpack.unpackb(cfg.to_bytes())
-    obj["delta_base"] = "sideways"
-    with pytest.raises(CorruptObjectError):
-        config_fmt.decode(msgpack.packb(obj), where="t")
+    assert cfg.version == 2 and config_fmt.decode(cfg.to_bytes(), where="t").delta_base == "child"
+    assert msgpack.unpackb(cfg.to_bytes())["delta_base"] == "child"
+    v1 = config_fmt.Config(repo_id="ab" * 16, created=1.0, version=1, delta_base="parent")
+    assert b"delta_base" not in v1.to_bytes()
+    assert config_fmt.decode(v1.to_bytes(), where="t").delta_base == "parent"
+    v1.delta_base = "keyframe"
+    assert config_fmt.decode(v1.to_bytes(), where="t").delta_base == "keyframe"
+    obj = msgpack.unpackb(v1.to_bytes())
+    for bad in ("sideways", "child"):
+        obj["delta_base"] = bad
+        with pytest.raises(CorruptObjectError):
+            config_fmt.decode(msgpack.packb(obj), where="t")

@@ -181,7 +181,10 @@ def _fresh():
 
 
 def test_resume_skips_a_corrupt_newest_version(repo_path):
-    """resume() warns about a newest version whose pack is corrupt and restores the one before it."""
+    """resume() warns about a newest version whose pack is corrupt and restores the one before it.
+    Forward chains: with reverse deltas the version before decodes through the newest's keyframes, so
+    damage to those reaches back to the previous retained keyframe (spec §10)."""
+    deltackpt.Repo.init(repo_path, delta_base="parent")  # forward chains are what this pins
     model, opt, sched = _fresh()
     ckpt = Checkpointer(repo_path, policy=1, blocking=True)
     _train(model, opt, sched, 2, ckpt)
@@ -297,6 +300,7 @@ def test_policies_continue_after_resume():
 
 def test_gc_rebases_incompressible_chunks_to_raw(repo_path):
     """gc rebasing a chunk whose keyframe does not compress stores it raw, and every kept version still loads."""
+    deltackpt.Repo.init(repo_path, delta_base="parent")  # forward chains are what this pins
     torch.manual_seed(0)
     w = torch.randint(0, 256, (4096,), dtype=torch.uint8)   # random bytes: a keyframe does not compress
     for i in range(4):

@@ -51,6 +51,7 @@ def test_second_save_is_stored_as_deltas(tmp_path):
     """The first save is keyframes; the next, after training, uses delta codecs and writes fewer bytes
     than the same state saved as keyframes into an empty repository."""
     repo_path = str(tmp_path / "repo")
+    deltackpt.Repo.init(repo_path, delta_base="parent")  # forward chains are what this pins
     step = _trainer()
     v1 = deltackpt.save(step(20), repo_path)
     state = step(5)
@@ -65,7 +66,7 @@ def test_second_save_is_stored_as_deltas(tmp_path):
 
 def test_chains_never_exceed_the_keyframe_interval(repo_path):
     """With K=3, every stored object is at most 3 deltas from a keyframe, over 9 saves."""
-    deltackpt.Repo.init(repo_path, keyframe_interval=3)
+    deltackpt.Repo.init(repo_path, keyframe_interval=3, delta_base="parent")  # forward chains
     step = _trainer()
     for _ in range(9):
         deltackpt.save(step(2), repo_path)
@@ -91,7 +92,7 @@ def test_restoring_any_version_decodes_at_most_k_plus_one_objects_per_chunk(tmp_
     """A fresh reader of any version reads <= K+1 objects per chunk from the packs, bit-identically."""
     k = 3
     path = str(tmp_path / "repo")
-    deltackpt.Repo.init(path, keyframe_interval=k)
+    deltackpt.Repo.init(path, keyframe_interval=k, delta_base="parent")  # forward chains (reverse: test_reverse_deltas)
     step = _trainer()
     saved = [(deltackpt.save(s, path), s) for s in (step(2) for _ in range(7))]
     _assert_pack_reads_per_chunk(path, saved, k + 1)

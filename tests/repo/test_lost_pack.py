@@ -70,6 +70,7 @@ def test_a_chunk_whose_delta_base_lost_its_pack_is_written_again(repo_path):
     """Saving bytes identical to a stored delta whose base's pack was lost (the delta's own pack
     intact) writes them again instead of referencing the unreadable delta."""
     g = torch.Generator().manual_seed(2)
+    deltackpt.Repo.init(repo_path, delta_base="parent")  # forward chains are what this pins
     w1 = torch.randn(512, 128, generator=g)
     deltackpt.save({"w": w1}, repo_path)
     first = _packs(repo_path)

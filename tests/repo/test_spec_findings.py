@@ -76,9 +76,11 @@ def test_after_gc_dies_deleting_old_index_files_readers_use_the_rebased_copy(rep
     """gc rebased a delta into a keyframe (new pack, new index) and died before deleting the old
     index file and pack that still name the delta, whose base is gone.  Of the two copies, readers
     and the next gc use the shallower one, so the kept version restores; before, the first copy
-    met (the delta) made it unreadable and gc refused to run."""
+    met (the delta) made it unreadable and gc refused to run.  (Forward chains: the second save's
+    index then names only its delta, the premise.)"""
     import shutil
     from deltackpt.format.index import decode
+    deltackpt.Repo.init(repo_path, delta_base="parent")
     torch.manual_seed(0)
     w = torch.randn(256, 64)
     deltackpt.save({"w": w}, repo_path, step=0)
@@ -103,3 +105,103 @@ def test_after_gc_dies_deleting_old_index_files_readers_use_the_rebased_copy(rep
         os.makedirs(os.path.join(packs_dir, pid[:2]), exist_ok=True)
         shutil.copy(os.path.join(saved, pid), os.path.join(packs_dir, pid[:2], pid))
     _loads_before_and_after_gc(repo_path, state["w"])
+
+
+# issue 17, item 5: defects a second implementation found -------------------------------------
+def _shown(repo_path: str) -> dict:
+    (t,) = deltackpt.Repo(repo_path).show()["tensors"]
+    return t
+
+
+@pytest.mark.parametrize("case", ["first-save", "unchanged-after-fallback", "cast-is-exact", "non-finite"])
+def test_a_lossy_mode_that_stored_every_chunk_as_given_leaves_the_tensor_exact(repo_path, case):
+    """A lossy pattern whose chunks were all stored losslessly (no base yet, the same bytes again,
+    fp16 of values fp16 holds exactly, non-finite values) gives exact=True, max_abs_err 0.0 and
+    encoding "lossless"; before, exact was false whenever the pattern matched."""
+    torch.manual_seed(0)
+    w = torch.arange(64, dtype=torch.float32) if case == "cast-is-exact" else torch.randn(256)
+    mode = "fp16" if case == "cast-is-exact" else "q8-delta"
+    deltackpt.save({"w": w}, repo_path, encoding={"w": mode})
+    if case == "unchanged-after-fallback":
+        deltackpt.save({"w": w}, repo_path, encoding={"w": mode})
+    elif case == "non-finite":
+        w = w + 1e-3
+        w[3] = float("nan")
+        deltackpt.save({"w": w}, repo_path, encoding={"w": mode})
+    t = _shown(repo_path)
+    assert (t["exact"], t["max_abs_err"], t["encoding"]) == (True, 0.0, "lossless")
+    loaded, version = deltackpt.load(repo_path, return_version=True)
+    assert version.exact and torch.equal(loaded["w"].view(torch.int32), w.view(torch.int32))
+
+
+def test_a_really_lossy_tensor_is_inexact_with_its_error_also_when_saved_again_unchanged(repo_path):
+    """A chunk stored lossily gives exact=False and the true max_abs_err, and so does the next save
+    of the same bytes, which reuses that approximation (before, it recorded max_abs_err 0.0)."""
+    torch.manual_seed(0)
+    w = torch.randn(256)
+    enc = {"w": "q8-delta"}
+    deltackpt.save({"w": w}, repo_path, encoding=enc)
+    truth = w + 0.01 * torch.randn(256)
+    for _ in range(2):
+        deltackpt.save({"w": truth}, repo_path, encoding=enc)
+        t = _shown(repo_path)
+        err = (deltackpt.load(repo_path)["w"].double() - truth.double()).abs().max().item()
+        assert (t["exact"], t["encoding"]) == (False, "q8-delta")
+        assert t["max_abs_err"] == pytest.approx(err) and err > 0
+
+
+def test_an_index_file_of_an_unknown_version_is_a_format_version_error_naming_it(repo_path):
+    """An index file whose version byte this reader does not know raises FormatVersionError naming
+    the file (the spec's rule), instead of being skipped as a damaged index file."""
+    deltackpt.save({"w": torch.zeros(4)}, repo_path)
+    (key,) = os.listdir(os.path.join(repo_path, "index"))
+    path = os.path.join(repo_path, "index", key)
+    data = bytearray(open(path, "rb").read())
+    data[6] = 2
+    with open(path, "wb") as f:
+        f.write(data)
+    deltackpt.frontend.api._OPEN.clear()
+    with pytest.raises(deltackpt.FormatVersionError, match=f"index/{key}: index version 2"):
+        deltackpt.load(repo_path)
+    data[6], data[0] = 1, ord("X")  # a damaged file is still skipped and reported, as before
+    with open(path, "wb") as f:
+        f.write(data)
+    repo = Repository(repo_path)
+    assert list(repo.bad_index_files) == [f"index/{key}"]
+
+
+def test_a_tag_file_that_looks_like_an_id_prefix_never_shadows_the_version(repo_path):
+    """A file refs/tags/<4-32 hex> (planted, or left by an old writer) is never followed: the
+    revision means the version id prefix, so a repository cannot redirect an id."""
+    first = deltackpt.save({"w": torch.zeros(4)}, repo_path)
+    second = deltackpt.save({"w": torch.ones(4)}, repo_path)
+    prefix = second.id[:8]
+    os.makedirs(os.path.join(repo_path, "refs", "tags"), exist_ok=True)
+    with open(os.path.join(repo_path, "refs", "tags", prefix), "w") as f:
+        f.write(first.id + "\n")
+    assert Repository(repo_path).resolve(prefix) == second.id
+    assert prefix not in deltackpt.Repo(repo_path).tags()
+
+
+def test_a_revision_is_bounded_after_stripping_whitespace(repo_path):
+    """The 256-character bound applies to the stripped revision, as the spec says: padding is
+    allowed, 257 characters are not."""
+    v = deltackpt.save({"w": torch.zeros(4)}, repo_path)
+    repo = Repository(repo_path)
+    assert repo.resolve(" " * 300 + "latest\n") == v.id
+    with pytest.raises(deltackpt.UnknownVersionError, match="1-256 characters"):
+        repo.resolve("a" * 257)
+
+
+def test_best_selects_a_metric_whose_name_contains_colons(repo_path):
+    """best:METRIC[:min|:max] takes only a final :min/:max as the direction, so metrics named
+    "val:acc" or "x:max" can be selected; before, any metric name with ':' was unselectable."""
+    metrics = [{"val:acc": 0.5, "x:max": 3.0}, {"val:acc": 0.9, "x:max": 1.0}, {"val:acc": 0.7, "x:max": 2.0}]
+    ids = [deltackpt.save({"w": torch.zeros(4)}, repo_path, metrics=m).id for m in metrics]
+    repo = Repository(repo_path)
+    assert repo.resolve("best:val:acc:max") == ids[1]
+    assert repo.resolve("best:val:acc") == repo.resolve("best:val:acc:min") == ids[0]
+    assert repo.resolve("best:x:max:min") == ids[1]
+    assert repo.resolve("best:x:max:max") == ids[0]
+    with pytest.raises(deltackpt.UnknownVersionError):
+        repo.resolve("best::max")

@@ -87,6 +87,7 @@ def test_gc_keeps_last_tags_and_latest_and_everything_kept_restores(repo_path):
 
 def test_gc_never_breaks_a_delta_chain_of_a_kept_version(repo_path):
     """Versions stored as deltas stay restorable after gc removes their bases (rebase or keep bases)."""
+    deltackpt.Repo.init(repo_path, delta_base="parent")  # forward chains are what this pins
     torch.manual_seed(0)
     w = torch.randn(512, 256)
     states = []
@@ -105,6 +106,7 @@ def test_gc_never_breaks_a_delta_chain_of_a_kept_version(repo_path):
 def test_gc_keep_bases_mode_keeps_the_chain(tmp_path):
     """With rebase=False gc keeps the delta bases a kept version needs and reports them."""
     path = str(tmp_path / "r")
+    deltackpt.Repo.init(path, delta_base="parent")  # forward chains are what this pins
     w = torch.randn(512, 256)
     for i in range(4):
         w = w + 1e-3
@@ -128,6 +130,7 @@ def test_gc_retention_rules_union(repo_path):
 def test_a_reader_with_a_stale_index_survives_gc_repacking(repo_path):
     """A handle whose index predates a gc in another handle still loads the kept version (re-reads the index)."""
     import deltackpt.repo.repository as repository
+    deltackpt.Repo.init(repo_path, delta_base="parent")  # forward chains are what this pins
     torch.manual_seed(0)
     w = torch.randn(256, 256)
     for _ in range(3):
