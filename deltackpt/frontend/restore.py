@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
-from typing import TYPE_CHECKING, Any, Iterable
 
 from ..errors import StateMismatchError
 from ..format.manifest import TensorRef
