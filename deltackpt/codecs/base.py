@@ -43,6 +43,7 @@ class Codec(ABC):
     name: str
     lossless: bool = True
     needs_base: bool = False
+    invertible: bool = False   # unapply_into recovers the base from the new chunk (live rollback)
 
     @abstractmethod
     def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded | None:
@@ -57,6 +58,13 @@ class Codec(ABC):
         """Decode a delta whose base is what ``out`` holds now, leaving the new chunk in ``out``.
         Delta codecs override this to work in place; this fallback copies the base first."""
         self.decode_into(out, params, payload, bytes(out))
+
+    def unapply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+        """The inverse of :meth:`apply_into`: ``out`` holds the chunk this delta decodes to; leave
+        its base there.  Only codecs with ``invertible = True`` (an exact bijection for a given
+        payload) implement it: a live rollback on a forward-chained repository uses it to step
+        from the newer chunk a model holds to the older one asked for."""
+        raise NotImplementedError(f"{self.name} cannot be inverted")
 
     @abstractmethod
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:

@@ -20,9 +20,9 @@ _BLOCK = 1 << 15  # elements per step: the scratch and the slices stay in the co
 _ENC_BLOCK = 1 << 17  # elements per encode step: fewer numpy calls (GIL held between them), still in L2
 
 
-def unzigzag_add(z: np.ndarray, base: np.ndarray, out: np.ndarray | None = None) -> None:
+def unzigzag_add(z: np.ndarray, base: np.ndarray, out: np.ndarray | None = None, *, subtract: bool = False) -> None:
     """``out = unzigzag(z) + base`` (wrapping; ``out`` is ``z`` when None, and may be ``base``), a
-    cache-sized block at a time.  ``z`` is overwritten."""
+    cache-sized block at a time; ``base - unzigzag(z)`` with ``subtract``.  ``z`` is overwritten."""
     n = len(z)
     out = z if out is None else out
     scratch = np.empty(min(n, _BLOCK), dtype=z.dtype)
@@ -34,7 +34,10 @@ def unzigzag_add(z: np.ndarray, base: np.ndarray, out: np.ndarray | None = None)
         np.negative(ms, out=ms)  # 0 -> 0, 1 -> all ones
         np.right_shift(zz, 1, out=zz)
         np.bitwise_xor(zz, m, out=zz)
-        np.add(zz, bb, out=out[s:s + _BLOCK])  # wraps modulo 2^(8w), as the encoder's subtraction did
+        if subtract:
+            np.subtract(bb, zz, out=out[s:s + _BLOCK])
+        else:
+            np.add(zz, bb, out=out[s:s + _BLOCK])  # wraps modulo 2^(8w), as the encoder's subtraction did
 
 
 def zigzag_delta_planes(a: np.ndarray, b: np.ndarray,
@@ -73,6 +76,7 @@ class SubDelta(Codec):
     encoding_id = 3
     name = "sub-delta"
     needs_base = True
+    invertible = True   # new = base + d modulo 2^(8w), so base = new - d
 
     def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded | None:
         w = width_for(ctx.itemsize, len(raw))
@@ -102,6 +106,15 @@ class SubDelta(Codec):
         z = decode_planes(params, payload, len(dest), what=self.name, out=scratch(len(dest)))
         t = _UINT[w]
         unzigzag_add(z.view(t), dest.view(t), out=dest.view(t))
+
+    def unapply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+        dest = np.frombuffer(out, dtype=np.uint8)
+        w = params.get("w")
+        if not is_int(w) or w not in _UINT:
+            raise CorruptObjectError(f"{self.name}: width {w!r:.20} is not an integer size")
+        z = decode_planes(params, payload, len(dest), what=self.name, out=scratch(len(dest)))
+        t = _UINT[w]
+        unzigzag_add(z.view(t), dest.view(t), out=dest.view(t), subtract=True)
 
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
         out = np.empty(raw_len, dtype=np.uint8)

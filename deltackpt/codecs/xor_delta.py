@@ -17,6 +17,7 @@ class XorDelta(Codec):
     encoding_id = 2
     name = "xor-delta"
     needs_base = True
+    invertible = True
 
     def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded | None:
         if base is None or len(base) != len(raw):
@@ -40,6 +41,9 @@ class XorDelta(Codec):
             np.bitwise_xor(dest.view(np.uint64), x.view(np.uint64), out=dest.view(np.uint64))
         else:
             np.bitwise_xor(dest, x, out=dest)
+
+    def unapply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+        self.apply_into(out, params, payload)  # XOR is its own inverse: new ^ x = base
 
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
         b = base_array(base, raw_len, self.name)

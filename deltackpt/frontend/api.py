@@ -341,12 +341,13 @@ def save(obj: Any, repo: "str | os.PathLike | Repo | Store", *, step: int | None
 
 def load(repo: "str | os.PathLike | Repo | Store", version: "str | Version" = "latest", *,
          layers: Iterable[str] | str | None = None, map_location: "str | torch.device | None" = "cpu",
-         return_version: bool = False) -> Any:
+         return_version: bool = False, threads: int | None = None) -> Any:
     """Load a version: the saved structure with bit-identical tensors.
 
     ``layers=["encoder"]`` returns only tensors under that module path and reads only their
     chunks.  ``return_version=True`` returns ``(state, Version)``; ``Version.exact`` says whether
-    any tensor was stored lossily.
+    any tensor was stored lossily.  ``threads``: decode threads (default
+    ``$DELTACKPT_READ_THREADS``, else every core).
 
     Example::
 
@@ -354,16 +355,18 @@ def load(repo: "str | os.PathLike | Repo | Store", version: "str | Version" = "l
         model.load_state_dict(state["model"])
     """
     from .flatten import unflatten
-    from .materialize import build_tensors, read_blobs
+    from .materialize import build_tensors, read_blobs, read_threads
     from .planner import selected_tensors
 
+    if threads is not None:
+        read_threads(threads)  # refused before anything is read
     r = _repo(repo)
     vid = r.core.resolve(version)
     m = r.core.manifest(vid)
     r.core.refresh_index()
     chosen = selected_tensors(m, layers)
     with bar("load", sum(m.blobs[b].nbytes for b in {m.tensors[i].blob for i in chosen})):
-        buffers = read_blobs(r.core, vid, m, (m.tensors[i].blob for i in chosen))
+        buffers = read_blobs(r.core, vid, m, (m.tensors[i].blob for i in chosen), threads=threads)
     tensors = build_tensors(m, chosen, buffers, map_location)
     keep = None if layers is None else set(chosen).__contains__
     state = unflatten(m.tree, tensors.__getitem__, keep)

@@ -11,7 +11,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
-from ..errors import CorruptObjectError, DeltackptError, OutOfMemoryError
+from ..errors import CorruptObjectError, DeltackptError, InvalidArgumentError, OutOfMemoryError
 from ..format.manifest import Manifest, TensorEntry
 from ..repo.repository import Repository
 from . import priority
@@ -22,21 +22,53 @@ from .tensor_bytes import from_bytes
 _pool: ThreadPoolExecutor | None = None
 _users = 0
 _pool_lock = threading.Lock()
+THREADS_ENV = "DELTACKPT_READ_THREADS"
+
+
+def read_threads(threads: int | None = None) -> int:
+    """Decode threads for a read: ``threads``, else ``$DELTACKPT_READ_THREADS``, else every core
+    this process may run on (decoding is numpy and zstd, which release the GIL)."""
+    if threads is None:
+        text = os.environ.get(THREADS_ENV, "").strip()
+        if not text:
+            try:
+                return max(1, len(os.sched_getaffinity(0)))
+            except (AttributeError, OSError):  # macOS, Windows
+                return max(1, os.cpu_count() or 1)
+        try:
+            threads = int(text)
+        except ValueError:
+            raise InvalidArgumentError(f"{THREADS_ENV}={text!r:.40} is not a whole number of threads") from None
+    if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= 1024:
+        raise InvalidArgumentError(f"threads must be a whole number from 1 to 1024, got {threads!r:.40}")
+    return threads
+
+
+def _new_pool(n: int) -> ThreadPoolExecutor:
+    # reads serve a caller that waits: never at idle priority, even if first asked for from a
+    # background save's thread (whose policy new threads would inherit)
+    return ThreadPoolExecutor(max_workers=n, thread_name_prefix="deltackpt-read",
+                              initializer=priority.run_idle, initargs=(False,))
 
 
 @contextmanager
-def pool() -> Iterator[ThreadPoolExecutor]:
+def pool(threads: int | None = None) -> Iterator[ThreadPoolExecutor]:
     """The read pool, for the duration of one read.  Concurrent reads share it; the last one out
     shuts it down, so no ``deltackpt-read`` thread outlives a load (frameworks check for leftover
-    threads after a run; a few thread starts per load cost nothing next to decoding)."""
+    threads after a run; a few thread starts per load cost nothing next to decoding).  A read
+    that names its ``threads`` gets a pool of its own, of that size."""
     global _pool, _users
+    if threads is not None:
+        own = _new_pool(read_threads(threads))
+        try:
+            yield own
+        finally:
+            own.shutdown(wait=True)
+        return
+    n = read_threads()
     with _pool_lock:
         if _pool is None:
-            # reads serve a caller that waits: never at idle priority, even if first asked for from a
-            # background save's thread (whose policy new threads would inherit)
-            _pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)),
-                                       thread_name_prefix="deltackpt-read",
-                                       initializer=priority.run_idle, initargs=(False,))
+            _pool = _new_pool(n)
         _users += 1
         mine = _pool
     try:
@@ -69,15 +101,17 @@ def _check(core: Repository, vid: str, m: Manifest, b: int) -> None:
 
 
 def read_into(core: Repository, vid: str, m: Manifest, targets: "list[tuple[int, memoryview]]", *,
-              checked: bool = False) -> None:
+              checked: bool = False, live: bool = False, threads: int | None = None) -> None:
     """Decode blobs (by index) into destinations, every chunk of every blob in one parallel pass;
-    errors name the version and tensor.  ``checked``: the caller already ran check_blob."""
+    errors name the version and tensor.  ``checked``: the caller already ran check_blob.
+    ``live``: the destinations are live tensors; chunks they hold (or are a few deltas from) are
+    kept or stepped in place (:mod:`deltackpt.repo.live`).  ``threads``: see :func:`read_threads`."""
     if not checked:
         for b, _ in targets:
             _check(core, vid, m, b)
     try:
-        with pool() as workers:
-            core.read_blobs_into([(m.blobs[b], out) for b, out in targets], workers)
+        with pool(threads) as workers:
+            core.read_blobs_into([(m.blobs[b], out) for b, out in targets], workers, live=live)
     except DeltackptError as exc:
         n = getattr(exc, "blob_index", None)
         where = f"tensor {_names(m, targets[n][0])}" if n is not None else "a tensor"
@@ -123,7 +157,8 @@ def _buffers(sizes: dict[int, int]) -> dict[int, np.ndarray]:
     return out
 
 
-def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int]) -> dict[int, np.ndarray]:
+def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int], *,
+               threads: int | None = None) -> dict[int, np.ndarray]:
     wanted = sorted(set(blob_ids))
     for b in wanted:
         _check(core, vid, m, b)
@@ -134,7 +169,7 @@ def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int])
         raise OutOfMemoryError(f"version {vid[:10]}: cannot allocate {total} bytes for "
                                f"{len(wanted)} tensors (e.g. {_names(m, wanted[-1])}); load fewer layers or "
                                "restore into an existing model") from None
-    read_into(core, vid, m, [(b, memoryview(buf)) for b, buf in out.items()], checked=True)
+    read_into(core, vid, m, [(b, memoryview(buf)) for b, buf in out.items()], checked=True, threads=threads)
     return out
 
 

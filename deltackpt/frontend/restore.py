@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Iterable
 
+import numpy as np
+
 from ..errors import StateMismatchError
 from ..format.manifest import TensorRef
 from ..repo.repository import Repository
@@ -29,12 +31,19 @@ def _model_prefix(m: Any, model_keys: set[str]) -> str:
 
 def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Repo | Store", version: "str | Version" = "latest",
             *, layers: Iterable[str] | str | None = None, optimizer: "torch.optim.Optimizer | None" = None,
-            strict: bool = True) -> Version:
+            strict: bool = True, threads: int | None = None) -> Version:
     """Copy a version into ``model``'s existing parameters and buffers, in place.
 
     Chunks are decoded straight into the parameters' memory (no second full copy on the CPU).
     With ``layers``, only those tensors are read and written; the rest of the model is untouched.
-    With ``optimizer``, its state is loaded from the version's ``optimizer`` entry.
+    With ``optimizer``, its state is loaded from the version's ``optimizer`` entry (into the
+    optimizer's own state tensors where their shapes and dtypes match).
+
+    A rollback reads only what changed: each chunk of a contiguous CPU tensor is hashed where it
+    lies; one the model already holds is neither read nor written, and one a few stored deltas
+    away from it (the version before or after, by how the repository chains them) is stepped
+    there in place, reading only those deltas.  Every other chunk is read whole.  ``threads``:
+    decode threads (default ``$DELTACKPT_READ_THREADS``, else every core).
 
     Chunks are hash-checked as they land; a corrupt one raises CorruptObjectError naming the
     version and tensor, and that tensor may then be partly overwritten (in-place means no spare
@@ -48,10 +57,12 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Repo | Store", 
     import torch
 
     from .api import _repo  # api re-exports this module's restore: import it when called
-    from .materialize import build_tensors, is_own_blob, read_blobs, read_into
+    from .materialize import build_tensors, is_own_blob, read_blobs, read_into, read_threads
     from .planner import layer_matcher
     from .tensor_bytes import copy_blob_to_device, writable_bytes
 
+    if threads is not None:
+        read_threads(threads)  # refused before anything is read or written
     r = _repo(repo)
     core = r.core
     vid = core.resolve(version)
@@ -91,13 +102,15 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Repo | Store", 
                 copy_blob_to_device(core, m.blobs[e.blob], dst)  # staged a chunk at a time
                 continue
             if out is not None and is_own_blob(m, e):
-                direct.append((e.blob, memoryview(out)))
+                direct.append((e.blob, memoryview(out), (k, i)))
             else:
                 pending.append((k, i))
+        direct, shared = _disjoint(direct)
+        pending += shared
         if direct:  # every chunk of every such tensor decoded in one parallel pass, in place
-            read_into(core, vid, m, direct)
+            read_into(core, vid, m, [(b, mv) for b, mv, _ in direct], live=True, threads=threads)
         if pending:
-            buffers = read_blobs(core, vid, m, (m.tensors[i].blob for _, i in pending))
+            buffers = read_blobs(core, vid, m, (m.tensors[i].blob for _, i in pending), threads=threads)
             built = build_tensors(m, [i for _, i in pending], buffers)
             for k, i in pending:
                 target[k].copy_(built[i])
@@ -105,27 +118,86 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Repo | Store", 
         tree = m.tree
         if not isinstance(tree, dict) or "optimizer" not in tree:
             raise StateMismatchError(f"version {vid[:10]} holds no 'optimizer' entry to restore")
-        optimizer.load_state_dict(_load_subtree(core, vid, m, tree["optimizer"]))
+        with torch.no_grad():
+            state = _load_subtree(core, vid, m, tree["optimizer"], _live_state(optimizer, tree["optimizer"]), threads)
+        # torch's load_state_dict keeps a state tensor already of the parameter's dtype and device
+        # (``Tensor.to`` returns it as is): the in-place ones are not copied again
+        optimizer.load_state_dict(state)
     return core.version(vid)
 
 
-def _load_subtree(core: Repository, vid: str, m: Any, subtree: Any) -> Any:
+def _disjoint(direct: list) -> tuple[list, list[tuple[str, int]]]:
+    """Split in-place destinations into ones that share no byte (a live restore reads each
+    destination as its chunk's base) and the rest, to be read and copied in: tied weights saved
+    as one blob keep one destination, any other overlap goes the copying way."""
+    spans = sorted(direct, key=lambda d: np.frombuffer(d[1], dtype=np.uint8).ctypes.data)
+    keep: list = []
+    rest: list[tuple[str, int]] = []
+    end = -1
+    for d in spans:
+        start = np.frombuffer(d[1], dtype=np.uint8).ctypes.data
+        if start >= end:
+            keep.append(d)
+            end = start + len(d[1])
+        elif not (keep and start == np.frombuffer(keep[-1][1], dtype=np.uint8).ctypes.data
+                  and len(d[1]) == len(keep[-1][1]) and d[0] == keep[-1][0]):
+            rest.append(d[2])
+    return keep, rest
+
+
+def _live_state(optimizer: Any, saved: Any) -> dict[tuple, Any]:
+    """The optimizer's own state tensors by path in its state_dict, when its param groups have
+    the saved layout (else {}: load_state_dict then refuses the version before anything changes)."""
+    import torch
+
+    mine = optimizer.state_dict()  # its values are the optimizer's state tensors, not copies
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    if not isinstance(groups, list) or len(groups) != len(mine["param_groups"]) or any(
+            not isinstance(g, dict) or len(g.get("params", ())) != len(h["params"])
+            for g, h in zip(groups, mine["param_groups"])):
+        return {}
+    out: dict[tuple, Any] = {}
+    for pid, per in mine["state"].items():
+        for key, t in per.items():
+            if isinstance(t, torch.Tensor):
+                out[("state", pid, key)] = t
+    return out
+
+
+def _load_subtree(core: Repository, vid: str, m: Any, subtree: Any, live: "dict[tuple, Any] | None" = None,
+                  threads: int | None = None) -> Any:
+    """The saved ``subtree`` with its tensors read; a tensor whose path in ``live`` names a tensor
+    of the same shape and dtype is decoded into that one, in place, and stands for itself."""
     from .flatten import unflatten
-    from .materialize import build_tensors, read_blobs
+    from .materialize import build_tensors, is_own_blob, read_blobs, read_into
+    from .tensor_bytes import writable_bytes
 
     indices: list[int] = []
+    direct: list = []
 
-    def collect(v: Any) -> None:
+    def collect(v: Any, path: tuple) -> None:
         if isinstance(v, TensorRef):
-            indices.append(v.index)
+            e, dst = m.tensors[v.index], (live or {}).get(path)
+            out = None
+            if dst is not None and list(dst.shape) == e.shape and str(dst.dtype).removeprefix("torch.") == e.dtype:
+                out = writable_bytes(dst)
+            if out is not None and is_own_blob(m, e):
+                direct.append((e.blob, memoryview(out), (dst, v.index)))
+            else:
+                indices.append(v.index)
         elif isinstance(v, dict):
-            for x in v.values():
-                collect(x)
+            for k, x in v.items():
+                collect(x, path + (k,))
         elif isinstance(v, (list, tuple)):
-            for x in v:
-                collect(x)
+            for n, x in enumerate(v):
+                collect(x, path + (n,))
 
-    collect(subtree)
-    buffers = read_blobs(core, vid, m, (m.tensors[i].blob for i in indices))
+    collect(subtree, ())
+    direct, shared = _disjoint(direct)
+    indices += [i for _, i in shared]
+    if direct:
+        read_into(core, vid, m, [(b, mv) for b, mv, _ in direct], live=True, threads=threads)
+    buffers = read_blobs(core, vid, m, (m.tensors[i].blob for i in indices), threads=threads)
     tensors = build_tensors(m, indices, buffers)
+    tensors.update({i: dst for _, _, (dst, i) in direct})
     return unflatten(subtree, tensors.__getitem__)

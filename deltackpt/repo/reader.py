@@ -14,6 +14,7 @@ from ..format.limits import MAX_CHAIN_DEPTH
 from ..format.manifest import Blob
 from ..format.pack import PackEntry
 from .layout import pack_key
+from .live import rehydrate
 
 
 # Objects that follow each other in a pack (a save writes a blob's chunks, and tensor after tensor,
@@ -183,10 +184,13 @@ class ChunkReader:
             out = memoryview(bytearray(blob.nbytes))
         return self.read_blobs_into([(blob, out)], pool)[0]
 
-    def read_blobs_into(self, targets: "list[tuple[Blob, memoryview]]", pool=None) -> list[memoryview]:
+    def read_blobs_into(self, targets: "list[tuple[Blob, memoryview]]", pool=None, *,
+                        live: bool = False) -> list[memoryview]:
         """Decode every chunk of several blobs into their destinations, all chunks of all blobs in
         one parallel pass (most tensors are one chunk: a pass per blob would run them one by one).
-        A failure names the blob's position in ``targets`` through ``BlobReadError.index``."""
+        A failure names the blob's position in ``targets`` through ``BlobReadError.index``.
+        ``live``: the destinations hold a live state; a chunk they already hold is left alone,
+        one a few stored deltas away is stepped there in place (:mod:`.live`)."""
         outs: list[memoryview] = []
         jobs: list[tuple[int, bytes, memoryview]] = []
         for n, (blob, out) in enumerate(targets):
@@ -198,6 +202,17 @@ class ChunkReader:
             for c in blob.chunks:
                 jobs.append((n, c.chunk_id, out[pos:pos + c.raw_len]))
                 pos += c.raw_len
+
+        if live:
+            def needs_read(job: tuple[int, bytes, memoryview]) -> bool:
+                try:
+                    return not rehydrate(self, job[1], job[2])
+                except DeltackptError as exc:
+                    exc.blob_index = job[0]  # type: ignore[attr-defined]
+                    raise
+
+            need = list(pool.map(needs_read, jobs)) if pool is not None and len(jobs) > 1 else map(needs_read, jobs)
+            jobs = [job for job, n in zip(jobs, need) if n]
 
         def one(job: tuple[int, bytes, memoryview], first=None) -> None:
             n, cid, dest = job

@@ -19,6 +19,12 @@ class CountingStore(WrappingStore):
         self.puts = 0
         self.bytes_written = 0
         self.keys_read: list[str] = []
+        self.reads: list[tuple[str, int]] = []   # (key, bytes) per get, in order
+
+    def bytes_read_under(self, prefix: str) -> int:
+        """Bytes read from keys starting with ``prefix`` (``"packs/"``: chunk objects only)."""
+        with self._lock:
+            return sum(n for k, n in self.reads if k.startswith(prefix))
 
     def get(self, key: str, start: int = 0, length: int | None = None) -> bytes:
         data = self.inner.get(key, start, length)
@@ -26,6 +32,7 @@ class CountingStore(WrappingStore):
             self.gets += 1
             self.bytes_read += len(data)
             self.keys_read.append(key)
+            self.reads.append((key, len(data)))
         return data
 
     def put_atomic(self, key: str, data: bytes, *, site: str = "object") -> None:

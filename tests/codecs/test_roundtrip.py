@@ -361,3 +361,27 @@ def test_keyframe_planes_past_the_sample_round_trip_and_pick_the_smaller_compres
     cctx, size = bytegroup._choose(sample, 1)
     assert size <= len(bytegroup.zstd_compress(sample, 1))
     assert enc.params["m"][3] == 1 and enc.params["s"][3] <= len(bytegroup.zstd_compress(memoryview(planes[3]), 1)) * 1.02
+
+
+INVERTIBLE = [c for c in all_codecs() if c.invertible]
+
+
+def test_the_invertible_codecs_are_xor_and_sub_delta():
+    """Live rollback on forward-chained repositories undoes exactly these two deltas."""
+    assert sorted(c.name for c in INVERTIBLE) == ["sub-delta", "xor-delta"]
+
+
+@given(chunk_pairs())
+def test_invertible_deltas_undo_in_place_to_their_base(case):
+    """unapply_into turns the chunk a delta decodes to back into the delta's base, bit for bit."""
+    raw, base, w, row = case
+    if base is None:
+        return
+    ctx = ChunkContext(DTYPE_OF[w], w, row)
+    for codec in INVERTIBLE:
+        enc = codec.encode(raw, ctx, base)
+        if enc is None:
+            continue
+        out = bytearray(raw)
+        codec.unapply_into(memoryview(out), enc.params, enc.payload)
+        assert bytes(out) == base, codec.name
