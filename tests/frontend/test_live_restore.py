@@ -17,6 +17,29 @@ from deltackpt.store import CountingStore, LocalStore
 from tests.strategies import assert_bit_identical
 
 
+@pytest.fixture(params=["child", "parent"])
+def topology(request) -> str:
+    """Format 2's reverse deltas (a rollback applies the target's deltas onto the live chunk) and
+    forward chains (it undoes the live chunk's own deltas)."""
+    return request.param
+
+
+@pytest.fixture
+def repo_path(tmp_path, topology) -> str:
+    path = str(tmp_path / "repo")
+    deltackpt.Repo.init(path, delta_base=topology)
+    return path
+
+
+def _expected(repo: deltackpt.Repo, topology: str, live_rev: str, target_rev: str) -> int:
+    return (_expected_rollback_bytes if topology == "parent" else _expected_forward_bytes)(repo, live_rev, target_rev)
+
+
+def _stepped(topology: str) -> int:
+    """Chunks moved by the route a rollback takes in this topology."""
+    return _stats().inverse if topology == "parent" else _stats().forward
+
+
 def _mlp(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))
@@ -114,32 +137,38 @@ def _expected_forward_bytes(repo: deltackpt.Repo, live_rev: str, target_rev: str
     return total
 
 
-def test_rollback_by_one_reads_only_the_live_chunks_deltas(repo_path):
-    """Rolling back one version undoes the live chunks' stored deltas in place: bit-identical, and
-    the pack bytes read are exactly those deltas (plus full reads where no delta path exists)."""
+def test_rollback_by_one_reads_only_the_live_chunks_deltas(repo_path, topology):
+    """Rolling back one version steps the live chunks in place (forward chains: undoing their own
+    deltas; reverse deltas: applying the target's delta against them): bit-identical, and the pack
+    bytes read are exactly those deltas (plus full reads where no delta path exists)."""
     model, opt, saved = _history(repo_path)
     repo, store = _counting(repo_path)
-    expected = _expected_rollback_bytes(repo, "latest", "latest~1")
+    expected = _expected(repo, topology, "latest", "latest~1")
     read = _restore(repo, store, model, opt, "latest~1")
     assert_bit_identical(_state(model, opt), saved[-2])
     assert read == expected
-    assert _stats().inverse > 0
+    assert _stepped(topology) > 0
     fresh = _mlp(seed=1)
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
     assert _restore(repo, store, fresh, fresh_opt, "latest~1") > read  # a cold restore reads the chains
 
 
-def test_rollback_by_two_then_forward_is_bit_identical(repo_path):
-    """Rolling back two versions, then forward to the newest (applying the target chain's deltas
-    above the live chunk), gives each version's exact bytes and reads less than a cold restore."""
+def test_rollback_by_two_then_forward_is_bit_identical(repo_path, topology):
+    """Rolling back two versions, then forward to the newest, gives each version's exact bytes; the
+    step that follows the stored deltas' direction reads exactly those deltas."""
     model, opt, saved = _history(repo_path)
     repo, store = _counting(repo_path)
-    _restore(repo, store, model, opt, "latest~2")
+    expected_back = _expected_forward_bytes(repo, "latest", "latest~2")
+    back = _restore(repo, store, model, opt, "latest~2")
     assert_bit_identical(_state(model, opt), saved[-3])
     read = _restore(repo, store, model, opt, "latest")
     assert_bit_identical(_state(model, opt), saved[-1])
-    assert read == _expected_forward_bytes(repo, "latest~2", "latest")
-    assert _stats().forward > 0
+    if topology == "parent":
+        assert read == _expected_forward_bytes(repo, "latest~2", "latest")
+        assert _stats().forward > 0
+    else:  # two reverse deltas undone cost more than the newest's keyframes: read whole
+        assert back == expected_back
+        assert read <= repo.core.stored_size(c for ids in _chunks(repo, "latest").values() for c in ids)
 
 
 def test_restoring_the_version_the_model_holds_reads_no_chunk(repo_path):
@@ -151,7 +180,7 @@ def test_restoring_the_version_the_model_holds_reads_no_chunk(repo_path):
     assert _stats().full == 0 and _stats().unchanged > 0
 
 
-def test_frozen_layers_are_neither_read_nor_written(repo_path):
+def test_frozen_layers_are_neither_read_nor_written(repo_path, topology):
     """With the first layer frozen, a rollback reads only the trained layer's deltas."""
     model, opt, saved = _history(repo_path, freeze="0.")
     repo, store = _counting(repo_path)
@@ -159,7 +188,7 @@ def test_frozen_layers_are_neither_read_nor_written(repo_path):
     assert frozen
     read = _restore(repo, store, model, opt, "latest~1")
     assert_bit_identical(_state(model, opt), saved[-2])
-    assert read == _expected_rollback_bytes(repo, "latest", "latest~1")
+    assert read == _expected(repo, topology, "latest", "latest~1")
     assert _stats().unchanged >= len(frozen)
     held, target = _chunks(repo, "latest"), _chunks(repo, "latest~1")
     assert all(held[n] == target[n] for n in frozen)  # the premise: frozen chunks did not change
@@ -195,17 +224,21 @@ def _corrupt(path: str, repo: deltackpt.Repo, cid: bytes) -> None:
         fh.write(bytes([b[0] ^ 0x5A]))
 
 
-def test_a_corrupt_delta_of_the_target_raises_naming_version_and_tensor(repo_path):
-    """Rolling forward over a corrupt delta of the target's chain raises CorruptObjectError."""
+def test_a_corrupt_delta_of_the_target_raises_naming_version_and_tensor(repo_path, topology):
+    """Stepping the live chunk over a corrupt delta of the target's chain raises CorruptObjectError
+    (forward chains: rolling forward to latest; reverse deltas: rolling back to latest~1)."""
     model, opt, saved = _history(repo_path)
     repo, store = _counting(repo_path)
-    _restore(repo, store, model, opt, "latest~1")
-    vid = repo.core.resolve("latest")
-    _corrupt(repo_path, repo, _chunks(repo, "latest")["model.0.weight"][0])
+    target = "latest" if topology == "parent" else "latest~1"
+    if topology == "parent":
+        _restore(repo, store, model, opt, "latest~1")
+    vid = repo.core.resolve(target)
+    _corrupt(repo_path, repo, _chunks(repo, target)["model.0.weight"][0])
     with pytest.raises(CorruptObjectError, match=rf"version {vid[:10]}.*model\.0\.weight"):
-        _restore(repo, store, model, opt, "latest")
+        _restore(repo, store, model, opt, target)
 
 
+@pytest.mark.parametrize("topology", ["parent"])  # the live version's own deltas: forward chains
 def test_a_corrupt_delta_of_the_live_version_falls_back_to_a_full_read(repo_path):
     """A live chunk's own delta (another version's data) that fails its hash check is not used:
     the target, intact, is read in full and restored bit-identically."""
@@ -230,7 +263,7 @@ def test_adamw_state_is_restored_into_its_own_tensors(repo_path):
     assert_bit_identical(_state(model, opt), saved[-2])
 
 
-def test_tied_weights_are_stepped_once(repo_path):
+def test_tied_weights_are_stepped_once(repo_path, topology):
     """Two parameters sharing one tensor are one destination: stepped in place once (a second,
     concurrent step over the same memory would see half-written bytes), bit-identical."""
     torch.manual_seed(0)
@@ -249,7 +282,7 @@ def test_tied_weights_are_stepped_once(repo_path):
     deltackpt.restore(model, repo_path, "latest~1", threads=1)
     assert_bit_identical(model.state_dict(), saved[1])
     assert model["head"].weight is model["emb"].weight
-    assert (_stats().inverse, _stats().unchanged, _stats().full) == (1, 0, 0)
+    assert (_stepped(topology), _stats().unchanged, _stats().full) == (1, 0, 0)
 
 
 def test_read_threads_default_to_every_core_and_can_be_set(monkeypatch):
