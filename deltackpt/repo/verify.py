@@ -92,20 +92,7 @@ def run_verify(repo: Repository, *, read_data: bool = True,
             if why is not None:
                 report.errors.append(Problem(MANIFESTS + vid, f"blob {b}: {why}", [vid]))
 
-    # which versions need which chunk (through delta chains too)
-    users: dict[bytes, set[str]] = {}
-    for vid, m in manifests.items():
-        for blob in m.blobs:
-            for c in blob.chunks:
-                cur: bytes | None = c.chunk_id
-                hops = 0
-                while cur is not None and hops <= 1024:
-                    s = users.setdefault(cur, set())
-                    if vid in s:
-                        break
-                    s.add(vid)
-                    cur = repo.entry(cur)[1].base if repo.has_chunk(cur) else None
-                    hops += 1
+    users = _users(repo, manifests)
 
     bad_packs: dict[str, str] = {}
     packs_on_disk = {k.rsplit("/", 1)[-1] for k in repo.store.list(PACKS)}
@@ -121,6 +108,13 @@ def run_verify(repo: Repository, *, read_data: bool = True,
         report.packs_checked += 1
         if pid not in indexed_packs:
             report.warnings.append(Problem(pack_key(pid), "no index refers to this pack (gc reclaims it)"))
+    if any(why == "pack file is missing" for why in bad_packs.values()):
+        # a save dropping the keyframes its reverse deltas replaced (or a gc) may have removed it
+        # since we listed: only a pack the index still names is missing
+        repo.refresh_index()
+        indexed_packs = set(repo.pack_entries)
+        bad_packs = {pid: why for pid, why in bad_packs.items() if pid in indexed_packs or why != "pack file is missing"}
+        users = _users(repo, manifests)
     sound = lambda cid: any(p not in bad_packs and p in packs_on_disk for p, _ in repo.entries_for(cid))  # noqa: E731
     for pid, why in bad_packs.items():
         # a chunk also stored in a sound pack (a later save wrote it again) costs no version
@@ -158,3 +152,22 @@ def run_verify(repo: Repository, *, read_data: bool = True,
         for key, _ in temp_lister():
             report.warnings.append(Problem(key, "leftover temp file of an interrupted write (gc removes it)"))
     return report
+
+
+def _users(repo: Repository, manifests: dict) -> dict[bytes, set[str]]:
+    """Which versions need which chunk, through the delta chains of the copies a reader reads."""
+    users: dict[bytes, set[str]] = {}
+    for vid, m in manifests.items():
+        for blob in m.blobs:
+            for c in blob.chunks:
+                cur: bytes | None = c.chunk_id
+                hops = 0
+                while cur is not None and hops <= 1024:
+                    s = users.setdefault(cur, set())
+                    if vid in s:
+                        break
+                    s.add(vid)
+                    cur = repo.entry(cur)[1].base if repo.has_chunk(cur) else None
+                    hops += 1
+    return users
+

@@ -173,3 +173,35 @@ def test_format_1_repository_stays_format_1(tmp_path):
     assert repo.config.version == 1 and max(_depths(repo, "latest")) >= 1
     with pytest.raises(deltackpt.DeltackptError, match="format-2"):
         deltackpt.Repo(path, delta_base="child")
+
+
+def test_verify_racing_a_save_that_drops_superseded_packs_reports_no_damage(tmp_path):
+    """A save deletes the packs its reverse deltas made redundant; a verify that listed them just
+    before finds them gone, sees that no index names them any more, and reports nothing."""
+    from deltackpt.repo.layout import PACKS
+    from deltackpt.repo.verify import run_verify
+    from deltackpt.store.base import WrappingStore
+
+    path = str(tmp_path / "r")
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(512, 1024, generator=g)
+    for _ in range(2):
+        w += 1e-3 * torch.randn(512, 1024, generator=g)
+        deltackpt.save({"w": w}, path)
+    before = set(os.listdir(os.path.join(path, "index")))
+
+    class SaveBetweenReads(WrappingStore):
+        """Lets the next save run right after verify listed the packs (a real save, in between)."""
+        fired = False
+
+        def list(self, prefix: str) -> list[str]:
+            out = self.inner.list(prefix)
+            if prefix == PACKS and not self.fired:
+                self.fired = True
+                deltackpt.save({"w": w + 1e-3}, path)
+            return out
+
+    store = SaveBetweenReads(LocalStore(path))
+    report = run_verify(Repository(store))
+    assert store.fired and before - set(os.listdir(os.path.join(path, "index")))  # packs were dropped
+    assert report.ok, report.to_json()
