@@ -155,7 +155,7 @@ def write(out_dir: str, results: list[dict], meta: dict) -> None:
         "HDF5 stores each tensor as a flat dataset (shuffle on when compressed; bf16 as int16 words). "
         "One-layer reads: torch.load(mmap=True) + copy of the layer's tensors, safetensors safe_open, HDF5 datasets; "
         "zstd/ZipNN must decode the whole stream. safetensors `load_file` returns tensors backed by its mmap of the file (pages are read on first touch, not during the timed load), so its load time is not a full read. deltackpt-q8 saves everything with encoding=\"q8-delta\" (lossy).",
-        "", report_tables.METHOD, "",
+        "", report_tables.METHOD + " " + report_tables.probe_line(meta.get("cold_probe")), "",
     ]
     frozen = [r for r in results if r["workload"] == "minilm-frozen"]
     if frozen:

@@ -45,10 +45,18 @@ METHOD = (
     "safetensors' `load_file` maps the file, so its pages are read when the tensors are first touched: "
     "that is the \"+ touch\" figure. Ratios are against torch.load of the same version under the same "
     "cold cache (its bytes from disk and its seconds). The drop empties this VM's page cache only: whatever "
-    "the hypervisor caches of the virtual disk is out of reach, so cold here means guest-cold. A probe on this "
-    "machine (128 MiB file, written, fsynced, dropped, read back five times) read all 128 MiB from disk each "
-    "time by /proc/self/io, with 0 pages resident after each drop, at 0.07–0.08 s (≈1.7 GB/s); a warm read "
-    "of it read 0 bytes from disk.")
+    "the hypervisor caches of the virtual disk is out of reach, so cold here means guest-cold.")
+
+
+def probe_line(p: dict | None) -> str:
+    """The run's own check that dropping works here (bench.coldcache.probe)."""
+    if not p:
+        return ""
+    cold = ", ".join(f"{c['io_read'] / MB:.0f} MiB from disk in {c['s']:.3f} s with {c['resident_after_drop'] / MB:.1f} "
+                     f"MiB cached after the drop" for c in p["cold"])
+    return (f"Drop check in this run ({p['MiB']} MiB file, written and fsynced): cold reads {cold}; a warm read "
+            f"{p['warm']['io_read'] / MB:.0f} MiB from disk in {p['warm']['s']:.3f} s. "
+            + ("The drop works here." if p["works"] else "**The drop did NOT work here: the cold figures are warm.**"))
 
 
 def cold(r: dict) -> list[str]:

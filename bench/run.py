@@ -187,7 +187,8 @@ def main(argv=None) -> int:
     rb_repeats = a.rollback_repeats or (1 if a.quick else 3)
     try:
         limits = machine_limits(a.quick, tmp)
-        print(f"machine: {limits}", flush=True)
+        probe = coldcache.probe(tmp, 16 if a.quick else 128)
+        print(f"machine: {limits}; page-cache drop works: {probe['works']}", flush=True)
         results = []
         for w in workloads(a.quick, a.scale):
             if a.only and w.name not in a.only:
@@ -207,7 +208,7 @@ def main(argv=None) -> int:
             "command": "python -m bench.run " + " ".join(sys.argv[1:] if argv is None else argv),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, torch {torch.__version__}",
             "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "limits": limits, "wall_s": time.perf_counter() - t_start,
-            "quick": a.quick,
+            "quick": a.quick, "cold_probe": probe,
         }
         bad = failures(results)
         ran = {n for r in results for n in r["systems"] if r["systems"][n]["bytes"]}
@@ -222,6 +223,7 @@ def main(argv=None) -> int:
             assert all(r["rss"].get(n, {}).get("save") and r["rss"][n].get("load") for r in results for n in r["rss"]), "rss child failed"
             assert all(len(r["systems"][n]["load_cold"]) == r["versions"] for r in results for n in r["systems"]), "a cold load is missing"
             assert all(len(r["rollback"]["rows"]) >= 5 for r in results), "rollback rows missing"
+            assert probe["cold"] and "io_read" in probe["cold"][0], "the page-cache drop check did not run"
         return 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
