@@ -171,6 +171,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*", help="workload names to run")
     ap.add_argument("--systems", nargs="*", help="system names to run (deltackpt and torch.save always run)")
     ap.add_argument("--delta-base", default=None, help="config delta_base of deltackpt's repositories (default: the library's)")
+    ap.add_argument("--no-rss", action="store_true", help="skip the peak-RSS child processes")
     ap.add_argument("--threads", default="1,2", help="read-pool sizes for the restore throughput table ('' skips it)")
     ap.add_argument("--repeats", type=int, default=None, help="first-save repeats (default 3, quick 2)")
     ap.add_argument("--rollback-repeats", type=int, default=None,
@@ -200,6 +201,7 @@ def main(argv=None) -> int:
                 rss_names = ["deltackpt", "torch.save"] if w.name == "minilm-frozen" else []
             else:
                 rss_names = [s.name for s in syss] if w.name in ("minilm-frozen", "scale") else ["deltackpt", "torch.save"]
+            rss_names = [] if a.no_rss else rss_names
             print(f"workload {w.name}", flush=True)
             thr = threads if not a.quick or w.name == "minilm-frozen" else []   # quick: one child pair is enough
             results.append(bench_workload(w, syss, tmp, 1 if w.name == "scale" else repeats, rss_names, thr, rb_repeats))
@@ -218,7 +220,7 @@ def main(argv=None) -> int:
             print(f"NOT BIT-IDENTICAL: {bad}", file=sys.stderr)
             return 1
         if a.quick:
-            want = {s.name for s in systems()}
+            want = {s.name for s in systems()} if not a.systems else set()
             assert want <= ran, f"systems that did not run: {want - ran}"
             assert all(r["rss"].get(n, {}).get("save") and r["rss"][n].get("load") for r in results for n in r["rss"]), "rss child failed"
             assert all(len(r["systems"][n]["load_cold"]) == r["versions"] for r in results for n in r["systems"]), "a cold load is missing"
