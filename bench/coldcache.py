@@ -36,8 +36,9 @@ def files_under(*paths: str) -> list[str]:
     return out
 
 
-def drop(files: Iterable[str]) -> None:
-    """Write each file's dirty pages out (DONTNEED skips dirty pages), then evict its clean ones."""
+def sync(files: Iterable[str], evict: bool = False) -> None:
+    """fsync each file (a save that did not, torch.save's, would otherwise be written back by the
+    kernel during the next timed read); with ``evict``, then drop its pages from the page cache."""
     for path in files:
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -45,9 +46,15 @@ def drop(files: Iterable[str]) -> None:
             continue
         try:
             os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if evict:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def drop(files: Iterable[str]) -> None:
+    """Write each file's dirty pages out (DONTNEED skips dirty pages), then evict its clean ones."""
+    sync(files, evict=True)
 
 
 def resident_bytes(files: Iterable[str]) -> int:

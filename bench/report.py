@@ -148,7 +148,7 @@ def write(out_dir: str, results: list[dict], meta: dict) -> None:
         "(order rotated per version, because write timings on this VM depend on what ran just before), then every "
         "system loads it fully and one layer of it, and the restore is checked bit-identical (xxh3-128 of every "
         "tensor's bytes, dtype, shape and every non-tensor leaf). The first version is saved `repeats` times into "
-        "fresh folders to get a median first-save time. Full loads are timed warm (just after the save) and cold (see below). Non-deltackpt systems write "
+        "fresh folders to get a median first-save time. Full loads are timed warm (just after the saves, once every file is fsynced so that no kernel writeback of torch.save's unsynced file runs during them) and cold (see below). Non-deltackpt systems write "
         "one file per version; deltackpt keeps all versions in one repository (bytes per version = growth of the "
         "repository). torch.save does not fsync; torch.save+fsync is temp file + fsync + rename + dir fsync, the fair "
         "anchor for deltackpt's durable saves. zstd-3 and ZipNN compress the torch.save bytes and fsync the file. "

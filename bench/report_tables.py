@@ -40,7 +40,8 @@ METHOD = (
     "row by `mincore` on a fresh mapping of each file (\"cached after drop\", 0 when it worked) and by the "
     "process's `read_bytes` in /proc/self/io (bytes that reached the disk during the load). Bytes read: "
     "deltackpt counts what the repository's store fetched (a fresh handle over deltackpt.store.counting."
-    "CountingStore, as a restarted process would open it: no index or delta cache in memory); the file-based "
+    "CountingStore, as a restarted process would open it: no index, delta or decoded cache in memory; the warm "
+    "load goes through the handle that saved, whatever it keeps); the file-based "
     "systems report /proc/self/io read_bytes during the load (whole-file loaders: the file size); "
     "safetensors' `load_file` maps the file, so its pages are read when the tensors are first touched: "
     "that is the \"+ touch\" figure. Ratios are against torch.load of the same version under the same "
@@ -114,11 +115,12 @@ def threads(r: dict) -> list[str]:
 
 def write_side(r: dict) -> list[str]:
     s = r["systems"]
-    base = s.get("torch.save+fsync") or s.get("torch.save")
+    bname = "torch.save+fsync" if "torch.save+fsync" in s else "torch.save"
+    base = s.get(bname)
     bc = _med(base["cpu"][1:] or base["cpu"]) if base else float("nan")
     out = ["Write side per save after the first (medians, min–max; CPU = user + system seconds of the process, "
            "all threads):", "",
-           "| system | MiB stored | MiB written | CPU s | CPU / torch.save+fsync | wall s |", "|" + "---|" * 6]
+           f"| system | MiB stored | MiB written | CPU s | CPU / {bname} | wall s |", "|" + "---|" * 6]
     for name, x in s.items():
         rest = slice(1, None) if len(x["bytes"]) > 1 else slice(None)
         written = x["written"][rest] if x["written"] else x["bytes"][rest]

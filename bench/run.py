@@ -100,6 +100,7 @@ def bench_workload(w, syss, tmp: str, repeats: int, rss_names: list[str], thread
             for s in syss:
                 res[s.name]["first_save"].append(res[s.name]["save"][0])
         del state, tens
+        coldcache.sync(coldcache.files_under(base))   # no kernel writeback of an unsynced save during the loads
         for s in order:   # warm full load, cold full load, one-layer load of the version just saved
             d, r = _dir(base, s, v), res[s.name]
             dt, got = timed(s.load, d)
