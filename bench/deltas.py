@@ -24,24 +24,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from deltackpt.codecs.base import ChunkContext  # noqa: E402
 from deltackpt.codecs.pipeline import BaseChunk, encode_chunk  # noqa: E402
-from deltackpt.codecs.registry import (BG_ZSTD, SCALED_DELTA, SPARSE, SUB_DELTA, XOR_DELTA,  # noqa: E402
-                                       get)
+from deltackpt.codecs.registry import BG_ZSTD, SCALED_DELTA, SPARSE, SUB_DELTA, XOR_DELTA  # noqa: E402
+from bench.delta_sims import (chunks, ctx_of, distance_costs, entropy_pass, kind,  # noqa: E402
+                              topology_table)
+from bench.topology import BASES_HEADER, bases_table, compare_bases, restore_times, tensors  # noqa: E402
 
 MIB = 1 << 20
 SETS = {"keyframe": (BG_ZSTD,), "xor": (XOR_DELTA,), "sub": (SUB_DELTA,), "scaled": (SCALED_DELTA,),
         "sparse": (SPARSE,), "pipeline": None}
-DTYPES = {"float32": "float32", "float64": "float64", "float16": "float16", "int16": "bfloat16",
-          "int64": "int64", "int32": "int32", "uint8": "uint8", "bool": "bool"}
-
-
-def kind(name: str) -> str:
-    if name.endswith("exp_avg"):
-        return "exp_avg"
-    if name.endswith("exp_avg_sq"):
-        return "exp_avg_sq"
-    return "weights" if name.startswith("model") else "other"
 
 
 def generate(name: str, versions: int, cache: str) -> list[str]:
@@ -53,7 +44,7 @@ def generate(name: str, versions: int, cache: str) -> list[str]:
     import torch
     from bench import workloads as wl
     states = {"full": lambda: wl.minilm(versions), "frozen": lambda: wl.minilm(versions, frozen=True),
-              "recsys": lambda: wl.recsys(versions)}[name]()
+              "recsys": lambda: wl.recsys(versions), "gpt": lambda: wl.gpt_bf16(versions)}[name]()
     gen = ((state["step"], state) for state in states)
     os.makedirs(out, exist_ok=True)
 
@@ -76,23 +67,6 @@ def generate(name: str, versions: int, cache: str) -> list[str]:
         with open(os.path.join(out, f"v{step:06d}.tsize"), "w") as f:
             f.write(str(len(buf.getvalue())))
     return sorted(glob.glob(os.path.join(out, "v*.npz")))[:versions]
-
-
-def tensors(path: str) -> tuple[dict[str, np.ndarray], int]:
-    z = np.load(path)
-    return {k: z[k] for k in z.files}, int(open(path[:-4] + ".tsize").read())
-
-
-def chunks(arr: np.ndarray, chunk_bytes: int):
-    raw = arr.reshape(-1).view(np.uint8)
-    row = arr.strides[0] if arr.ndim > 1 else arr.itemsize
-    step = max(row, chunk_bytes // row * row) if row else chunk_bytes
-    for s in range(0, max(len(raw), 1), step):
-        yield s, raw[s:s + step].tobytes(), row
-
-
-def ctx_of(arr: np.ndarray, row: int) -> ChunkContext:
-    return ChunkContext(DTYPES.get(str(arr.dtype), "uint8"), arr.itemsize, row)
 
 
 def lossless_pass(prev: dict, cur: dict, chunk_bytes: int, sets=SETS) -> dict:
@@ -151,173 +125,8 @@ def lossy_chain(files: list[str], modes: dict[str, str], chunk_bytes: int, keyfr
     return per_version
 
 
-def _plane_entropy_bytes(u8: np.ndarray, width: int) -> float:
-    """Sum over byte planes of n * H0(plane) / 8: what an ideal memoryless coder per plane would need."""
-    planes = u8.reshape(-1, width).T
-    total = 0.0
-    for p in planes:
-        counts = np.bincount(p, minlength=256).astype(np.float64)
-        prob = counts[counts > 0] / len(p)
-        total += -(prob * np.log2(prob)).sum() * len(p) / 8
-    return total
-
-
-def _h2(p: float) -> float:
-    return 0.0 if p <= 0 or p >= 1 else float(-(p * np.log2(p) + (1 - p) * np.log2(1 - p)))
-
-
-def _zigzag32(d: np.ndarray) -> np.ndarray:
-    """Zigzag of a uint32 wrapping difference, as sub-delta stores it (0, -1, 1, -2 -> 0, 1, 2, 3)."""
-    return (d << 1) ^ (d.view(np.int32) >> 31).view(np.uint32)
-
-
-def entropy_pass(prev: dict, cur: dict) -> dict:
-    """Per tensor kind: order-0 byte-plane entropy of the value itself, of the XOR and of the zigzag
-    integer delta (the smallest per tensor is what a per-plane entropy coder could reach), and the
-    fraction of rows that changed at all."""
-    out: dict = {}
-    for name, arr in cur.items():
-        base = prev.get(name)
-        if arr.dtype != np.float32 or base is None or base.shape != arr.shape or arr.size < 1024:
-            continue
-        k = kind(name)
-        a, b = arr.reshape(-1).view(np.uint32), base.reshape(-1).view(np.uint32)
-        if np.array_equal(a, b):
-            out[(k, "raw")] = out.get((k, "raw"), 0) + arr.nbytes
-            continue
-        with np.errstate(over="ignore"):
-            cands = {"value": a, "xor": a ^ b, "sub": _zigzag32(a - b)}
-        h = {c: _plane_entropy_bytes(v.view(np.uint8), 4) for c, v in cands.items()}
-        h["best"] = min(h.values())
-        rows = arr.reshape(arr.shape[0], -1) if arr.ndim > 1 else arr.reshape(-1, 1)
-        changed_rows = (rows != base.reshape(rows.shape)).any(axis=1)
-        mask = np.repeat(changed_rows, rows.shape[1])
-        if not mask.all():  # sparse update: the entropy of the changed rows alone, plus a row bitmap
-            bitmap = len(changed_rows) / 8 * _h2(changed_rows.mean())
-            h["changed_rows_best"] = bitmap + min(_plane_entropy_bytes(np.ascontiguousarray(v[mask]).view(np.uint8), 4)
-                                                  for v in cands.values())
-        else:
-            h["changed_rows_best"] = h["best"]
-        for c, v in h.items():
-            out[(k, c)] = out.get((k, c), 0) + v
-        out[(k, "raw")] = out.get((k, "raw"), 0) + arr.nbytes
-        out[(k, "changed_row_bytes")] = out.get((k, "changed_row_bytes"), 0) + int(changed_rows.sum()) * rows.shape[1] * 4
-    return out
-
-
-def _delta_bytes(raw: bytes, ctx: ChunkContext, base: bytes | None) -> int:
-    bc = BaseChunk(b"\0" * 16, base, 0) if base is not None and len(base) == len(raw) else None
-    return len(encode_chunk(raw, ctx, base=bc, keyframe_interval=1 << 20).encoded.payload) + 40
-
-
-def distance_costs(files: list[str], first: int, chunk_bytes: int) -> tuple[int, list[int], list[int], int]:
-    """Lossless pipeline bytes of version first+d stored against version ``first`` (a keyframe at
-    depth 0), for every d after it: what a star topology pays at distance d.  A chunk equal to the
-    one in the version before it costs 0 (deduplicated), as it would in a repository.  Also returns
-    the keyframe bytes (bg-zstd) of the chunks that changed and, for comparison, the bytes of each
-    version against its parent (a parent chain)."""
-    base, tsize = tensors(files[first])
-    prev = base
-    star, chain = [], []
-    kf = 0
-    by_kind: dict = {}
-    for d, f in enumerate(files[first + 1:], 1):
-        cur, tsize = tensors(f)
-        total = total_chain = 0
-        for name, arr in cur.items():
-            b_arr, p_arr = base.get(name), prev.get(name)
-            for s, raw, row in chunks(arr, chunk_bytes):
-                ctx = ctx_of(arr, row)
-                p = p_arr.reshape(-1).view(np.uint8)[s:s + len(raw)].tobytes() if p_arr is not None else None
-                if p == raw:
-                    continue
-                b = b_arr.reshape(-1).view(np.uint8)[s:s + len(raw)].tobytes() if b_arr is not None else None
-                first_delta = f == files[first + 1]
-                if first_delta:
-                    kf += len(encode_chunk(raw, ctx).encoded.payload) + 40
-                n = _delta_bytes(raw, ctx, b)
-                nc = n if first_delta else _delta_bytes(raw, ctx, p)
-                total += n
-                total_chain += nc
-                k = by_kind.setdefault(kind(name), {"star": [0] * (len(files) - first - 1),
-                                                    "chain": [0] * (len(files) - first - 1)})
-                k["star"][d - 1] += n
-                k["chain"][d - 1] += nc
-        star.append(total)
-        chain.append(total_chain)
-        prev = cur
-    print("by kind (fraction of torch.save): star by distance / parent chain", flush=True)
-    for k, v in by_kind.items():
-        print(f"  {k:10s} star  " + " ".join(f"{x / tsize:.3f}" for x in v["star"]))
-        print(f"  {k:10s} chain " + " ".join(f"{x / tsize:.3f}" for x in v["chain"]), flush=True)
-    return kf, star, chain, tsize
-
-
-def topology_table(kf: int, star: list[int], chain: list[int], tsize: int) -> dict:
-    """Amortized bytes per version over a cycle (a keyframe of the changed chunks, then K versions)
-    for parent chains (depth <= K), a star (every version against the keyframe: depth <= 1) and a
-    two-level scheme (every M-th version against the keyframe, the others against it: depth <= 2)."""
-    link = statistics.median(chain)
-    out: dict = {}
-    for K in (1, 2, 4, 8, 16):
-        if K > len(star):
-            continue
-        out[f"chain/K={K}"] = (kf + K * link) / (K + 1) / tsize
-        out[f"star/K={K}"] = (kf + sum(star[:K])) / (K + 1) / tsize
-        for M in (2, 4):
-            if M >= K:
-                continue
-            # mids at d = M, 2M, ... cost star[d-1]; a version j past its mid costs about star[j-1]
-            cost = sum(star[d - 1] if d % M == 0 else star[d % M - 1] for d in range(1, K + 1))
-            out[f"two-level(M={M})/K={K}"] = (kf + cost) / (K + 1) / tsize
-    out["star_by_distance"] = [n / tsize for n in star]
-    out["chain_per_version"] = [n / tsize for n in chain]
-    out["keyframe"] = kf / tsize
-    return out
-
-
 def median_after_first(xs: list[float]) -> float:
     return statistics.median(xs[1:]) if len(xs) > 1 else float("nan")
-
-
-def restore_times(files: list[str], k: int, chunk_bytes: int, delta_base: str = "parent",
-                  rounds: int = 2) -> list[dict]:
-    """Save every version into a real repository with keyframe interval k (and ``delta_base``);
-    time loading each one from a fresh handle (the median of ``rounds``, versions interleaved)."""
-    import torch
-
-    import deltackpt
-    from deltackpt.frontend import api
-    res = []
-    with tempfile.TemporaryDirectory(dir=os.environ.get("DELTAS_TMP")) as tmp:
-        repo = os.path.join(tmp, "repo")
-        deltackpt.Repo.init(repo, keyframe_interval=k, chunk_bytes=chunk_bytes, delta_base=delta_base)
-        vids = []
-        for f in files:
-            cur, tsize = tensors(f)
-            state = {n: torch.from_numpy(a) for n, a in cur.items()}
-            t0 = time.perf_counter()
-            v = deltackpt.save(state, repo)
-            vids.append((v, time.perf_counter() - t0, tsize))
-        api._OPEN.clear()
-        r = deltackpt.Repo(repo)
-        index = r.core
-        depths = {}
-        for (v, _save_s, _tsize) in vids:
-            m = index.manifest(v.id)
-            depths[v.id] = max(index.entry(c.chunk_id)[1].depth for b in m.blobs for c in b.chunks)
-        times: dict = {v.id: [] for v, _, _ in vids}
-        for _ in range(rounds):
-            for (v, _save_s, _tsize) in vids:
-                api._OPEN.clear()  # a new process: nothing decoded in memory
-                t0 = time.perf_counter()
-                deltackpt.load(repo, v.id)
-                times[v.id].append(time.perf_counter() - t0)
-        for (v, save_s, tsize) in vids:
-            res.append({"version": v.id[:10], "depth": depths[v.id], "load_s": statistics.median(times[v.id]),
-                        "save_s": save_s, "written_ratio": v.written_bytes / tsize})
-        api._OPEN.clear()
-    return res
 
 
 def main() -> None:
@@ -325,11 +134,17 @@ def main() -> None:
     ap.add_argument("--workloads", default="full,frozen,recsys")
     ap.add_argument("--versions", type=int, default=7)
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "deltas_states"))
-    ap.add_argument("--sections", default="codecs,chunks,lossy,keyframes,restore")  # also: topology, entropy
+    ap.add_argument("--sections", default="codecs,chunks,lossy,keyframes,restore")  # also: topology, entropy, bases
+    ap.add_argument("--delta-bases", default=None,
+                    help="config delta_base values for the bases and restore sections, comma-separated "
+                         "(default: every value the library accepts; a refused one is skipped with a note)")
+    ap.add_argument("--keyframe-interval", type=int, default=None, help="bases section: K (default: the library's)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--rounds", type=int, default=2, help="restore section: loads per version (median)")
     a = ap.parse_args()
     report: dict = {}
+    bases = a.delta_bases.split(",") if a.delta_bases else None
+    bases_rows: list[str] = []
     for w in a.workloads.split(","):
         files = generate(w, a.versions, a.cache)
         rep = report[w] = {}
@@ -402,9 +217,14 @@ def main() -> None:
             rep["topology"] = topology_table(kf, star, chain, tsize)
             print(w, "topology", json.dumps(rep["topology"], indent=1), flush=True)
         if "restore" in secs:
+            from bench.topology import accepted_bases
             rep["restore"] = {f"{base}/K={K}": restore_times(files, K, 2 * MIB, base, a.rounds)
-                              for base in ("parent", "keyframe") for K in (4, 8)}
+                              for base in (bases or accepted_bases()) if base in accepted_bases() for K in (4, 8)}
             print(w, "restore", rep["restore"], flush=True)
+        if "bases" in secs:
+            rep["bases"] = compare_bases(files, bases, a.keyframe_interval, 2 * MIB)
+            bases_rows += bases_table(w, rep["bases"])
+            print("\n".join(BASES_HEADER + bases_rows), flush=True)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1, default=str)

@@ -6,6 +6,8 @@ import json
 import os
 import statistics
 
+from bench import report_tables
+
 MB = 2**20
 
 
@@ -26,6 +28,8 @@ def _r(a, b):
 def issue2(r: dict) -> list[str]:
     """The four figures issue 2 asks for, on minilm-frozen."""
     s = r["systems"]
+    if not {"deltackpt", "torch.save", "torch.save+fsync"} <= set(s):
+        return ["(not measured: this run left out torch.save+fsync)"]
     d, ts, tf = s["deltackpt"], s["torch.save"], s["torch.save+fsync"]
     added = d["bytes"][1:]
     added_ts = ts["bytes"][1:]
@@ -45,7 +49,7 @@ def table(r: dict, limits: dict) -> list[str]:
     s = r["systems"]
     ts = s["torch.save"]
     tsb, tsl = _med(ts["bytes"]), _med(ts["load"])
-    tfs = _med(s["torch.save+fsync"]["first_save"])
+    tfs = _med((s.get("torch.save+fsync") or ts)["first_save"])
     logical = r["logical_bytes"]
     out = [f"### {r['workload']}: {r['versions']} versions, state {logical / MB:.1f} MiB of tensors, "
            f"one layer = `{r['layer']}`",
@@ -79,7 +83,7 @@ def table(r: dict, limits: dict) -> list[str]:
             out.append(f"| {name} | {f(sv, 'peak')} | {sv['peak'] - sv['base']:.0f} | {f(ld, 'peak')} | {ld['peak'] - ld['base']:.0f} |"
                        if sv and ld else f"| {name} | failed | | | |")
     out.append("")
-    return out
+    return out + report_tables.all_tables(r)
 
 
 def charts(out_dir: str, results: list[dict]) -> list[str]:
@@ -144,14 +148,14 @@ def write(out_dir: str, results: list[dict], meta: dict) -> None:
         "(order rotated per version, because write timings on this VM depend on what ran just before), then every "
         "system loads it fully and one layer of it, and the restore is checked bit-identical (xxh3-128 of every "
         "tensor's bytes, dtype, shape and every non-tensor leaf). The first version is saved `repeats` times into "
-        "fresh folders to get a median first-save time. Loads run with a warm page cache. Non-deltackpt systems write "
+        "fresh folders to get a median first-save time. Full loads are timed warm (just after the saves, once every file is fsynced so that no kernel writeback of torch.save's unsynced file runs during them) and cold (see below). Non-deltackpt systems write "
         "one file per version; deltackpt keeps all versions in one repository (bytes per version = growth of the "
         "repository). torch.save does not fsync; torch.save+fsync is temp file + fsync + rename + dir fsync, the fair "
         "anchor for deltackpt's durable saves. zstd-3 and ZipNN compress the torch.save bytes and fsync the file. "
         "HDF5 stores each tensor as a flat dataset (shuffle on when compressed; bf16 as int16 words). "
         "One-layer reads: torch.load(mmap=True) + copy of the layer's tensors, safetensors safe_open, HDF5 datasets; "
         "zstd/ZipNN must decode the whole stream. safetensors `load_file` returns tensors backed by its mmap of the file (pages are read on first touch, not during the timed load), so its load time is not a full read. deltackpt-q8 saves everything with encoding=\"q8-delta\" (lossy).",
-        "",
+        "", report_tables.METHOD + " " + report_tables.probe_line(meta.get("cold_probe")), "",
     ]
     frozen = [r for r in results if r["workload"] == "minilm-frozen"]
     if frozen:

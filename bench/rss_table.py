@@ -9,7 +9,7 @@ import tempfile
 
 import torch
 
-from bench.run import rss
+from bench.measure import rss
 from bench.systems import systems
 from bench.workloads import minilm
 

@@ -3,8 +3,10 @@
     python -m bench.run            # full run, writes bench/RESULTS.md and bench/charts/*.png
     python -m bench.run --quick    # CI: tiny sizes; asserts every system ran and every restore is
                                    # bit-identical, nothing about speed; writes into a temp folder
+    python -m bench.run --only minilm-full --systems deltackpt torch.save --out /tmp/r   # rollback rows
 
-Timings are wall-clock with a warm page cache.  Systems are interleaved within each version (the
+Every full load is timed twice: warm (just after the save) and cold (the system's files dropped
+from the page cache first, bench/coldcache.py).  Systems are interleaved within each version (the
 order rotates) because write timings on a shared VM depend on what ran just before.
 """
 
@@ -12,94 +14,55 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-import numpy as np
 import torch
-import xxhash
 
-from bench import report
-from bench.systems import Deltackpt, layer_keys, split, systems
+from bench import coldcache, read_threads, report, rollback
+from bench.measure import digests, machine_limits, rss, same, tensor_bytes, timed, timed_cpu
+from bench.systems import layer_keys, split, systems
 from bench.workloads import workloads
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+KEYS = ("bytes", "save", "cpu", "written", "load", "load_cold", "read", "io_read", "touch_read", "resident",
+        "layer", "first_save", "ok")
 
 
-def digests(state) -> dict[str, str]:
-    """xxh3-128 of every tensor's bytes (plus dtype/shape), and the non-tensor leaves as text."""
-    t, other = split(state)
-    out = {}
-    for k, v in t.items():
-        b = v.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-        out[k] = f"{v.dtype}|{tuple(v.shape)}|{xxhash.xxh3_128_hexdigest(memoryview(b))}"
-    for k, v in other.items():
-        out[k] = repr(v)
-    return out
+def _dir(base: str, s, v: int) -> str:
+    return os.path.join(base, s.name) if s.versioned else os.path.join(base, s.name, f"v{v}")
 
 
-def same(expected: dict[str, str], got, only: list[str] | None = None) -> bool:
-    """Every tensor (or only those named) has the expected dtype, shape and bytes; leaves equal."""
-    d = got if only is not None else digests(got)
-    if only is not None:
-        return set(d) == set(only) and all(d[k] == expected[k] for k in only)
-    return d == expected
+def _cold_load(s, base: str, d: str, vid: str | None, dig: dict) -> dict:
+    """A cold full load: deltackpt through a fresh counting handle (bytes the store fetched), the
+    others through their loader (bytes that reached the disk, and those the first touch of every
+    tensor adds: safetensors maps the file and reads on touch)."""
+    if s.versioned:
+        row = rollback.cold_load(d, vid, dig)
+        return {"s": row["s"], "read": row["store_read"], "io_read": row["io_read"], "touch_read": 0,
+                "resident": row["resident_after_drop"], "ok": row["ok"] or not s.lossless}
+    dt, got, io = coldcache.cold(s.load, coldcache.files_under(os.path.join(base, s.name)), d)
+    r0 = coldcache.io_read_bytes()
+    ok = same(dig, got) if s.lossless else True
+    touch = coldcache.io_read_bytes() - r0
+    return {"s": dt, "read": io["io_read"], "io_read": io["io_read"], "touch_read": touch,
+            "resident": io["resident_after_drop"], "ok": ok}
 
 
-def timed(fn, *a):
-    t0 = time.perf_counter()
-    r = fn(*a)
-    return time.perf_counter() - t0, r
-
-
-def machine_limits(quick: bool, tmp: str) -> dict[str, float]:
-    n = (32 if quick else 512) << 20
-    src = np.random.default_rng(0).integers(0, 255, n, dtype=np.uint8)
-    dst = np.empty_like(src)
-    mem = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        mem.append(n / (time.perf_counter() - t0) / 1e9)
-    disk = []
-    path = os.path.join(tmp, "ddtest")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        with open(path, "wb") as f:
-            f.write(memoryview(src))
-            f.flush()
-            os.fsync(f.fileno())
-        disk.append(n / (time.perf_counter() - t0) / 1e9)
-        os.unlink(path)
-    return {"memcpy_GBps": statistics.median(mem), "write_fsync_GBps": statistics.median(disk),
-            "probe_MB": n / 2**20}
-
-
-def rss(mode: str, name: str, state_path: str, d: str) -> dict | None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-m", "bench.rss", mode, name, state_path, d], capture_output=True,
-                       text=True, env=env, timeout=600)
-    if p.returncode != 0:
-        print(f"  rss {mode} {name} failed: {p.stderr[-500:]}", file=sys.stderr)
-        return None
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
-def bench_workload(w, syss, tmp: str, repeats: int, rss_names: list[str]) -> dict:
+def bench_workload(w, syss, tmp: str, repeats: int, rss_names: list[str], threads: list[int],
+                   rb_repeats: int = 1) -> dict:
     base = tempfile.mkdtemp(prefix=w.name + "-", dir=tmp)
-    res = {s.name: {"bytes": [], "save": [], "load": [], "layer": [], "first_save": [], "ok": []} for s in syss}
+    res = {s.name: {k: [] for k in KEYS} for s in syss}
     vids: dict[str, list] = {s.name: [] for s in syss if s.versioned}
-    first_digest = None
+    digs: list[dict] = []
+    live: dict = {}
     logical = 0
     t_gen = 0.0
-    gen = w.make()
+    gen = w.make(live=live)
     v = 0
     while True:
         t0 = time.perf_counter()
@@ -109,22 +72,21 @@ def bench_workload(w, syss, tmp: str, repeats: int, rss_names: list[str]) -> dic
             break
         t_gen += time.perf_counter() - t0
         dig = digests(state)
+        digs.append(dig)
         tens, _ = split(state)
-        logical = sum(x.numel() * x.element_size() for x in tens.values())
+        logical = tensor_bytes(state)
         lay = layer_keys(tens, w.layer)
         assert lay, f"{w.name}: layer {w.layer} matches nothing"
-        if first_digest is None:
-            first_digest = dig
         order = syss[v % len(syss):] + syss[:v % len(syss)]
         for s in order:   # save, interleaved
-            d = os.path.join(base, s.name) if s.versioned else os.path.join(base, s.name, f"v{v}")
-            dt, n = timed(s.save, state, d)
+            dt, cpu, n = timed_cpu(s.save, state, _dir(base, s, v))
             r = res[s.name]
             r["bytes"].append(n)
             r["save"].append(dt)
+            r["cpu"].append(cpu)
             if s.versioned:
-                import deltackpt
-                vids[s.name].append(deltackpt.Repo(d).log()[-1].id)
+                vids[s.name].append(s.last.id)
+                r["written"].append(s.last.written_bytes)
         if v == 0:   # extra first-save repeats into fresh folders
             for rep in range(repeats - 1):
                 for s in order[rep % len(order):] + order[:rep % len(order)]:
@@ -138,44 +100,49 @@ def bench_workload(w, syss, tmp: str, repeats: int, rss_names: list[str]) -> dic
             for s in syss:
                 res[s.name]["first_save"].append(res[s.name]["save"][0])
         del state, tens
-        for s in order:   # full load + one-layer load of the version just saved, interleaved
-            d = os.path.join(base, s.name) if s.versioned else os.path.join(base, s.name, f"v{v}")
+        coldcache.sync(coldcache.files_under(base))   # no kernel writeback of an unsynced save during the loads
+        for s in order:   # warm full load, cold full load, one-layer load of the version just saved
+            d, r = _dir(base, s, v), res[s.name]
             dt, got = timed(s.load, d)
-            res[s.name]["load"].append(dt)
+            r["load"].append(dt)
             ok = same(dig, got) if s.lossless else True
             del got
+            c = _cold_load(s, base, d, vids[s.name][-1] if s.versioned else None, dig)
+            for k in ("read", "io_read", "touch_read", "resident"):
+                r[k].append(c[k])
+            r["load_cold"].append(c["s"])
             dt, got = timed(s.load_layer, d, w.layer)
-            res[s.name]["layer"].append(dt)
+            r["layer"].append(dt)
             ok_l = same(dig, digests(got), lay) if s.lossless or v == 0 else True
-            res[s.name]["ok"].append(bool(ok and ok_l))
+            r["ok"].append(bool(ok and ok_l and c["ok"]))
             del got
         print(f"  {w.name} v{v}: " + ", ".join(f"{s.name} {res[s.name]['save'][-1]:.2f}s" for s in syss), flush=True)
         v += 1
-    for s in syss:   # rollback to the oldest version
+    for s in syss:   # rollback to the oldest version (warm)
         r = res[s.name]
-        if s.versioned:
-            d = os.path.join(base, s.name)
-            dt, got = timed(s.load, d, vids[s.name][0])
-        else:
-            dt, got = timed(s.load, os.path.join(base, s.name, "v0"))
+        dt, got = timed(s.load, _dir(base, s, 0), vids[s.name][0]) if s.versioned else timed(s.load, _dir(base, s, 0))
         r["rollback"] = dt
         if s.lossless:
-            r["ok"].append(same(first_digest, got))
+            r["ok"].append(same(digs[0], got))
         del got
-    # bytes a deltackpt layer restore reads
     import deltackpt
-    from deltackpt.store import LocalStore
-    from deltackpt.store.counting import CountingStore
-    cs = CountingStore(LocalStore(os.path.join(base, "deltackpt")))
-    rp = deltackpt.Repo(cs)
+    repo = os.path.join(base, "deltackpt")
+    ts = res.get("torch.save")
+    rb = rollback.rows(repo, digs, live, ts["bytes"] if ts else [0] * v, ts["load_cold"] if ts else [float("nan")] * v,
+                       rb_repeats)
+    print(f"  {w.name} rollback: " + ", ".join(f"{x['row']} {x['s']:.3f}s" for x in rb["rows"]), flush=True)
+    thr = read_threads.measure(repo, threads, digs[-1], logical, rb_repeats) if threads else None
+    rp, cs = rollback.open_counted(repo)   # bytes a deltackpt layer restore reads, each on a fresh handle
     rp.load(layers=[f"model.{w.layer}"])
     layer_read = cs.bytes_read
-    cs.reset()
+    rp.close()
+    rp, cs = rollback.open_counted(repo)
     rp.load()
     full_read = cs.bytes_read
     rp.close()
     out = {"workload": w.name, "versions": v, "logical_bytes": logical, "train_s": t_gen, "layer": w.layer,
-           "layer_bytes_read": layer_read, "full_bytes_read": full_read, "systems": res, "rss": {}}
+           "layer_bytes_read": layer_read, "full_bytes_read": full_read, "systems": res, "rss": {},
+           "rollback": rb, "read_threads": thr}
     last_pt = os.path.join(base, "torch.save", f"v{v - 1}", "ckpt.pt")
     for name in rss_names:
         sv = rss("save", name, last_pt, os.path.join(base, "rss-" + name))
@@ -189,12 +156,27 @@ def bench_workload(w, syss, tmp: str, repeats: int, rss_names: list[str]) -> dic
     return out
 
 
+def failures(results: list[dict]) -> list[tuple]:
+    """Every (workload, row) whose restore was not bit-identical, or a system that saved nothing."""
+    bad = [(r["workload"], n) for r in results for n, x in r["systems"].items() if not all(x["ok"]) or not x["bytes"]]
+    bad += [(r["workload"], x["row"]) for r in results for x in r["rollback"]["rows"] if not x["ok"]]
+    bad += [(r["workload"], f"read threads {x['threads']}") for r in results
+            for x in (r["read_threads"] or {}).get("rows", []) if not x["ok"]]
+    return bad
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny CI run: checks, no speed claims")
     ap.add_argument("--scale", action="store_true", help="add the >= 2 GB scale workload (untested, needs ~8 GB)")
     ap.add_argument("--only", nargs="*", help="workload names to run")
+    ap.add_argument("--systems", nargs="*", help="system names to run (deltackpt and torch.save always run)")
+    ap.add_argument("--delta-base", default=None, help="config delta_base of deltackpt's repositories (default: the library's)")
+    ap.add_argument("--no-rss", action="store_true", help="skip the peak-RSS child processes")
+    ap.add_argument("--threads", default="1,2", help="read-pool sizes for the restore throughput table ('' skips it)")
     ap.add_argument("--repeats", type=int, default=None, help="first-save repeats (default 3, quick 2)")
+    ap.add_argument("--rollback-repeats", type=int, default=None,
+                    help="runs of each rollback row and read-threads child (median; default 3, quick 1)")
     ap.add_argument("--tmp", default=os.environ.get("BENCH_TMP"), help="scratch folder (default: system temp)")
     ap.add_argument("--out", default=None, help="where RESULTS.md and charts/ go (default: bench/, quick: temp)")
     a = ap.parse_args(argv)
@@ -203,28 +185,35 @@ def main(argv=None) -> int:
     tmp = tempfile.mkdtemp(prefix="deltackpt-bench-", dir=a.tmp)
     out_dir = a.out or (os.path.join(tmp, "out") if a.quick else HERE)
     repeats = a.repeats or (2 if a.quick else 3)
+    threads = [int(x) for x in a.threads.split(",") if x]
+    rb_repeats = a.rollback_repeats or (1 if a.quick else 3)
     try:
         limits = machine_limits(a.quick, tmp)
-        print(f"machine: {limits}", flush=True)
+        probe = coldcache.probe(tmp, 16 if a.quick else 128)
+        print(f"machine: {limits}; page-cache drop works: {probe['works']}", flush=True)
         results = []
         for w in workloads(a.quick, a.scale):
             if a.only and w.name not in a.only:
                 continue
-            syss = systems(scale=w.name == "scale")
+            syss = systems(scale=w.name == "scale", delta_base=a.delta_base)
+            if a.systems:
+                syss = [s for s in syss if s.name in set(a.systems) | {"deltackpt", "torch.save"}]
             if a.quick:
                 rss_names = ["deltackpt", "torch.save"] if w.name == "minilm-frozen" else []
             else:
                 rss_names = [s.name for s in syss] if w.name in ("minilm-frozen", "scale") else ["deltackpt", "torch.save"]
+            rss_names = [] if a.no_rss else rss_names
             print(f"workload {w.name}", flush=True)
-            results.append(bench_workload(w, syss, tmp, 1 if w.name == "scale" else repeats, rss_names))
+            thr = threads if not a.quick or w.name == "minilm-frozen" else []   # quick: one child pair is enough
+            results.append(bench_workload(w, syss, tmp, 1 if w.name == "scale" else repeats, rss_names, thr, rb_repeats))
         meta = {
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "command": "python -m bench.run" + (" --quick" if a.quick else "") + (f" --only {' '.join(a.only)}" if a.only else ""),
+            "command": "python -m bench.run " + " ".join(sys.argv[1:] if argv is None else argv),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, torch {torch.__version__}",
             "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "limits": limits, "wall_s": time.perf_counter() - t_start,
-            "quick": a.quick,
+            "quick": a.quick, "cold_probe": probe,
         }
-        bad = [(r["workload"], n) for r in results for n, x in r["systems"].items() if not all(x["ok"]) or not x["bytes"]]
+        bad = failures(results)
         ran = {n for r in results for n in r["systems"] if r["systems"][n]["bytes"]}
         report.write(out_dir, results, meta)
         print(f"wrote {out_dir}/RESULTS.md in {meta['wall_s']:.0f} s", flush=True)
@@ -232,9 +221,12 @@ def main(argv=None) -> int:
             print(f"NOT BIT-IDENTICAL: {bad}", file=sys.stderr)
             return 1
         if a.quick:
-            want = {s.name for s in systems()}
+            want = {s.name for s in systems()} if not a.systems else set()
             assert want <= ran, f"systems that did not run: {want - ran}"
             assert all(r["rss"].get(n, {}).get("save") and r["rss"][n].get("load") for r in results for n in r["rss"]), "rss child failed"
+            assert all(len(r["systems"][n]["load_cold"]) == r["versions"] for r in results for n in r["systems"]), "a cold load is missing"
+            assert all(len(r["rollback"]["rows"]) >= 5 for r in results), "rollback rows missing"
+            assert probe["cold"] and "io_read" in probe["cold"][0], "the page-cache drop check did not run"
         return 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

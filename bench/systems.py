@@ -119,15 +119,19 @@ class TorchSave(System):
 class Deltackpt(System):
     versioned = True
 
-    def __init__(self, encoding: str | None = None):
+    def __init__(self, encoding: str | None = None, delta_base: str | None = None):
         self.encoding = encoding
+        self.delta_base = delta_base
+        self.last = None   # the Version the last save made (its id, written_bytes)
         self.name = "deltackpt" if encoding is None else f"deltackpt-{encoding.split('-')[0]}"
         self.lossless = encoding is None
 
     def save(self, state, d):
         import deltackpt
         before = _size(d) if os.path.isdir(d) else 0
-        deltackpt.save(state, d, step=int(state.get("step", 0)), encoding=self.encoding)
+        if not before and self.delta_base is not None:
+            deltackpt.Repo.init(d, delta_base=self.delta_base)
+        self.last = deltackpt.save(state, d, step=int(state.get("step", 0)), encoding=self.encoding)
         return _size(d) - before
 
     def load(self, d, version="latest"):
@@ -278,9 +282,10 @@ class ZipNN(_BytesCodec):
         return bytes(self._z(dtype).decompress(blob[1:]))
 
 
-def systems(scale: bool = False) -> list[System]:
-    """All systems; at the 2 GB scale point the slow single-stream compressors are left out."""
-    full = [Deltackpt(), Deltackpt("q8-delta"), TorchSave(), TorchSave(durable=True), Safetensors(),
+def systems(scale: bool = False, delta_base: str | None = None) -> list[System]:
+    """All systems; at the 2 GB scale point the slow single-stream compressors are left out.
+    ``delta_base``: the config value deltackpt's repositories are created with (None: the default)."""
+    full = [Deltackpt(delta_base=delta_base), Deltackpt("q8-delta", delta_base=delta_base), TorchSave(), TorchSave(durable=True), Safetensors(),
             HDF5(None), HDF5("gzip"), HDF5("lzf"), Zstd(), ZipNN()]
     if scale:
         return [s for s in full if s.name in ("deltackpt", "torch.save", "torch.save+fsync", "safetensors", "hdf5")]

