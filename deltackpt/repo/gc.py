@@ -26,7 +26,6 @@ from ..format.limits import MAX_INDEX_BYTES, PACK_MAX_OBJECTS, PACK_TARGET_BYTES
 from ..format.objects import EncodedObject
 from ..format.pack import PackBuilder, PackEntry
 from . import locks
-from .copies import resolve
 from .layout import INDEX, MANIFESTS, PACKS, TAGS, pack_key
 from .repository import Repository
 from .retention import Retention
@@ -114,7 +113,7 @@ def _plan(repo: Repository, policy: Retention, report: GcReport, rebase: bool, g
     by_pack: dict[str, list[PackEntry]] = repo.pack_entries
     # the copy with the shortest real chain among packs that exist (copies.py): recorded depths go
     # stale, and two copies may name each other as bases
-    chosen = resolve(repo.all_copies(), usable=packs_on_disk.__contains__).best
+    chosen = repo.resolve_copies(packs_on_disk.__contains__).best
     # a keyframe that several kept deltas use as their base (lossless deltas form a star
     # around their keyframe) is cheaper to keep than to rebase every one of them
     users_of: dict[bytes, int] = {}

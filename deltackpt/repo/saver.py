@@ -18,23 +18,20 @@ from typing import Any, Callable
 import numpy as np
 
 from ..codecs.base import ChunkContext
+from ..errors import StoreError
 from ..codecs.floats import max_abs_err
 from ..codecs.pipeline import BaseChunk, encode_chunk
 from ..codecs.registry import get as codec_of
-from ..format import index as index_fmt
 from ..format import refs
-from ..format.ids import digest, hex_id
+from ..format.ids import digest
 from ..format.manifest import Blob, ChunkRef, Manifest, TensorEntry
 from ..format.objects import EncodedObject
-from ..format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
-from ..format.pack import PackStream
 from . import commit, locks, supersede
 from .arena import CopyArena
-from .packer import Packer
 from .chunking import chunk_bounds
 from .delta_cache import ChunkMemo
+from .packer import Packer
 from .presence import ChunkPresence
-from .layout import INDEX, pack_key
 from .repository import Repository
 from .reverse import ReverseDeltas
 
@@ -69,6 +66,7 @@ class SaveStats:
     packs: int = 0
     manifest_bytes: int = 0
     chunks_restored: int = 0   # previous head chunks re-stored as reverse deltas (format 2)
+    restored_bytes: int = 0    # their objects' bytes: what the previous version costs from now on
     superseded_bytes: int = 0  # head keyframe bytes those made redundant and removed
     encodings: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
@@ -236,8 +234,13 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
                                      writer=commit.writer_name(), extra={**(extra or {}), "written": written}), stats, tag)
         if sv.rev is not None and sv.rev.restored:
             # the previous head keyframes now have reverse deltas: drop the packs they make redundant
-            stats.superseded_bytes = supersede.drop_superseded(
-                repo, sv.rev.restored, protected={c.chunk_id for b in manifest_blobs for c in b.chunks})
+            try:
+                stats.superseded_bytes = supersede.drop_superseded(
+                    repo, sv.rev.restored, protected={c.chunk_id for b in manifest_blobs for c in b.chunks})
+            except StoreError as exc:
+                raise StoreError(exc.errno, f"{repo.location}: version {vid[:10]} is committed, but dropping the "
+                                 f"keyframes it made redundant failed ({exc.strerror or exc}); they stay until the "
+                                 "next save or gc") from None
     stats.seconds = time.perf_counter() - t0
     return vid, stats
 
@@ -373,6 +376,7 @@ def _take(result: tuple, b: BlobInput, i: int, chunks: list[ChunkRef], sv: _Save
         sv.back.add(back)
         sv.rev.restored.add(back.cid)
         stats.chunks_restored += 1
+        stats.restored_bytes += sum(len(p) for p in back.parts)
         _count(stats, back.encoding)
     stats.chunks_total += 1
     if r.lossy:

@@ -24,7 +24,6 @@ from ..format.ids import hex_id
 from ..format.limits import MAX_INDEX_BYTES
 from ..format.pack import PackBuilder, PackEntry
 from . import locks
-from .copies import resolve
 from .layout import INDEX, pack_key
 from .repository import Repository
 
@@ -34,11 +33,10 @@ _NEW = "new"                   # the pack being built, while planning
 
 def _plan(repo: Repository, candidates: set[str], protected: set[bytes]) -> dict[str, list[PackEntry]]:
     """For each candidate pack, the objects that must survive its removal (copied elsewhere)."""
-    copies = repo.all_copies()
     keep: dict[str, list[PackEntry]] = {pid: [] for pid in candidates}
     while True:  # keeping an object can only make more chunks resolve: this settles
         extra = [(e.chunk_id, (_NEW, e)) for kept in keep.values() for e in kept]
-        res = resolve(copies, usable=lambda pid: pid not in candidates, extra=extra)
+        res = repo.resolve_copies(lambda pid: pid not in candidates, extra)
         grew = False
         for pid in candidates:
             kept = {e.chunk_id for e in keep[pid]}
@@ -61,8 +59,7 @@ def drop_superseded(repo: Repository, restored: set[bytes], protected: set[bytes
     store = repo.store
     with locks.refs_lock(store):
         repo.refresh_index()
-        copies = repo.all_copies()
-        candidates = {pid for cid in restored for pid, e in copies.get(cid, ()) if e.base is None}
+        candidates = {pid for cid in restored for pid, e in repo.entries_for(cid) if e.base is None}
         if not candidates:
             return 0
         keep = _plan(repo, candidates, protected)

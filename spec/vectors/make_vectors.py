@@ -229,12 +229,15 @@ def manifest_vector() -> dict:
                         "tensors": [jsonish(t.to_obj()) for t in tensors], "tree": jsonish(tree)}}
 
 
-def config_vector() -> dict:
-    cfg = config_fmt.Config(repo_id=FIXED_REPO_ID, created=FIXED_TIME)
+def config_vector(version: int = config_fmt.FORMAT_VERSION) -> dict:
+    cfg = config_fmt.Config(repo_id=FIXED_REPO_ID, created=FIXED_TIME, version=version,
+                            delta_base=config_fmt.default_delta_base(version))
     data = cfg.to_bytes()
-    return {"config": data.hex(), "decoded": {"format": "deltackpt", "version": cfg.version, "repo_id": cfg.repo_id,
-                                              "created": cfg.created, "chunk_bytes": cfg.chunk_bytes,
-                                              "keyframe_interval": cfg.keyframe_interval}}
+    decoded = {"format": "deltackpt", "version": cfg.version, "repo_id": cfg.repo_id, "created": cfg.created,
+               "chunk_bytes": cfg.chunk_bytes, "keyframe_interval": cfg.keyframe_interval}
+    if version >= 2:
+        decoded["delta_base"] = cfg.delta_base
+    return {"config": data.hex(), "decoded": decoded}
 
 
 def ref_vector(version_id: str) -> dict:
@@ -246,7 +249,7 @@ def build_all() -> dict[str, Any]:
     pack = pack_vector(cases)
     man = manifest_vector()
     out: dict[str, Any] = {f"codec-{name}": {"cases": c} for name, c in cases.items()}
-    out.update({"pack": pack, "index": index_vector(pack), "manifest": man, "config": config_vector(),
+    out.update({"pack": pack, "index": index_vector(pack), "manifest": man, "config": config_vector(), "config-v1": config_vector(1),
                 "ref": ref_vector(man["version_id"])})
     for v in out.values():
         v["generator"] = {"zstd": zstandard.ZSTD_VERSION and ".".join(map(str, zstandard.ZSTD_VERSION))}

@@ -71,3 +71,55 @@ def test_repo_v1_uses_every_encoding_and_verifies(repo_v1):
     report = repo.verify()
     assert report.ok, report.to_json()
     assert repo.core.config.version == 1
+
+
+# format version 2 ------------------------------------------------------------------------------
+@pytest.fixture
+def repo_v2(tmp_path):
+    """A private copy of the committed format-2 fixture (tests/fixtures/make_repo_v2.py)."""
+    dst = tmp_path / "repo-v2"
+    shutil.copytree(os.path.join(FIXTURES, "repo-v2"), dst, symlinks=True)
+    return str(dst)
+
+
+with open(os.path.join(FIXTURES, "repo-v2.expected.json")) as _f:
+    EXPECTED_V2 = json.load(_f)
+
+
+@pytest.mark.parametrize("revision", sorted(EXPECTED_V2))
+def test_repo_v2_loads_as_recorded(repo_v2, revision):
+    """Every recorded revision of the format-2 fixture (head keyframes, reverse deltas, retained
+    keyframes, lossy chunks) resolves to the same id and loads to the same tensors and values."""
+    want = EXPECTED_V2[revision]
+    state, version = deltackpt.load(repo_v2, revision, return_version=True)
+    assert version.id == want["id"] and version.step == want["step"] and version.exact == want["exact"]
+    assert version.metrics == want["metrics"] and list(version.tags) == want["tags"]
+    assert _json_roundtrip(describe(state)) == want["state"]
+
+
+def test_repo_v2_is_format_2_with_reverse_deltas_and_verifies(repo_v2):
+    """The fixture is what it claims: config version 2, older versions stored as deltas against the
+    newer version's chunks, latest one object per chunk (its lossless tensors); verify passes."""
+    repo = deltackpt.Repo(repo_v2)
+    core = repo.core
+    assert core.config.version == 2 and core.config.delta_base == "child"
+    newest = {c.chunk_id for b in core.manifest(core.resolve("latest")).blobs for c in b.chunks}
+    older = {c.chunk_id for b in core.manifest(core.resolve("latest~1")).blobs for c in b.chunks} - newest
+    assert any(core.entry(c)[1].base in newest for c in older)  # reverse deltas
+    m = core.manifest(core.resolve("latest"))
+    lossless = [c.chunk_id for t in m.tensors if t.encoding == "lossless" for c in m.blobs[t.blob].chunks]
+    assert lossless and all(core.chain_depth(c) == 0 for c in lossless)
+    depths = {k: [core.chain_depth(c.chunk_id) for b in core.manifest(core.resolve(f"latest~{k}")).blobs
+                  for c in b.chunks] for k in range(5)}
+    assert max(depths[4]) == 2 and max(max(d) for d in depths.values()) <= 2  # keyframe_interval 2 bounds chains
+    assert repo.verify().ok
+
+
+def test_a_format_1_reader_refuses_a_format_2_repository(repo_v2, monkeypatch):
+    """A reader that implements only format 1 (here: this code told so) refuses the v2 fixture on
+    open with FormatVersionError naming both versions, before it reads anything else."""
+    from deltackpt.format import config as config_fmt
+    monkeypatch.setattr(config_fmt, "READABLE_VERSIONS", (1,))
+    deltackpt.frontend.api._OPEN.clear()
+    with pytest.raises(deltackpt.FormatVersionError, match=r"version 2 .*reads versions 1"):
+        deltackpt.Repo(repo_v2)

@@ -145,14 +145,17 @@ def test_manifest_vector_decodes_and_reencodes():
     assert m.to_bytes() == data
 
 
-def test_config_vector_decodes_and_reencodes():
-    """The recorded config decodes to format version 1 with the recorded fields and re-encodes exactly."""
-    vec = load("config")
+@pytest.mark.parametrize("name, version, delta_base", [("config", 2, "child"), ("config-v1", 1, "parent")])
+def test_config_vector_decodes_and_reencodes(name, version, delta_base):
+    """The recorded configs decode to their format version (2, with delta_base written; 1, without it)
+    with the recorded fields and re-encode exactly."""
+    vec = load(name)
     data = bytes.fromhex(vec["config"])
     cfg = config_fmt.decode(data, where="vector")
     want = vec["decoded"]
     assert (cfg.version, cfg.repo_id, cfg.created, cfg.chunk_bytes, cfg.keyframe_interval) == (
         want["version"], want["repo_id"], want["created"], want["chunk_bytes"], want["keyframe_interval"])
+    assert (cfg.version, cfg.delta_base, want.get("delta_base", "parent")) == (version, delta_base, delta_base)
     assert cfg.to_bytes() == data
 
 
