@@ -112,7 +112,8 @@ def one_base(files: list[str], base: str, k: int | None, chunk_bytes: int, tmp: 
     med = lambda key: statistics.median(s[key] for s in saves[after])  # noqa: E731
     tmed = statistics.median(tsizes[after])
     return {"delta_base": base, "keyframe_interval": k, "saves": saves, "reads": reads,
-            "stored_per_version": med("stored") / tmed, "written_per_save": med("written") / tmed,
+            "stored_per_version": med("stored") / tmed,
+            "written_per_save": med("written") / tmed,
             "cpu_per_save_s": med("cpu_s"), "wall_per_save_s": med("wall_s"),
             "total_stored": sum(s["stored"] for s in saves) / sum(tsizes)}
 
@@ -139,14 +140,15 @@ def bases_table(name: str, res: dict) -> list[str]:
         objs = " / ".join(f"{r['objects_mean']:.2f}" for r in x["reads"])
         secs = " / ".join(f"{r['cold_s']:.2f}" for r in x["reads"])
         ok = "yes" if all(r["ok"] for r in x["reads"]) else "NO"
-        rows.append(f"| {name} | {b} | {x['stored_per_version']:.3f} | {x['written_per_save']:.3f} | "
+        rows.append(f"| {name} | {b} | {x['stored_per_version']:.3f} | {x['total_stored']:.3f} | "
+                    f"{x['written_per_save']:.3f} | "
                     f"{x['cpu_per_save_s']:.2f} | {reads} | {objs} | {secs} | {ok} |")
     return rows
 
 
-BASES_HEADER = ["| workload | delta_base | stored / version | written / save | CPU s / save | "
-                "read, latest / ~1 / … / ~K (× torch.save) | objects per chunk, same order | cold s, same order | "
-                "bit-identical |", "|---|---|---|---|---|---|---|---|---|"]
+BASES_HEADER = ["| workload | delta_base | stored / version | repository / all versions | "
+                "written / save | CPU s / save | read, latest / ~1 / … / ~K (× torch.save) | objects per chunk, "
+                "same order | cold s, same order | bit-identical |", "|---|---|---|---|---|---|---|---|---|---|"]
 
 
 def restore_times(files: list[str], k: int, chunk_bytes: int, delta_base: str = "parent",
