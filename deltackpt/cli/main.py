@@ -238,9 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = command("init", cmd_init, "create a repository")
     sp.add_argument("--chunk-bytes", type=int)
     sp.add_argument("--keyframe-interval", type=int)
-    sp.add_argument("--delta-base", choices=["parent", "keyframe"],
-                    help="lossless deltas against the previous version (chains, default) or the last "
-                         "keyframe (star: any version decodes <= 2 objects per chunk, more bytes)")
+    sp.add_argument("--delta-base", choices=["child", "parent", "keyframe"],
+                    help="child (default): the newest version whole, older ones deltas against newer "
+                         "chunks; parent: forward chains (cheaper saves, slower newest restore); "
+                         "keyframe: deltas against each chunk's last keyframe")
     sp = command("log", cmd_log, "list versions, newest first")
     sp.add_argument("-n", "--limit", type=int)
     sp = command("show", cmd_show, "a version's metadata and tensors")

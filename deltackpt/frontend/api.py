@@ -60,12 +60,11 @@ class Repo:
     saved bytes, used to store the next version as deltas) survives ``deltackpt.save(obj, path)``
     calls.  ``delta_cache_bytes=0`` turns it off (every chunk that changed is then a keyframe).
 
-    ``delta_base="keyframe"`` (stored in the config by ``Repo.init``) takes every lossless delta
-    against its chunk's last keyframe instead of the previous version: restoring any version then
-    decodes at most two objects per chunk (rollback costs about as much as loading the latest),
-    for more bytes per version where states drift (minilm-full: 0.66 vs 0.52 of torch.save at
-    K=8; see bench/DELTAS.md).  The default, ``"parent"``, chains deltas up to
-    ``keyframe_interval`` deep.
+    ``delta_base`` (stored in the config by ``Repo.init``) picks the topology: ``"child"`` (the
+    default of format 2) stores the newest version whole and older ones as deltas against newer
+    chunks, so ``resume`` reads one object per chunk; ``"parent"`` chains deltas forward (cheaper
+    saves, the newest version the dearest to read); ``"keyframe"`` takes every lossless delta
+    against its chunk's last keyframe.  bench/DELTAS.md compares them.
     """
 
     def __init__(self, location: "str | os.PathLike | Store | Repo", *, create: bool = False,
