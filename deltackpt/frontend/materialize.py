@@ -158,7 +158,11 @@ def _buffers(sizes: dict[int, int]) -> dict[int, np.ndarray]:
 
 
 def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int], *,
-               threads: int | None = None) -> dict[int, np.ndarray]:
+               threads: int | None = None, seeds: "dict[int, np.ndarray] | None" = None) -> dict[int, np.ndarray]:
+    """Fresh buffers holding the blobs.  ``seeds``: blob -> the bytes a live tensor holds now (a
+    nearby version): copied in first, then kept or stepped where their hash proves them, as
+    :func:`deltackpt.restore` does in place, so only what differs is read; the live tensors are
+    not written."""
     wanted = sorted(set(blob_ids))
     for b in wanted:
         _check(core, vid, m, b)
@@ -169,7 +173,13 @@ def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int],
         raise OutOfMemoryError(f"version {vid[:10]}: cannot allocate {total} bytes for "
                                f"{len(wanted)} tensors (e.g. {_names(m, wanted[-1])}); load fewer layers or "
                                "restore into an existing model") from None
-    read_into(core, vid, m, [(b, memoryview(buf)) for b, buf in out.items()], checked=True, threads=threads)
+    seeded = {b for b, src in (seeds or {}).items() if b in out and len(src) == len(out[b])}
+    for b in seeded:
+        np.copyto(out[b], seeds[b])  # type: ignore[index]
+    for live in (True, False):
+        targets = [(b, memoryview(buf)) for b, buf in out.items() if (b in seeded) == live]
+        if targets:
+            read_into(core, vid, m, targets, checked=True, live=live, threads=threads)
     return out
 
 

@@ -38,7 +38,7 @@ from ..repo.gc import DEFAULT_GRACE_SECONDS, run_gc
 from ..repo.retention import Retention, check_seconds
 from ..repo.versions import Version
 from . import async_save, rng
-from .api import Repo, _repo, load
+from .api import Repo, _repo
 from .async_save import SaveHandle
 from .policies import Policy, as_policy
 
@@ -156,6 +156,8 @@ def resume(repo: "str | os.PathLike | Repo", *, model: "torch.nn.Module | None" 
     (every chunk is hash-checked while loading); a corrupt or incomplete one is skipped with a
     warning.  Any other revision (``"best:val_loss"``, a tag, ``"latest~3"``) is restored or
     raises.  Nothing is applied to the model or optimizer until the whole version has loaded.
+    What they hold now is used while loading: a chunk they already hold, or that a few stored
+    deltas turn into the target, is not read again (a rollback within a run reads what differs).
     Returns None when the repository does not exist or holds no version (a fresh start).
 
     Example::
@@ -179,7 +181,7 @@ def resume(repo: "str | os.PathLike | Repo", *, model: "torch.nn.Module | None" 
     last_error: DeltackptError | None = None
     for vid in candidates:
         try:
-            state, v = load(r, vid, return_version=True)
+            state, v = _load_near(r, vid, model, optimizer)
         except DeltackptError as exc:
             if not (isinstance(version, str) and version in ("latest", "HEAD")):
                 raise
@@ -196,6 +198,36 @@ def resume(repo: "str | os.PathLike | Repo", *, model: "torch.nn.Module | None" 
     if last_error is None:
         return None
     raise type(last_error)(f"{r.location}: no version loads; the newest failed with: {last_error}")
+
+
+def _load_near(r: Any, vid: str, model: Any, optimizer: Any) -> tuple[Any, Version]:
+    """``load(r, vid)``, reading only what differs from what ``model`` and ``optimizer`` hold now
+    (a rollback within a run): their tensors seed fresh buffers, so nothing live is written until
+    the whole version has loaded.  A fresh model matches nothing and reads everything."""
+    from .flatten import unflatten
+    from .materialize import build_tensors, is_own_blob, read_blobs
+    from .tensor_bytes import writable_bytes
+
+    live: dict[str, Any] = {}
+    if model is not None:
+        live.update((f"model.{k}", t) for k, t in model.state_dict().items())
+    if optimizer is not None and hasattr(optimizer, "state_dict"):
+        for i, s in optimizer.state_dict().get("state", {}).items():
+            live.update((f"optimizer.state.{i}.{k}", t) for k, t in s.items() if isinstance(t, torch.Tensor))
+    m = r.core.manifest(vid)
+    r.core.refresh_index()
+    seeds = {}
+    for e in m.tensors:
+        t = live.get(e.name)
+        if (isinstance(t, torch.Tensor) and is_own_blob(m, e) and list(t.shape) == e.shape
+                and str(t.dtype).removeprefix("torch.") == e.dtype):
+            src = writable_bytes(t)
+            if src is not None:
+                seeds[e.blob] = src
+    chosen = list(range(len(m.tensors)))
+    buffers = read_blobs(r.core, vid, m, (e.blob for e in m.tensors), seeds=seeds)
+    tensors = build_tensors(m, chosen, buffers, "cpu")
+    return unflatten(m.tree, tensors.__getitem__), r.core.version(vid)
 
 
 def _apply(state: Any, v: Version, **parts: Any) -> None:

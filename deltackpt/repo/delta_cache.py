@@ -2,8 +2,10 @@
 deltas without reading anything back from storage.  Bounded by bytes; when full, positions not
 held are saved as keyframes (correct, only larger).
 
-By default the memo is the last saved (for lossy chunks: decoded) version of the position, so
-deltas chain on their parent.  With ``delta_base = "keyframe"`` in the config, lossless chunks form
+The memo is the last saved (for lossy chunks: decoded) version of the position.  With
+``delta_base = "child"`` (format 2's default) it is the chunk the next save stores again as a
+reverse delta against its successor (reverse.py); with ``"parent"`` the next save's chunk is a
+delta against it, so deltas chain forward.  With ``delta_base = "keyframe"`` in the config, lossless chunks form
 a *star* instead: the memo is the position's last keyframe and every version until the next one is
 a delta against it (``age`` counts them), so a read decodes at most two objects per chunk.  Lossy
 chunks always chain on their decoded parent, so quantization error never accumulates."""
@@ -11,7 +13,7 @@ chunks always chain on their decoded parent, so quantization error never accumul
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -60,3 +62,16 @@ class DeltaCache:
         with self._lock:
             self._items.clear()
             self._bytes = 0
+
+
+def next_star_base(memo: ChunkMemo | None, stored: ChunkMemo, base_id: bytes | None) -> ChunkMemo:
+    """The base for the next lossless save at this position (a star around the last keyframe):
+    a keyframe becomes the base; after a delta against the base, the base stays (one older); a
+    stored delta (reused, or written against something else) becomes the base only when there is
+    none.  Only with ``delta_base = "keyframe"``; lossy chunks always chain on their decoded parent."""
+    if stored.depth == 0:
+        return stored
+    if memo is not None and base_id == memo.chunk_id:
+        # the keyframe stays the base; the codec this delta won with is remembered all the same
+        return replace(memo, age=memo.age + 1, winner=stored.winner)
+    return stored if memo is None else memo

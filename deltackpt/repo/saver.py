@@ -12,7 +12,7 @@ import time
 import warnings
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -29,7 +29,7 @@ from ..format.objects import EncodedObject
 from . import commit, locks, supersede
 from .arena import CopyArena
 from .chunking import chunk_bounds
-from .delta_cache import ChunkMemo
+from .delta_cache import ChunkMemo, next_star_base
 from .packer import Packer
 from .presence import ChunkPresence
 from .repository import Repository
@@ -142,7 +142,7 @@ def _encode_one(sv: _Save, raw: memoryview | bytes, ctx: ChunkContext, memo: Chu
         if known(src):
             r = _ChunkResult(src, len(data), None, 0, None, depth_of(src), 0.0, False)
             stored = ChunkMemo(src, data, r.depth, src, owner=owner)
-            return r, _next_base(memo, stored, None) if star else stored, None
+            return r, next_star_base(memo, stored, None) if star else stored, None
     elif memo is not None and memo.source_id == src and known(memo.chunk_id):
         # unchanged since the last lossy save: reuse what was stored (maybe the input itself), with its error
         err = max_abs_err(memo.data, data, ctx.dtype) if memo.chunk_id != src else 0.0
@@ -162,7 +162,7 @@ def _encode_one(sv: _Save, raw: memoryview | bytes, ctx: ChunkContext, memo: Chu
     if known(cid):
         r = _ChunkResult(cid, len(data), None, 0, None, depth_of(cid), choice.encoded.max_abs_err, lossy)
         stored = ChunkMemo(cid, kept, r.depth, src, owner=owner if recon is None else None)
-        return r, _next_base(memo, stored, None) if star else stored, None
+        return r, next_star_base(memo, stored, None) if star else stored, None
     params = dict(choice.encoded.params)
     base_id = choice.base.chunk_id if choice.base else None
     if base_id is not None:
@@ -172,7 +172,7 @@ def _encode_one(sv: _Save, raw: memoryview | bytes, ctx: ChunkContext, memo: Chu
                      choice.encoded.max_abs_err, lossy)
     winner = choice.encoding if choice.lossless and choice.base is not None else None
     stored = ChunkMemo(cid, kept, choice.depth, src, winner=winner, owner=owner if recon is None else None)
-    return r, _next_base(memo, stored, base_id) if star else stored, None
+    return r, next_star_base(memo, stored, base_id) if star else stored, None
 
 
 def _encode_head(sv: _Save, data, src: bytes, ctx: ChunkContext, memo: ChunkMemo | None,
@@ -193,19 +193,6 @@ def _encode_head(sv: _Save, data, src: bytes, ctx: ChunkContext, memo: ChunkMemo
             parts, winner, _params = enc
             back = _ChunkResult(memo.chunk_id, len(memo.data), parts, winner, src, 1, 0.0, False)
     return r, ChunkMemo(src, data, 0, src, winner=winner, owner=owner), back
-
-
-def _next_base(memo: ChunkMemo | None, stored: ChunkMemo, base_id: bytes | None) -> ChunkMemo:
-    """The base for the next lossless save at this position (a star around the last keyframe):
-    a keyframe becomes the base; after a delta against the base, the base stays (one older); a
-    stored delta (reused, or written against something else) becomes the base only when there is
-    none.  Only with ``delta_base = "keyframe"``; lossy chunks always chain on their decoded parent."""
-    if stored.depth == 0:
-        return stored
-    if memo is not None and base_id == memo.chunk_id:
-        # the keyframe stays the base; the codec this delta won with is remembered all the same
-        return replace(memo, age=memo.age + 1, winner=stored.winner)
-    return stored if memo is None else memo
 
 
 def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[TensorEntry], tree: Any, *,

@@ -309,3 +309,32 @@ def test_bad_threads_are_refused_before_anything_is_written(repo_path):
     deltackpt.restore(model, repo_path, "latest~1", optimizer=opt, threads=1)
     assert_bit_identical(_state(model, opt), saved[-2])
     assert_bit_identical(deltackpt.load(repo_path, "latest", threads=2)["model"], saved[-1]["model"])
+
+
+def test_resume_rolls_back_reading_only_what_differs_and_stays_all_or_nothing(repo_path, topology):
+    """resume(version=...) into the live model and optimizer reads only what differs from what they
+    hold (their tensors seed fresh buffers), lands bit-identical, and a version that fails to load
+    leaves them untouched."""
+    from deltackpt.frontend.training import resume
+
+    model, opt, saved = _history(repo_path)
+    repo, store = _counting(repo_path)
+    store.reset()
+    resume(repo, model=model, optimizer=opt, version="latest~1", restore_rng=False)
+    near = store.bytes_read_under("packs/")
+    assert_bit_identical(_state(model, opt), saved[-2])
+    fresh, fresh_opt = _mlp(seed=1), None
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    store.reset()
+    resume(repo, model=fresh, optimizer=fresh_opt, version="latest~1", restore_rng=False)
+    assert near < 0.8 * store.bytes_read_under("packs/")  # a fresh model matches nothing
+    # a model that matches nothing reads the corrupt chunk (a nearby one might step around it)
+    other = _mlp(seed=5)
+    other_opt = torch.optim.AdamW(other.parameters(), lr=1e-2)
+    _train(other, other_opt, 7)
+    before = _copy(_state(other, other_opt))
+    vid = repo.core.resolve("latest")  # a named version is restored or raises ("latest" would fall back)
+    _corrupt(repo_path, repo, _chunks(repo, "latest")["model.2.weight"][0])
+    with pytest.raises(CorruptObjectError):
+        resume(repo, model=other, optimizer=other_opt, version=vid, restore_rng=False)
+    assert_bit_identical(_state(other, other_opt), before)
