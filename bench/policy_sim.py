@@ -6,11 +6,9 @@ failure the job pays its restore time and continues from the last *committed* ch
 Overhead = stalls (time the loop is blocked by saves, waits included) + lost work (progress since
 the last committed checkpoint) + restore time, as a fraction of the useful time.
 
-Restore time, per system: ``--restart-s`` (the job coming back up, the same for both) plus that
-system's cold load of the latest version: ``--torch-load-s`` for torch.load, ``--restore-ratio`` x
-that for deltackpt.  The ratio is measured by the benchmark (bench/run.py: deltackpt's cold load of
-the latest version / cold torch.load of the same version); ``--from-results FILE`` reads it from
-bench/run.py's JSON for ``--workload``, otherwise the figures of ``MEASURED_RESTORE`` are used.
+Restore time, per system: ``--restart-s`` (the same for both) plus that system's cold load of the
+latest version: ``--torch-load-s`` for torch.load, ``--restore-ratio`` x that for deltackpt, the
+ratio bench/run.py measures (``--from-results FILE`` reads its JSON, else ``MEASURED_RESTORE``).
 
 Checkpoint costs: a blocking ``torch.save`` stalls for ``--torch-save-s`` and is committed when it
 returns.  A deltackpt background save stalls for ``--stall-ratio`` x that (the snapshot) plus
@@ -20,9 +18,7 @@ ratios from bench/async_stall.py's JSON (the row ``--thread-mode``, against its 
 row, or torch.save where the run had no fsync row).
 
 The policies are deltackpt's own objects (deltackpt/frontend/policies.py) driven by simulated time.
-
-    PYTHONPATH=. python bench/policy_sim.py                      # table + bench/POLICIES.md
-    PYTHONPATH=. python bench/policy_sim.py --mtbf-h 1 --torch-save-s 120
+    PYTHONPATH=. python bench/policy_sim.py --mtbf-h 1 --torch-save-s 120   # tables + bench/POLICIES.md
     PYTHONPATH=. python bench/policy_sim.py --from-bench bench/results/X.json --from-results bench/results.json
 """
 
@@ -169,22 +165,16 @@ def bench_ratios(b: dict, thread_mode: str) -> tuple[float, float, float, str]:
     """(stall, contention, background) / torch.save stall from bench/async_stall.py's JSON, and the
     name of the row they are relative to (torch.save+fsync where the run has it: it is durable on
     return, as the simulation's torch.save is)."""
-    if "paired" in b:   # --paired: the loop cost per save beyond the stall, from paired cycles
-        p = b["paired"]
-        ref_mode = "torch.save+fsync" if "torch.save+fsync" in p else "torch.save"
-        ref, th = p[ref_mode]["stall_median_s"], p[thread_mode]
-        # the overlap estimate when the run has it: the larger and steadier of the two here
-        slowdown = max(th["slowdown_median"], th.get("slowdown_overlap_median") or 0.0)
-        loop_cost = slowdown * statistics.median(p["none"]["cycle_s"])
-        return (th["stall_median_s"] / ref, max(0.0, loop_cost - th["stall_median_s"]) / ref,
-                (th.get("background_median_s") or 0.0) / ref, ref_mode)
-    rows = {r["mode"]: r for r in b["rows"]}
-    th = rows[thread_mode]
-    ref = rows["torch.save"]["stall_all_median_s"]
-    # whole runs, interleaved (repeat k of every mode ran back to back): pair them, take the median
-    paired = sorted(t["step_mean_s"] - n["step_mean_s"] for t, n in zip(th["runs"], rows["none"]["runs"]))
-    return (th["stall_all_median_s"] / ref, max(0.0, paired[len(paired) // 2]) * b["every"] / ref,
-            (th["background_median_s"] or 0.0) / ref, "torch.save")
+    if "paired" not in b:
+        raise SystemExit("--from-bench needs a bench/async_stall.py --paired JSON (whole-run JSONs predate stop 12)")
+    p = b["paired"]   # the loop cost per save beyond the stall, from paired cycles
+    ref_mode = "torch.save+fsync" if "torch.save+fsync" in p else "torch.save"
+    ref, th = p[ref_mode]["stall_median_s"], p[thread_mode]
+    # the overlap estimate when the run has it: the larger and steadier of the two here
+    slowdown = max(th["slowdown_median"], th.get("slowdown_overlap_median") or 0.0)
+    loop_cost = slowdown * statistics.median(p["none"]["cycle_s"])
+    return (th["stall_median_s"] / ref, max(0.0, loop_cost - th["stall_median_s"]) / ref,
+            (th.get("background_median_s") or 0.0) / ref, ref_mode)
 
 
 def restore_ratios(results: dict) -> dict[str, float]:
@@ -224,16 +214,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "POLICIES.md"))
     args = ap.parse_args(argv)
 
-    source, ref_mode, plain_ratios = "defaults", "torch.save", None
+    source, ref_mode, plain_ratios, spread = "defaults", "torch.save", None, ""
     if args.from_bench:
         with open(args.from_bench) as f:
             b = json.load(f)
-        modes = b["paired"] if "paired" in b else {r["mode"]: r for r in b["rows"]}
+        modes = b.get("paired", {})
         args.thread_mode = args.thread_mode or ("deltackpt-lazy" if "deltackpt-lazy" in modes else "deltackpt-thread")
         args.stall_ratio, args.contention_ratio, args.background_ratio, ref_mode = bench_ratios(b, args.thread_mode)
         if args.thread_mode == "deltackpt-lazy" and "deltackpt-thread" in modes:
             plain_ratios = bench_ratios(b, "deltackpt-thread")[:3]
-        source = args.from_bench
+        source, th = args.from_bench, modes[args.thread_mode]
+        if "slowdown_median_ci90" in th:   # how sure the contention input is
+            lo, hi = th["slowdown_median_ci90"]
+            spread = (f"; that run's slowdown: paired median {th['slowdown_median']:+.1%} [90% CI {lo:+.1%}, {hi:+.1%}], "
+                      f"overlap estimate {th['slowdown_overlap_median'] or 0:+.1%}, every {b['every']} steps")
     ratios = dict(MEASURED_RESTORE)
     r_source = "MEASURED_RESTORE in bench/policy_sim.py (bench/run.py, format 2, cold cache, 2026-11-24)"
     if args.from_results:
@@ -270,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         f"* deltackpt's save costs are ratios to {ref_mode}'s stall in one bench/async_stall.py run "
         f"(from {source}{', row ' + args.thread_mode if args.from_bench else ''}): snapshot stall "
         f"{args.stall_ratio:.3f}x, loop slowdown beyond the stall {args.contention_ratio:.3f}x (the larger of the "
-        f"paired-cycle median and the overlap estimate), snapshot to commit {args.background_ratio:.2f}x.",
+        f"paired-cycle median and the overlap estimate{spread}), snapshot to commit {args.background_ratio:.2f}x.",
     ]
     if plain_ratios:
         lines.append(f"* The plain background snapshot (row deltackpt-thread of the same run) for one comparison row: "
