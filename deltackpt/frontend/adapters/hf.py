@@ -102,10 +102,11 @@ class DeltackptCallback(TrainerCallback):
         for entry in reversed(state.log_history):
             metrics.update({k: v for k, v in entry.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                             and k not in metrics and k != "step"})
-        lazy = not self.blocking and self.lazy and optimizer is not None
+        hooked = _torch_optimizer(optimizer) if not self.blocking and self.lazy else None
+        lazy = hooked is not None
         result = save(snapshot, self.repo, step=int(state.global_step), metrics=metrics,
                       meta={"hf_output_dir": os.path.abspath(args.output_dir)}, encoding=self.encoding,
-                      blocking=self.blocking, optimizer=_torch_optimizer(optimizer) if lazy else None)
+                      blocking=self.blocking, optimizer=hooked)
         if not self.blocking:
             self.handles.append(result)
             if lazy and (control.should_training_stop or state.global_step >= state.max_steps):
@@ -132,12 +133,15 @@ class DeltackptCallback(TrainerCallback):
             h.wait()
 
 
-def _torch_optimizer(optimizer: Any) -> Any:
-    """The optimizer whose ``step()`` writes the tensors: accelerate's ``AcceleratedOptimizer``
-    (what the Trainer passes) calls its inner optimizer's ``step()``, whose hooks are the ones that run."""
+def _torch_optimizer(optimizer: Any) -> "torch.optim.Optimizer | None":
+    """The optimizer whose ``step()`` writes the tensors, or None where there is no such torch
+    optimizer with step hooks (no optimizer, DeepSpeed's own): the snapshot is then eager.
+    accelerate's ``AcceleratedOptimizer`` (what the Trainer passes) calls its inner optimizer's
+    ``step()``, whose hooks are the ones that run."""
     while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
         optimizer = optimizer.optimizer
-    return optimizer
+    hooked = isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "_optimizer_step_pre_hooks")
+    return optimizer if hooked else None
 
 
 def _state_json(state: Any) -> str:
