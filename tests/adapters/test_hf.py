@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import pytest
 import torch
@@ -73,3 +75,112 @@ def test_checkout_refuses_foreign_versions(tmp_path, repo_path):
     deltackpt.save({"w": torch.ones(2)}, repo_path, step=1)
     with pytest.raises(StateMismatchError, match="DeltackptCallback"):
         checkout(repo_path, tmp_path / "x")
+
+
+def _clone(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_clone(v) for v in obj)
+    return obj
+
+
+def _assert_bits(a, b, path):
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), path
+    elif isinstance(a, dict):
+        assert set(a) == set(b), path
+        for k in a:
+            _assert_bits(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_bits(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, path
+
+
+@pytest.fixture
+def held_copies(monkeypatch):
+    """The first lazy copy waits for a gate (then 0.3 s more), later ones sleep 0.3 s before copying:
+    a copy that the optimizer or the Trainer did not wait for would read later values."""
+    from deltackpt import faults
+    from deltackpt.frontend import async_save
+    gate, seen, real_hit = threading.Event(), [], faults.hit
+
+    def hit(site: str):
+        if site == "snapshot.lazy_copy":
+            seen.append(site)
+            if len(seen) == 1:
+                assert gate.wait(60), "no optimizer step came"
+            time.sleep(0.3)
+        return real_hit(site)
+
+    monkeypatch.setattr(faults, "hit", hit)
+    yield gate
+    async_save.drain_all()
+
+
+class Record(transformers.TrainerCallback):
+    """Placed before DeltackptCallback: clones model and optimizer state at each save, and, just
+    before the next optimizer step, notes whether that save's snapshot was still pending (then
+    opens the gate that holds the first lazy copy)."""
+
+    def __init__(self, cb: DeltackptCallback, gate: threading.Event) -> None:
+        self.cb, self.gate = cb, gate
+        self.at: dict[int, dict] = {}
+        self.pending: list[bool] = []
+
+    def on_save(self, args, state, control, model=None, optimizer=None, **kwargs):
+        self.at[state.global_step] = _clone({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if self.cb.handles and not self.gate.is_set():
+            self.pending.append(not self.cb.handles[-1].snapshot_done())
+            self.gate.set()
+
+
+def _saved(repo_path) -> dict[int, dict]:
+    return {v.step: deltackpt.load(repo_path, v.id) for v in deltackpt.Repo(repo_path).log()}
+
+
+def test_background_callback_snapshots_lazily_and_saves_the_state_at_the_save(tmp_path, repo_path, held_copies):
+    """With blocking=False the callback's snapshot of weights and optimizer is still pending when the
+    Trainer's next step has run forward and backward, and each saved version is bit-identical to
+    the model and optimizer state at its save although training went on."""
+    cb = DeltackptCallback(repo_path, blocking=False)
+    rec = Record(cb, held_copies)
+    trainer = _trainer(tmp_path, [rec, cb])
+    trainer.train()
+    assert rec.pending == [True]
+    saved = _saved(repo_path)
+    assert sorted(saved) == [4, 8]
+    for step in (4, 8):
+        _assert_bits(rec.at[step], {"model": saved[step]["model"], "optimizer": saved[step]["optimizer"]}, f"step {step}")
+    assert not torch.equal(trainer.model.classifier.weight, rec.at[4]["model"]["classifier.weight"])
+
+
+def test_last_lazy_save_is_copied_before_the_trainer_loads_the_best_model(tmp_path, repo_path, held_copies):
+    """The last save of a run is copied inside on_save: load_best_model_at_end writes the best
+    checkpoint's weights into the live model right after it, and the step-8 version still holds
+    step 8's weights."""
+
+    class Rank(transformers.TrainerCallback):
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            metrics["eval_rank"] = -state.global_step   # step 4 is the best checkpoint
+
+    cb = DeltackptCallback(repo_path, blocking=False)
+    rec = Record(cb, held_copies)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=8, save_steps=4, save_strategy="steps", eval_strategy="steps",
+        eval_steps=4, load_best_model_at_end=True, metric_for_best_model="rank", greater_is_better=True,
+        per_device_train_batch_size=4, learning_rate=1e-3, report_to=[], use_cpu=True, seed=3,
+        dataloader_num_workers=0, disable_tqdm=True)
+    trainer = transformers.Trainer(model=_model(), args=args, train_dataset=_data(), eval_dataset=_data()[:8],
+                                   callbacks=[Rank(), rec, cb])
+    trainer.train()
+    _assert_bits(rec.at[4]["model"], trainer.model.state_dict(), "best model loaded")
+    _assert_bits(rec.at[8]["model"], _saved(repo_path)[8]["model"], "step 8")

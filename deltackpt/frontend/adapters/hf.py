@@ -7,6 +7,14 @@ version (deltas against the previous, unchanged chunks not written), with ``step
 ``global_step`` and the last logged metrics.  ``remove_hf_checkpoints=True`` then deletes the
 ``checkpoint-N`` directory the Trainer wrote, so only the repository holds checkpoints.
 
+``blocking=False`` saves in the background, and lazily (``lazy=True``, the default): the weights
+and optimizer state are copied while the next step's forward and backward run, and that step's
+``optimizer.step()`` waits for the copy (:mod:`deltackpt.frontend.lazy`).  The Trainer writes
+those tensors only in ``optimizer.step()``; at the end of training (after the last save it may load
+the best model into them) the callback waits for the copy inside ``on_save``.  Pass ``lazy=False``
+if another callback writes into the weights or optimizer state in place between steps (an EMA
+swapped into the live model, ``model.load_state_dict``).
+
 Resuming: :func:`checkout` writes a version back as a Trainer checkpoint directory
 (``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``trainer_state.json``,
 ``rng_state.pth``) and ``trainer.train(resume_from_checkpoint=that_dir)`` resumes exactly as from
@@ -45,17 +53,20 @@ TrainerCallback = require("transformers", feature="deltackpt's transformers call
 class DeltackptCallback(TrainerCallback):
     """Store model + optimizer + scheduler + trainer state + RNG at each Trainer save step.
 
-    ``blocking=False`` saves in the background (training waits only for the snapshot).
+    ``blocking=False`` saves in the background (training waits only for the snapshot); with
+    ``lazy=True`` the optimizer's tensors are copied during the next forward/backward (see the
+    module docstring for what that asks of other callbacks).
     """
 
     def __init__(self, repo: "str | os.PathLike | Repo", *, remove_hf_checkpoints: bool = False,
-                 blocking: bool = True, encoding: Any = None) -> None:
+                 blocking: bool = True, encoding: Any = None, lazy: bool = True) -> None:
         opened = repo if isinstance(repo, Repo) else Repo(repo, create=True)
         self._location = portable_location(opened)
         self._repo: Repo | None = opened
         self.remove_hf_checkpoints = remove_hf_checkpoints
         self.blocking = blocking
         self.encoding = encoding
+        self.lazy = lazy
         self.handles: list = []
 
     @property
@@ -65,7 +76,7 @@ class DeltackptCallback(TrainerCallback):
             self._repo = Repo(self._location, create=True)
         return self._repo
 
-    _OPTIONS = ("remove_hf_checkpoints", "blocking", "encoding")
+    _OPTIONS = ("remove_hf_checkpoints", "blocking", "encoding", "lazy")
 
     def __getstate__(self) -> dict[str, Any]:
         # only the location and options travel (deepcopy, spawned processes): not the open repository
@@ -74,7 +85,7 @@ class DeltackptCallback(TrainerCallback):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._location, self._repo, self.handles = state["location"], None, []
         for k in self._OPTIONS:
-            setattr(self, k, state[k])
+            setattr(self, k, state.get(k, True) if k == "lazy" else state[k])   # pickled before "lazy": its default
 
     def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         if not state.is_world_process_zero:
@@ -91,11 +102,17 @@ class DeltackptCallback(TrainerCallback):
         for entry in reversed(state.log_history):
             metrics.update({k: v for k, v in entry.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
                             and k not in metrics and k != "step"})
+        hooked = _torch_optimizer(optimizer) if not self.blocking and self.lazy else None
+        lazy = hooked is not None
         result = save(snapshot, self.repo, step=int(state.global_step), metrics=metrics,
                       meta={"hf_output_dir": os.path.abspath(args.output_dir)}, encoding=self.encoding,
-                      blocking=self.blocking)
+                      blocking=self.blocking, optimizer=hooked)
         if not self.blocking:
             self.handles.append(result)
+            if lazy and (control.should_training_stop or state.global_step >= state.max_steps):
+                # no optimizer.step() follows to wait for the copy, and the Trainer may now load
+                # the best checkpoint into these very tensors (load_best_model_at_end)
+                result.wait_snapshot()
         if self.remove_hf_checkpoints:
             hf_dir = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             if self.blocking:
@@ -114,6 +131,17 @@ class DeltackptCallback(TrainerCallback):
         handles, self.handles = self.handles, []
         for h in handles:
             h.wait()
+
+
+def _torch_optimizer(optimizer: Any) -> "torch.optim.Optimizer | None":
+    """The optimizer whose ``step()`` writes the tensors, or None where there is no such torch
+    optimizer with step hooks (no optimizer, DeepSpeed's own): the snapshot is then eager.
+    accelerate's ``AcceleratedOptimizer`` (what the Trainer passes) calls its inner optimizer's
+    ``step()``, whose hooks are the ones that run."""
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer
+    hooked = isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "_optimizer_step_pre_hooks")
+    return optimizer if hooked else None
 
 
 def _state_json(state: Any) -> str:
