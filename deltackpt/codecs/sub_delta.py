@@ -99,22 +99,20 @@ class SubDelta(Codec):
         unzigzag_add(dest.view(t), b.view(t))
 
     def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
-        dest = np.frombuffer(out, dtype=np.uint8)
-        w = params.get("w")
-        if not is_int(w) or w not in _UINT:
-            raise CorruptObjectError(f"{self.name}: width {w!r:.20} is not an integer size")
-        z = decode_planes(params, payload, len(dest), what=self.name, out=scratch(len(dest)))
-        t = _UINT[w]
-        unzigzag_add(z.view(t), dest.view(t), out=dest.view(t))
+        self._step(out, params, payload, subtract=False)
 
     def unapply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+        self._step(out, params, payload, subtract=True)
+
+    def _step(self, out: memoryview, params: dict[str, Any], payload: bytes, *, subtract: bool) -> None:
+        """``out`` (the base, or the delta's result to undo) += or -= the decoded differences, in place."""
         dest = np.frombuffer(out, dtype=np.uint8)
         w = params.get("w")
         if not is_int(w) or w not in _UINT:
             raise CorruptObjectError(f"{self.name}: width {w!r:.20} is not an integer size")
         z = decode_planes(params, payload, len(dest), what=self.name, out=scratch(len(dest)))
         t = _UINT[w]
-        unzigzag_add(z.view(t), dest.view(t), out=dest.view(t), subtract=True)
+        unzigzag_add(z.view(t), dest.view(t), out=dest.view(t), subtract=subtract)
 
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
         out = np.empty(raw_len, dtype=np.uint8)

@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 import deltackpt  # noqa: E402
 from deltackpt.errors import StateMismatchError  # noqa: E402
 from deltackpt.frontend.adapters.hf import DeltackptCallback, checkout  # noqa: E402
+from tests.strategies import assert_bit_identical  # noqa: E402
 
 
 class Crash(transformers.TrainerCallback):
@@ -87,22 +88,6 @@ def _clone(obj):
     return obj
 
 
-def _assert_bits(a, b, path):
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape, path
-        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), path
-    elif isinstance(a, dict):
-        assert set(a) == set(b), path
-        for k in a:
-            _assert_bits(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_bits(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, path
-
-
 @pytest.fixture
 def held_copies(monkeypatch):
     """The first lazy copy waits for a gate (then 0.3 s more), later ones sleep 0.3 s before copying:
@@ -159,7 +144,7 @@ def test_background_callback_snapshots_lazily_and_saves_the_state_at_the_save(tm
     saved = _saved(repo_path)
     assert sorted(saved) == [4, 8]
     for step in (4, 8):
-        _assert_bits(rec.at[step], {"model": saved[step]["model"], "optimizer": saved[step]["optimizer"]}, f"step {step}")
+        assert_bit_identical(rec.at[step], {"model": saved[step]["model"], "optimizer": saved[step]["optimizer"]}, f"step {step}")
     assert not torch.equal(trainer.model.classifier.weight, rec.at[4]["model"]["classifier.weight"])
 
 
@@ -182,5 +167,5 @@ def test_last_lazy_save_is_copied_before_the_trainer_loads_the_best_model(tmp_pa
     trainer = transformers.Trainer(model=_model(), args=args, train_dataset=_data(), eval_dataset=_data()[:8],
                                    callbacks=[Rank(), rec, cb])
     trainer.train()
-    _assert_bits(rec.at[4]["model"], trainer.model.state_dict(), "best model loaded")
-    _assert_bits(rec.at[8]["model"], _saved(repo_path)[8]["model"], "step 8")
+    assert_bit_identical(rec.at[4]["model"], trainer.model.state_dict(), "best model loaded")
+    assert_bit_identical(rec.at[8]["model"], _saved(repo_path)[8]["model"], "step 8")

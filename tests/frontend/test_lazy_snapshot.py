@@ -17,6 +17,7 @@ import deltackpt
 from deltackpt import faults
 from deltackpt.frontend import async_save
 from deltackpt.frontend.training import Checkpointer, training_state
+from tests.strategies import assert_bit_identical
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 
@@ -39,22 +40,6 @@ def _clone(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(_clone(v) for v in obj)
     return obj
-
-
-def _assert_same(a, b, path="state"):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, path
-        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), path   # bits, NaN too
-    elif isinstance(a, dict):
-        assert set(a) == set(b), path
-        for k in a:
-            _assert_same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_same(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, path
 
 
 class _Net(torch.nn.Module):
@@ -129,7 +114,7 @@ def test_lazy_version_is_the_state_at_the_call_while_training_goes_on(repo_path,
     for _ in range(3):
         one_step()
     v = h.wait()
-    _assert_same(expected, deltackpt.load(repo_path, v.id))
+    assert_bit_identical(expected, deltackpt.load(repo_path, v.id))
     live = _state(model, opts, scaler, 2)
     assert not torch.equal(live["model"]["fc.weight"], expected["model"]["fc.weight"])   # training did move on
     assert not torch.equal(live["model"]["bn.running_mean"], expected["model"]["bn.running_mean"])
@@ -215,7 +200,7 @@ def test_tensors_outside_the_optimizer_are_copied_at_the_call(repo_path, slow_co
         extra.add_(1.0)
         model.bn.running_var.add_(1.0)
     one_step()
-    _assert_same(expected, deltackpt.load(repo_path, h.wait().id))
+    assert_bit_identical(expected, deltackpt.load(repo_path, h.wait().id))
     owned = sum(p.numel() * 4 for p in model.parameters()) + sum(
         t.numel() * t.element_size() for s in opt.state.values() for t in s.values())
     assert h.lazy_bytes == owned
@@ -239,7 +224,7 @@ def test_checkpointer_lazy_saves_every_step_bit_identical(repo_path, slow_copy):
     ckpt.close()
     by_step = {v.step: v.id for v in deltackpt.Repo(repo_path).log()}
     for step, state in expected.items():
-        _assert_same(state, deltackpt.load(repo_path, by_step[step]), f"step {step}")
+        assert_bit_identical(state, deltackpt.load(repo_path, by_step[step]), f"step {step}")
 
 
 def test_bad_lazy_arguments_are_refused_before_anything_is_written(tmp_path):
@@ -268,7 +253,7 @@ def test_lazy_save_through_the_encoder_process(repo_path, slow_copy, monkeypatch
     h = deltackpt.save({"model": model.state_dict(), "opt": opt.state_dict()}, repo_path, step=1,
                        blocking=False, optimizer=opt, background="process")
     one_step()
-    _assert_same(expected, deltackpt.load(repo_path, h.wait().id))
+    assert_bit_identical(expected, deltackpt.load(repo_path, h.wait().id))
     from deltackpt.frontend import staging
     assert staging._lent[id(deltackpt.Repo(repo_path).core)].segment is not None
 
@@ -289,7 +274,7 @@ def test_a_failed_lazy_copy_fails_the_save_not_the_training_step(repo_path, monk
     assert [v.step for v in deltackpt.Repo(repo_path).log()] == [0]
     expected = _clone(model.state_dict())
     v = deltackpt.save(model.state_dict(), repo_path, step=2, blocking=False, optimizer=opt).wait()
-    _assert_same(expected, deltackpt.load(repo_path, v.id))
+    assert_bit_identical(expected, deltackpt.load(repo_path, v.id))
 
 
 def test_restore_into_the_model_waits_for_a_pending_lazy_copy(tmp_path, slow_copy):
@@ -305,7 +290,7 @@ def test_restore_into_the_model_waits_for_a_pending_lazy_copy(tmp_path, slow_cop
     h = deltackpt.save(model.state_dict(), str(tmp_path / "main"), step=1, blocking=False, optimizer=opt)
     deltackpt.restore(model, other)
     assert not torch.equal(model.fc.weight, expected["fc.weight"])
-    _assert_same(expected, deltackpt.load(str(tmp_path / "main"), h.wait().id))
+    assert_bit_identical(expected, deltackpt.load(str(tmp_path / "main"), h.wait().id))
 
 
 def test_resume_from_another_repository_waits_for_a_pending_lazy_copy(tmp_path, slow_copy):
@@ -321,4 +306,4 @@ def test_resume_from_another_repository_waits_for_a_pending_lazy_copy(tmp_path, 
     h = deltackpt.save(model.state_dict(), str(tmp_path / "main"), step=1, blocking=False, optimizer=opt)
     resume(other, model=model, optimizer=opt)
     assert not torch.equal(model.fc.weight, expected["fc.weight"])
-    _assert_same(expected, deltackpt.load(str(tmp_path / "main"), h.wait().id))
+    assert_bit_identical(expected, deltackpt.load(str(tmp_path / "main"), h.wait().id))
