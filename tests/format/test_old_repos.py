@@ -41,24 +41,37 @@ def _json_roundtrip(value):
     return json.loads(json.dumps(value))  # int dict keys become str, as in the recorded file
 
 
-@pytest.fixture
-def repo_v1(tmp_path):
+def _copy_fixture(tmp_path, name: str) -> str:
     """A private copy, so no test can write into the committed fixture."""
-    dst = tmp_path / "repo-v1"
-    shutil.copytree(os.path.join(FIXTURES, "repo-v1"), dst, symlinks=True)
+    dst = tmp_path / name
+    shutil.copytree(os.path.join(FIXTURES, name), dst, symlinks=True)
     return str(dst)
 
 
-with open(os.path.join(FIXTURES, "repo-v1.expected.json")) as _f:
-    EXPECTED = json.load(_f)
+@pytest.fixture
+def repo_v1(tmp_path):
+    return _copy_fixture(tmp_path, "repo-v1")
 
 
-@pytest.mark.parametrize("revision", sorted(EXPECTED))
-def test_repo_v1_loads_as_recorded(repo_v1, revision):
-    """Every recorded revision of the v1 fixture resolves to the same id and loads to the same
-    tensors (every codec id 0-8 is in the fixture) and plain values."""
-    want = EXPECTED[revision]
-    state, version = deltackpt.load(repo_v1, revision, return_version=True)
+@pytest.fixture
+def repo_v2(tmp_path):
+    """The format-2 fixture (tests/fixtures/make_repo_v2.py)."""
+    return _copy_fixture(tmp_path, "repo-v2")
+
+
+EXPECTED = {}
+for _name in ("repo-v1", "repo-v2"):
+    with open(os.path.join(FIXTURES, f"{_name}.expected.json")) as _f:
+        EXPECTED[_name] = json.load(_f)
+
+
+@pytest.mark.parametrize("name, revision", [(n, r) for n in sorted(EXPECTED) for r in sorted(EXPECTED[n])])
+def test_old_repo_loads_as_recorded(tmp_path, name, revision):
+    """Every recorded revision of each committed fixture resolves to the same id and loads to the
+    same tensors and plain values: format 1 (every codec id 0-8 is in it) and format 2 (head
+    keyframes, reverse deltas, retained keyframes, lossy chunks)."""
+    want = EXPECTED[name][revision]
+    state, version = deltackpt.load(_copy_fixture(tmp_path, name), revision, return_version=True)
     assert version.id == want["id"] and version.step == want["step"] and version.exact == want["exact"]
     assert version.metrics == want["metrics"] and list(version.tags) == want["tags"]
     assert _json_roundtrip(describe(state)) == want["state"]
@@ -71,30 +84,6 @@ def test_repo_v1_uses_every_encoding_and_verifies(repo_v1):
     report = repo.verify()
     assert report.ok, report.to_json()
     assert repo.core.config.version == 1
-
-
-# format version 2 ------------------------------------------------------------------------------
-@pytest.fixture
-def repo_v2(tmp_path):
-    """A private copy of the committed format-2 fixture (tests/fixtures/make_repo_v2.py)."""
-    dst = tmp_path / "repo-v2"
-    shutil.copytree(os.path.join(FIXTURES, "repo-v2"), dst, symlinks=True)
-    return str(dst)
-
-
-with open(os.path.join(FIXTURES, "repo-v2.expected.json")) as _f:
-    EXPECTED_V2 = json.load(_f)
-
-
-@pytest.mark.parametrize("revision", sorted(EXPECTED_V2))
-def test_repo_v2_loads_as_recorded(repo_v2, revision):
-    """Every recorded revision of the format-2 fixture (head keyframes, reverse deltas, retained
-    keyframes, lossy chunks) resolves to the same id and loads to the same tensors and values."""
-    want = EXPECTED_V2[revision]
-    state, version = deltackpt.load(repo_v2, revision, return_version=True)
-    assert version.id == want["id"] and version.step == want["step"] and version.exact == want["exact"]
-    assert version.metrics == want["metrics"] and list(version.tags) == want["tags"]
-    assert _json_roundtrip(describe(state)) == want["state"]
 
 
 def test_repo_v2_is_format_2_with_reverse_deltas_and_verifies(repo_v2):
