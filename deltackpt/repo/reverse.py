@@ -59,9 +59,9 @@ class ReverseDeltas:
             return True
 
     def encode(self, memo: "ChunkMemo", new_id: bytes, new_data, ctx: ChunkContext,
-               present: "ChunkPresence") -> "tuple[list, int, dict] | None":
+               present: "ChunkPresence") -> "tuple[list, int] | None":
         """The reverse delta of ``memo`` (the position's previous chunk) against the new chunk, as
-        (object parts, encoding, params), or None when the previous chunk keeps its keyframe: it is
+        (object parts, encoding), or None when the previous chunk keeps its keyframe: it is
         not one (already a delta, or its pack is gone), its chain tree is at the interval, or no
         delta beats its keyframe."""
         old = memo.chunk_id
@@ -83,4 +83,4 @@ class ReverseDeltas:
         head = EncodedObject(choice.encoding, len(memo.data), params, b"").head()
         if len(head) + len(choice.encoded.payload) >= entry.length:
             return None                     # no smaller than the keyframe it would replace
-        return [head, choice.encoded.payload], choice.encoding, params
+        return [head, choice.encoded.payload], choice.encoding

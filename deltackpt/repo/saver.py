@@ -190,7 +190,7 @@ def _encode_head(sv: _Save, data, src: bytes, ctx: ChunkContext, memo: ChunkMemo
     if memo is not None and memo.chunk_id != src:
         enc = sv.rev.encode(memo, src, data, ctx, sv.present)
         if enc is not None:
-            parts, winner, _params = enc
+            parts, winner = enc
             back = _ChunkResult(memo.chunk_id, len(memo.data), parts, winner, src, 1, 0.0, False)
     return r, ChunkMemo(src, data, 0, src, winner=winner, owner=owner), back
 

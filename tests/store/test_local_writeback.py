@@ -10,12 +10,12 @@ import pytest
 
 from deltackpt.errors import StoreError
 from deltackpt.store import LocalStore
-from deltackpt.store import local
+from deltackpt.store import local, local_writer
 
 
 def test_streamed_file_with_background_syncs_commits_whole(tmp_path, monkeypatch):
     """A file written in many parts, crossing the writeback threshold often, commits byte for byte."""
-    monkeypatch.setattr(local, "WRITEBACK_BYTES", 1000)
+    monkeypatch.setattr(local_writer, "WRITEBACK_BYTES", 1000)
     calls = []
     real = os.fdatasync
     monkeypatch.setattr(local.os, "fdatasync", lambda fd: (calls.append(fd), real(fd)))
@@ -32,7 +32,7 @@ def test_streamed_file_with_background_syncs_commits_whole(tmp_path, monkeypatch
 
 def test_background_sync_error_fails_the_commit(tmp_path, monkeypatch):
     """An EIO seen only by a background fdatasync makes commit raise and leaves no file in place."""
-    monkeypatch.setattr(local, "WRITEBACK_BYTES", 100)
+    monkeypatch.setattr(local_writer, "WRITEBACK_BYTES", 100)
 
     def failing(fd):
         raise OSError(errno.EIO, "injected")
@@ -49,7 +49,7 @@ def test_background_sync_error_fails_the_commit(tmp_path, monkeypatch):
 
 def test_abort_waits_for_the_background_sync(tmp_path, monkeypatch):
     """Aborting with a background fdatasync in flight removes the temp file and raises nothing."""
-    monkeypatch.setattr(local, "WRITEBACK_BYTES", 100)
+    monkeypatch.setattr(local_writer, "WRITEBACK_BYTES", 100)
     store = LocalStore(tmp_path / "repo")
     w = store.writer(site="pack")
     w.write(b"y" * 500)

@@ -1,0 +1,128 @@
+"""The local store's streaming writer (a pack is written as the encoders produce it), and the OS
+error translation the store shares with it."""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import threading
+from typing import TYPE_CHECKING
+
+from .. import faults
+from ..errors import ObjectNotFoundError, StoreError
+from .base import AtomicWriter
+
+if TYPE_CHECKING:
+    from .local import LocalStore
+
+WRITEBACK_BYTES = 8 << 20
+"""A streaming writer fdatasyncs its temp file in a background thread every this many bytes, so
+the disk (and on a VM, the host's cache flush) works while the caller produces the rest, and the
+fsync at commit waits only for the tail.  Durability still comes from that final fsync."""
+
+
+def os_error(exc: OSError, action: str, key: str) -> StoreError:
+    if isinstance(exc, FileNotFoundError):
+        return ObjectNotFoundError(f"{action} {key!r}: no such object")
+    hint = " (disk full: free space and retry; committed versions are intact)" if exc.errno == errno.ENOSPC else ""
+    err = StoreError(exc.errno, f"{action} {key!r} failed: {exc.strerror or exc}{hint}")
+    return err
+
+
+class LocalWriter(AtomicWriter):
+    """Streams into a temp file; commit = fsync, rename into place, fsync the directory."""
+
+    def __init__(self, store: "LocalStore", site: str) -> None:
+        super().__init__(store, site)
+        self._local = store
+        tmp_dir = store._tmp_dir()
+        self._tmp = os.path.join(tmp_dir, f"{site}.{secrets.token_hex(6)}.tmp")
+        self._fd: int | None = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                       | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self._synced = 0                              # bytes a background fdatasync was started for
+        self._sync: threading.Thread | None = None    # at most one in flight
+        self._sync_error: OSError | None = None
+
+    def _background_sync(self) -> None:
+        """Start an fdatasync of what is written so far, unless one is still running."""
+        if self._sync is not None:
+            if self._sync.is_alive():
+                return
+            self._sync.join()
+        fd = self._fd
+
+        def run() -> None:
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:  # kept: a later fsync may not report an error this one consumed
+                self._sync_error = exc
+
+        self._synced = self.size
+        self._sync = threading.Thread(target=run, name="deltackpt-writeback", daemon=True)
+        self._sync.start()
+
+    def _join_sync(self) -> None:
+        """Wait for the background fdatasync (before the fd is fsynced or closed); raise its error."""
+        if self._sync is not None:
+            self._sync.join()
+            self._sync = None
+        if self._sync_error is not None:
+            exc, self._sync_error = self._sync_error, None
+            raise exc
+
+    def write(self, data: bytes | memoryview) -> None:
+        assert self._fd is not None
+        try:
+            short = faults.hit(f"{self._site}.write")
+            view = memoryview(data)
+            if short:
+                os.write(self._fd, view[: len(view) // 2])
+                raise OSError(errno.EIO, f"injected short write at {self._site}.write")
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+            self.size += len(data)
+            if self.size - self._synced >= WRITEBACK_BYTES and hasattr(os, "fdatasync"):
+                self._background_sync()
+        except OSError as exc:
+            self.abort()
+            raise os_error(exc, "write", self._tmp) from None
+
+    def commit(self, key: str) -> None:
+        assert self._fd is not None
+        path = self._local._path(key)
+        try:
+            self._local._check_dirs(path)
+            self._join_sync()
+            faults.hit(f"{self._site}.fsync")
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+            self._local._makedirs(os.path.dirname(path))
+            faults.hit(f"{self._site}.rename")
+            os.replace(self._tmp, path)
+            self._local._fsync_dir(os.path.dirname(path), self._site)
+        except OSError as exc:
+            self.abort()
+            raise os_error(exc, "write", key) from None
+
+    def abort(self) -> None:
+        if self._sync is not None:
+            self._sync.join()  # never close an fd a background fdatasync still uses
+            self._sync = None
+        self._sync_error = None
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+        unlink_quiet(self._tmp)
+
+
+def unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
