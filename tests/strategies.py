@@ -73,6 +73,18 @@ def states(draw, max_leaves=6):
     return {"items": tuple(leaves)}
 
 
+def clone_state(obj):
+    """A deep copy of a state's tensors (detached), structure kept: what a save must reproduce
+    after training goes on changing the live tensors."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: clone_state(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(clone_state(v) for v in obj)
+    return obj
+
+
 def assert_bit_identical(a, b, path="") -> None:
     """Same structure, same dtypes and shapes, same bytes (NaN payloads and -0.0 included)."""
     if isinstance(a, torch.Tensor):

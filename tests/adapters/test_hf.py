@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 import deltackpt  # noqa: E402
 from deltackpt.errors import StateMismatchError  # noqa: E402
 from deltackpt.frontend.adapters.hf import DeltackptCallback, checkout  # noqa: E402
-from tests.strategies import assert_bit_identical  # noqa: E402
+from tests.strategies import assert_bit_identical, clone_state  # noqa: E402
 
 
 class Crash(transformers.TrainerCallback):
@@ -78,16 +78,6 @@ def test_checkout_refuses_foreign_versions(tmp_path, repo_path):
         checkout(repo_path, tmp_path / "x")
 
 
-def _clone(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_clone(v) for v in obj)
-    return obj
-
-
 @pytest.fixture
 def held_copies(monkeypatch):
     """The first lazy copy waits for a gate (then 0.3 s more), later ones sleep 0.3 s before copying:
@@ -120,7 +110,7 @@ class Record(transformers.TrainerCallback):
         self.pending: list[bool] = []
 
     def on_save(self, args, state, control, model=None, optimizer=None, **kwargs):
-        self.at[state.global_step] = _clone({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+        self.at[state.global_step] = clone_state({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self.cb.handles and not self.gate.is_set():

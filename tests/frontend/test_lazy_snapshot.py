@@ -17,7 +17,7 @@ import deltackpt
 from deltackpt import faults
 from deltackpt.frontend import async_save
 from deltackpt.frontend.training import Checkpointer, training_state
-from tests.strategies import assert_bit_identical
+from tests.strategies import assert_bit_identical, clone_state
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 
@@ -30,16 +30,6 @@ def slow_copy(monkeypatch):
         monkeypatch.setattr(faults, "_counts", {})
     yield arm
     async_save.drain_all()
-
-
-def _clone(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_clone(v) for v in obj)
-    return obj
 
 
 class _Net(torch.nn.Module):
@@ -107,7 +97,7 @@ def test_lazy_version_is_the_state_at_the_call_while_training_goes_on(repo_path,
     model, opts, scaler, one_step = _setup(kind)
     for _ in range(2):   # the optimizer state exists (it is created at the first step)
         one_step()
-    expected = _clone(_state(model, opts, scaler, 2))
+    expected = clone_state(_state(model, opts, scaler, 2))
     slow_copy(0.5)
     h = deltackpt.save(_state(model, opts, scaler, 2), repo_path, step=2, blocking=False, optimizer=opts)
     assert h.lazy_bytes > 0
@@ -193,7 +183,7 @@ def test_tensors_outside_the_optimizer_are_copied_at_the_call(repo_path, slow_co
     extra = torch.arange(10.0)
     slow_copy(0.3)
     state = {"model": model.state_dict(), "frozen": frozen, "extra": extra, "opt": opt.state_dict()}
-    expected = _clone(state)
+    expected = clone_state(state)
     h = deltackpt.save(state, repo_path, step=1, blocking=False, optimizer=opt)
     with torch.no_grad():
         frozen.add_(1.0)
@@ -217,7 +207,7 @@ def test_checkpointer_lazy_saves_every_step_bit_identical(repo_path, slow_copy):
     expected = {}
     for step in range(1, 5):
         state = training_state(model=model, optimizer=opt, scheduler=sched, step=step, capture_rng=False)
-        expected[step] = _clone(state)
+        expected[step] = clone_state(state)
         ckpt.step(state, step=step)
         one_step()
         sched.step()
@@ -248,7 +238,7 @@ def test_lazy_save_through_the_encoder_process(repo_path, slow_copy, monkeypatch
         pytest.skip("no encoder process on this platform")
     model, (opt,), _, one_step = _setup("adamw")
     one_step()
-    expected = _clone({"model": model.state_dict(), "opt": opt.state_dict()})
+    expected = clone_state({"model": model.state_dict(), "opt": opt.state_dict()})
     slow_copy(0.3)
     h = deltackpt.save({"model": model.state_dict(), "opt": opt.state_dict()}, repo_path, step=1,
                        blocking=False, optimizer=opt, background="process")
@@ -272,7 +262,7 @@ def test_a_failed_lazy_copy_fails_the_save_not_the_training_step(repo_path, monk
     with pytest.raises(OSError, match="injected EIO"):
         h.wait()
     assert [v.step for v in deltackpt.Repo(repo_path).log()] == [0]
-    expected = _clone(model.state_dict())
+    expected = clone_state(model.state_dict())
     v = deltackpt.save(model.state_dict(), repo_path, step=2, blocking=False, optimizer=opt).wait()
     assert_bit_identical(expected, deltackpt.load(repo_path, v.id))
 
@@ -285,7 +275,7 @@ def test_restore_into_the_model_waits_for_a_pending_lazy_copy(tmp_path, slow_cop
     other = str(tmp_path / "other")
     deltackpt.save(model.state_dict(), other, step=0)       # the weights restore will bring back
     one_step()
-    expected = _clone(model.state_dict())
+    expected = clone_state(model.state_dict())
     slow_copy(0.5)
     h = deltackpt.save(model.state_dict(), str(tmp_path / "main"), step=1, blocking=False, optimizer=opt)
     deltackpt.restore(model, other)
@@ -301,7 +291,7 @@ def test_resume_from_another_repository_waits_for_a_pending_lazy_copy(tmp_path, 
     other = str(tmp_path / "other")
     deltackpt.save(training_state(model=model, optimizer=opt, step=0), other, step=0)
     one_step()
-    expected = _clone(model.state_dict())
+    expected = clone_state(model.state_dict())
     slow_copy(0.5)
     h = deltackpt.save(model.state_dict(), str(tmp_path / "main"), step=1, blocking=False, optimizer=opt)
     resume(other, model=model, optimizer=opt)

@@ -14,7 +14,7 @@ from deltackpt.errors import CorruptObjectError, InvalidArgumentError
 from deltackpt.frontend import materialize
 from deltackpt.repo.layout import pack_key
 from deltackpt.store import CountingStore, LocalStore
-from tests.strategies import assert_bit_identical
+from tests.strategies import assert_bit_identical, clone_state
 
 
 @pytest.fixture(params=["child", "parent"])
@@ -57,15 +57,6 @@ def _state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
     return {"model": model.state_dict(), "optimizer": opt.state_dict()}
 
 
-def _copy(state: dict) -> dict:
-    """A deep copy of a training state's tensors (the live ones keep changing)."""
-    if isinstance(state, dict):
-        return {k: _copy(v) for k, v in state.items()}
-    if isinstance(state, list):
-        return [_copy(v) for v in state]
-    return state.clone() if isinstance(state, torch.Tensor) else state
-
-
 def _history(path: str, versions: int = 4, freeze: str | None = None):
     """A model + AdamW trained and saved ``versions`` times; returns them and each saved state."""
     model = _mlp()
@@ -77,7 +68,7 @@ def _history(path: str, versions: int = 4, freeze: str | None = None):
     for step in range(versions):
         _train(model, opt, step)
         deltackpt.save(_state(model, opt), path, step=step)
-        saved.append(_copy(_state(model, opt)))
+        saved.append(clone_state(_state(model, opt)))
     return model, opt, saved
 
 
@@ -276,7 +267,7 @@ def test_tied_weights_are_stepped_once(repo_path, topology):
         with torch.no_grad():
             emb.weight.add_(torch.randn(100, 32, generator=torch.Generator().manual_seed(step)) * 1e-3)
         deltackpt.save(model, repo_path)
-        saved.append(_copy(model.state_dict()))
+        saved.append(clone_state(model.state_dict()))
     if "deltackpt.repo.live" in sys.modules:
         _stats().reset()
     deltackpt.restore(model, repo_path, "latest~1", threads=1)
@@ -332,7 +323,7 @@ def test_resume_rolls_back_reading_only_what_differs_and_stays_all_or_nothing(re
     other = _mlp(seed=5)
     other_opt = torch.optim.AdamW(other.parameters(), lr=1e-2)
     _train(other, other_opt, 7)
-    before = _copy(_state(other, other_opt))
+    before = clone_state(_state(other, other_opt))
     vid = repo.core.resolve("latest")  # a named version is restored or raises ("latest" would fall back)
     _corrupt(repo_path, repo, _chunks(repo, "latest")["model.2.weight"][0])
     with pytest.raises(CorruptObjectError):
