@@ -146,7 +146,13 @@ class RepoMachine(RuleBasedStateMachine):
             f.write(bytes([data[pos] ^ 0x40]))
         try:
             api._OPEN.clear()
-            assert not deltackpt.Repo(self.path).verify().ok, "verify missed a flipped byte in a pack"
+            report = deltackpt.Repo(self.path).verify()
+            pid = os.path.basename(p)
+            if pid in deltackpt.Repo(self.path).core.pack_entries:
+                assert not report.ok, "verify missed a flipped byte in a pack"
+            else:  # a crashed save's unindexed pack: no version reads it, verify still names it
+                assert any(w.object.endswith(pid) and "no index" not in w.problem for w in report.warnings), \
+                    f"verify did not report the flipped byte in unindexed pack {pid}: {report.to_json()}"
             for vid, d in self.versions.items():
                 api._OPEN.clear()
                 try:
