@@ -50,8 +50,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 import deltackpt  # noqa: E402
-from deltackpt.frontend import async_save, staging  # noqa: E402
-from deltackpt.frontend.api import Repo  # noqa: E402
+from deltackpt.snapshot import async_save, staging  # noqa: E402
+from deltackpt.api import Repo  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.stall_jobs import Burner, Job, make_job, torch_save  # noqa: E402
@@ -66,7 +66,7 @@ class ForkSaver:
         self.child: int | None = None
 
     def save(self, state: dict, step: int) -> None:
-        from deltackpt.frontend.flatten import flatten, unflatten
+        from deltackpt.torchstate.flatten import flatten, unflatten
         self.wait()
         tree, leaves = flatten(state)
         staged, _buffers, _pinned, _event = staging.snapshot(leaves)

@@ -35,8 +35,8 @@ def _child(cfg: str, kind: str, tensors: int, rows: int, cols: int, saves: int, 
     import torch
 
     import deltackpt
-    from deltackpt.frontend.flatten import flatten
-    from deltackpt.frontend.training import Checkpointer
+    from deltackpt.torchstate.flatten import flatten
+    from deltackpt.training import Checkpointer
 
     job = None
     if kind != "large":

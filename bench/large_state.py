@@ -179,7 +179,7 @@ def main() -> None:
             sub = torch.nn.Module()
             sub.register_buffer("weight", getattr(dest, f"layer{i:02d}"))
             named.add_module(f"layer{i:02d}", sub)
-        deltackpt.frontend.api._OPEN.clear()
+        deltackpt.api._OPEN.clear()
         repo = deltackpt.Repo(repo_path)
         with PeakAnon() as restore_mem:
             t0 = time.perf_counter()

@@ -17,7 +17,7 @@ returns.  A deltackpt background save stalls for ``--stall-ratio`` x that (the s
 ratios from bench/async_stall.py's JSON (the row ``--thread-mode``, against its torch.save+fsync
 row, or torch.save where the run had no fsync row).
 
-The policies are deltackpt's own objects (deltackpt/frontend/policies.py) driven by simulated time.
+The policies are deltackpt's own objects (deltackpt/training/policies.py) driven by simulated time.
     PYTHONPATH=. python bench/policy_sim.py --mtbf-h 1 --torch-save-s 120   # tables + bench/POLICIES.md
     PYTHONPATH=. python bench/policy_sim.py --from-bench bench/results/X.json --from-results bench/results.json
 """
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from deltackpt.frontend.policies import DenseEarly, EveryN, EveryT, OnImprovement, Policy, YoungDaly, AnyOf  # noqa: E402
+from deltackpt.training.policies import DenseEarly, EveryN, EveryT, OnImprovement, Policy, YoungDaly, AnyOf  # noqa: E402
 
 
 # deltackpt's cold load of the latest version / cold torch.load of it (bench/run.py, format 2, this

@@ -55,7 +55,7 @@ class Job:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer_state()}
 
     def state_bytes(self) -> int:
-        from deltackpt.frontend.flatten import flatten
+        from deltackpt.torchstate.flatten import flatten
         return sum(leaf.tensor.numel() * leaf.tensor.element_size() for leaf in flatten(self.state())[1])
 
 

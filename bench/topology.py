@@ -158,7 +158,7 @@ def restore_times(files: list[str], k: int, chunk_bytes: int, delta_base: str = 
     import torch
 
     import deltackpt
-    from deltackpt.frontend import api
+    from deltackpt import api
     res = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("DELTAS_TMP")) as tmp:
         repo = os.path.join(tmp, "repo")

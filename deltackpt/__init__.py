@@ -20,12 +20,11 @@ from .errors import DeltackptError
 __version__ = "0.1.0"
 
 _LAZY = {
-    "save": "frontend.api", "load": "frontend.api", "restore": "frontend.api", "gc": "frontend.api",
-    "Repo": "frontend.api",
+    "save": "api", "load": "api", "restore": "api", "gc": "api", "Repo": "api",
     "Version": "repo.versions", "GcReport": "repo.gc", "VerifyReport": "repo.verify", "Retention": "repo.retention",
-    "resume": "frontend.training", "Checkpointer": "frontend.training", "SaveHandle": "frontend.async_save",
-    "EveryN": "frontend.policies", "EveryT": "frontend.policies", "YoungDaly": "frontend.policies",
-    "DenseEarly": "frontend.policies", "OnImprovement": "frontend.policies", "AnyOf": "frontend.policies",
+    "resume": "training", "Checkpointer": "training", "SaveHandle": "snapshot.async_save",
+    "EveryN": "training.policies", "EveryT": "training.policies", "YoungDaly": "training.policies",
+    "DenseEarly": "training.policies", "OnImprovement": "training.policies", "AnyOf": "training.policies",
 }
 
 

@@ -1,5 +1,5 @@
 """``deltackpt.dcp.Writer`` / ``Reader``: torch.distributed.checkpoint storage on a deltackpt
-repository (implemented in :mod:`deltackpt.frontend.dcp`).
+repository (implemented in :mod:`deltackpt.integrations.dcp`).
 
 Example::
 
@@ -10,6 +10,6 @@ Example::
     dcp.load(state, storage_reader=deltackpt.dcp.Reader("s3://bucket/run1"))
 """
 
-from .frontend.dcp import Reader, Writer
+from .integrations.dcp import Reader, Writer
 
 __all__ = ["Writer", "Reader"]

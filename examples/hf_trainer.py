@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import deltackpt  # noqa: E402
-from deltackpt.frontend.adapters.hf import DeltackptCallback, checkout  # noqa: E402
+from deltackpt.integrations.hf import DeltackptCallback, checkout  # noqa: E402
 
 
 class StopAt(transformers.TrainerCallback):

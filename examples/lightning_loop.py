@@ -21,7 +21,7 @@ import pytorch_lightning as pl
 import torch
 
 import deltackpt
-from deltackpt.frontend.adapters.lightning import DeltackptIO
+from deltackpt.integrations.lightning import DeltackptIO
 
 
 class Regressor(pl.LightningModule):

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 import deltackpt
-from deltackpt.frontend.policies import EveryN, OnImprovement
-from deltackpt.frontend.training import Checkpointer, ResumableSampler, resume, training_state
+from deltackpt.training.policies import EveryN, OnImprovement
+from deltackpt.training import Checkpointer, ResumableSampler, resume, training_state
 
 
 def make_data(n: int = 2048, dim: int = 32) -> torch.utils.data.TensorDataset:

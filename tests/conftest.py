@@ -30,7 +30,7 @@ def repo_path(tmp_path):
 @pytest.fixture(autouse=True)
 def _fresh_handles():
     """Each test starts with no cached repository handles (and so no delta cache)."""
-    from deltackpt.frontend import api
+    from deltackpt import api
     api._OPEN.clear()
     yield
     api._OPEN.clear()

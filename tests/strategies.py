@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from deltackpt.frontend.dtypes import FROM_NAME
-from deltackpt.frontend.tensor_bytes import bits_of
+from deltackpt.torchstate.dtypes import FROM_NAME
+from deltackpt.torchstate.tensor_bytes import bits_of
 
 ALL_DTYPES = sorted(FROM_NAME.values(), key=str)
 """Every dtype the format names that this torch build has (float8 kinds, complex, uints, bits...)."""

@@ -112,8 +112,8 @@ except ImportError as exc:
 
 @pytest.mark.parametrize("blocked, code, hint", [
     ("s3fs", "import deltackpt; deltackpt.Repo('s3://bucket/run1').log()", "pip install 'deltackpt[s3]'"),
-    ("lightning_fabric", "import deltackpt.frontend.adapters.lightning", "pip install 'deltackpt[adapters]'"),
-    ("transformers", "import deltackpt.frontend.adapters.hf", "pip install 'deltackpt[adapters]'"),
+    ("lightning_fabric", "import deltackpt.integrations.lightning", "pip install 'deltackpt[adapters]'"),
+    ("transformers", "import deltackpt.integrations.hf", "pip install 'deltackpt[adapters]'"),
 ])
 def test_a_missing_extra_says_what_to_install(blocked, code, hint):
     """A feature whose extra is missing raises MissingDependencyError (an ImportError) naming the pip command."""

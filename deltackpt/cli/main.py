@@ -99,7 +99,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from deltackpt.frontend.files import check_output, export_file
+    from deltackpt.integrations.files import check_output, export_file
     check_output(args.output)  # a missing folder is named before the version is loaded
     repo = _repo(args)
     state, version = repo.load(args.version, layers=args.layer or None, return_version=True)
@@ -209,7 +209,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from deltackpt.frontend.files import import_file
+    from deltackpt.integrations.files import import_file
     state = import_file(args.file)
     v = deltackpt.save(state, _repo(args, create=True), step=args.step, tag=args.tag,
                        meta={"imported_from": os.path.basename(args.file)})

@@ -78,7 +78,7 @@ def delete_tag(repo: Repository, name: str) -> None:
 def check_storable(manifest: Manifest) -> None:
     """Refuse a manifest msgpack cannot encode (an integer beyond 64 bits, a str holding a lone
     surrogate) with :class:`UnsupportedLeafError` naming the field, so that a save fails before its
-    first pack is written rather than after its packs and index.  The frontend names the exact key
+    first pack is written rather than after its packs and index.  The torch-facing caller names the exact key
     path; this is the guard for every other writer of the repository layer."""
     blank = Manifest(parent=None, time=0.0, tree=None, tensors=[], blobs=[])
     for field in ("step", "metrics", "meta", "tree", "tensors", "writer", "extra"):

@@ -1,4 +1,8 @@
-"""Keys and bytes, nothing else.  Stores know no format, no manifest, no torch."""
+"""Keys and bytes, nothing else.  Stores know no format, no manifest, no torch.
+
+What it may import: ``errors``, ``faults`` and ``deps`` (fsspec is optional); nothing else of
+deltackpt (import-linter checks it).
+"""
 
 from .base import Store
 from .cache import CachedStore, ReadCache

@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 import deltackpt  # noqa: E402
 from deltackpt.errors import StateMismatchError  # noqa: E402
-from deltackpt.frontend.adapters.hf import DeltackptCallback, checkout  # noqa: E402
+from deltackpt.integrations.hf import DeltackptCallback, checkout  # noqa: E402
 from tests.strategies import assert_bit_identical, clone_state  # noqa: E402
 
 
@@ -83,7 +83,7 @@ def held_copies(monkeypatch):
     """The first lazy copy waits for a gate (then 0.3 s more), later ones sleep 0.3 s before copying:
     a copy that the optimizer or the Trainer did not wait for would read later values."""
     from deltackpt import faults
-    from deltackpt.frontend import async_save
+    from deltackpt.snapshot import async_save
     gate, seen, real_hit = threading.Event(), [], faults.hit
 
     def hit(site: str):

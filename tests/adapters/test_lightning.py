@@ -12,7 +12,7 @@ pl = pytest.importorskip("pytorch_lightning")
 
 import deltackpt  # noqa: E402
 from deltackpt.errors import UnknownVersionError, UnsupportedLeafError  # noqa: E402
-from deltackpt.frontend.adapters.lightning import DeltackptIO, to_plain  # noqa: E402
+from deltackpt.integrations.lightning import DeltackptIO, to_plain  # noqa: E402
 
 
 class Tiny(pl.LightningModule):

@@ -21,8 +21,8 @@ fsspec = pytest.importorskip("fsspec")
 
 import deltackpt  # noqa: E402
 from deltackpt.errors import CheckpointNotFoundError, UnknownVersionError  # noqa: E402
-from deltackpt.frontend.adapters.lightning import DeltackptIO  # noqa: E402
-from deltackpt.frontend.adapters.plain import TYPE_KEY, from_plain, to_plain  # noqa: E402
+from deltackpt.integrations.lightning import DeltackptIO  # noqa: E402
+from deltackpt.integrations.plain import TYPE_KEY, from_plain, to_plain  # noqa: E402
 
 
 class Tiny(pl.LightningModule):
@@ -145,7 +145,7 @@ def test_torch_save_of_a_trainer_and_deepcopy_of_callbacks(tmp_path, repo_path):
     torch.save(trainer.strategy.checkpoint_io, str(tmp_path / "io.pt"))
     torch.save(trainer, str(tmp_path / "trainer.pt"))
     pytest.importorskip("transformers")
-    from deltackpt.frontend.adapters.hf import DeltackptCallback
+    from deltackpt.integrations.hf import DeltackptCallback
     cb = DeltackptCallback(repo_path, remove_hf_checkpoints=True)
     cb.repo.log()
     twin = copy.deepcopy([cb])[0]

@@ -138,5 +138,5 @@ def test_rebuild_index_restores_a_repository_whose_index_was_deleted(tmp_path):
     info = json.loads(run_cli("rebuild-index", "--repo", path, "--json").stdout)
     assert info["packs_indexed"] >= 1
     assert run_cli("verify", "--repo", path).returncode == 0
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     assert deltackpt.load(path, versions[0].id)["step"] == 0

@@ -13,7 +13,7 @@ import deltackpt
 from deltackpt.format import index as index_fmt
 from deltackpt.format import manifest as manifest_fmt
 from deltackpt.format import pack as pack_fmt
-from deltackpt.frontend.flatten import flatten
+from deltackpt.torchstate.flatten import flatten
 
 ENCODINGS = [None, None, {"optimizer.*": "q8-delta"}, None, {"model.3.*": "fp16"}, None, None]
 

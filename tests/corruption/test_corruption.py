@@ -41,7 +41,7 @@ TALLY = {"cases": 0, "cases_with_affected_versions": 0, "flagged": 0, "undetecta
 def pristine(tmp_path_factory) -> Pristine:
     path = str(tmp_path_factory.mktemp("pristine") / "repo")
     build(path)
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     p = survey(path)
     assert len(p.versions) == len(_build_steps()) and len(p.files["pack"]) >= 5
     return p
@@ -99,7 +99,7 @@ def test_damage_is_flagged_and_contained(case, pristine, tmp_path):
 
     real_named = named & set(pristine.versions)
     TALLY["over_named_versions"] += len(real_named - affected)
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     for vid in pristine.versions:
         if vid in affected:
             want = UnknownVersionError if case.kind == "delete" and case.category == "manifest" else CorruptObjectError

@@ -19,7 +19,7 @@ from ._model import build, state_digest, survey
 def pristine(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("rebuild") / "repo")
     build(path)
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     return survey(path)
 
 
@@ -39,7 +39,7 @@ def _flip(path: str, offset: int) -> None:
 
 
 def _all_restore(pristine, root: str) -> None:
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     for vid in pristine.versions:
         assert state_digest(deltackpt.load(root, vid)) == pristine.digests[vid], vid
 
@@ -106,6 +106,6 @@ def test_gc_refuses_with_a_deleted_index_file(pristine, copy):
     with pytest.raises(CorruptObjectError, match="rebuild_index"):
         deltackpt.gc(copy, keep_last=10, grace_seconds=0)
     rebuild_index(deltackpt.Repo(copy).core)
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     deltackpt.gc(copy, keep_last=10, grace_seconds=0)
     _all_restore(pristine, copy)

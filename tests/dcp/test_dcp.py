@@ -12,7 +12,7 @@ import torch.distributed.checkpoint as dcp
 
 import deltackpt
 import deltackpt.dcp
-from deltackpt.frontend.api import Repo
+from deltackpt.api import Repo
 
 from .harness import run_ranks
 

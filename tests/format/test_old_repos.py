@@ -109,6 +109,6 @@ def test_a_format_1_reader_refuses_a_format_2_repository(repo_v2, monkeypatch):
     open with FormatVersionError naming both versions, before it reads anything else."""
     from deltackpt.format import config as config_fmt
     monkeypatch.setattr(config_fmt, "READABLE_VERSIONS", (1,))
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     with pytest.raises(deltackpt.FormatVersionError, match=r"version 2 .*reads versions 1"):
         deltackpt.Repo(repo_v2)

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 import deltackpt  # noqa: E402
 from deltackpt import faults  # noqa: E402
 from deltackpt.errors import DeltackptError  # noqa: E402
-from deltackpt.frontend import api  # noqa: E402
+from deltackpt import api  # noqa: E402
 
 CHUNK_BYTES = 16 << 10  # small chunks: a tiny model still spans many chunks and objects
 

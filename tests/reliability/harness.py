@@ -165,7 +165,7 @@ def oracle(path: str, *, expected: dict[int, str], committed: list[tuple[str, st
     committed versions that must still be there (gc may legitimately have removed others).
     """
     import deltackpt
-    from deltackpt.frontend import api
+    from deltackpt import api
     from deltackpt.repo.locks import LOCKS
     from deltackpt.repo.repository import Repository
 

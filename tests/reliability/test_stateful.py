@@ -30,7 +30,7 @@ class RepoMachine(RuleBasedStateMachine):
     @initialize()
     def setup(self):
         import torch
-        from deltackpt.frontend import api
+        from deltackpt import api
         api._OPEN.clear()
         self.dir = tempfile.mkdtemp(prefix="deltackpt-sm-")
         self.path = os.path.join(self.dir, "r")
@@ -43,7 +43,7 @@ class RepoMachine(RuleBasedStateMachine):
         self.state = {"w": torch.randn(96, 64, generator=g), "b": torch.randn(512, generator=g)}
 
     def teardown(self):
-        from deltackpt.frontend import api
+        from deltackpt import api
         api._OPEN.clear()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -134,7 +134,7 @@ class RepoMachine(RuleBasedStateMachine):
         is put back."""
         import deltackpt
         from deltackpt.errors import DeltackptError
-        from deltackpt.frontend import api
+        from deltackpt import api
         packs = sorted(os.path.join(d, f) for d, _, fs in os.walk(os.path.join(self.path, "packs")) for f in fs)
         if not packs:
             return
@@ -170,7 +170,7 @@ class RepoMachine(RuleBasedStateMachine):
     def crash(self, site, seed):
         """A child killed at an I/O site of its save: what it committed before stays, its version is
         either absent or complete."""
-        from deltackpt.frontend import api
+        from deltackpt import api
         from deltackpt.repo.repository import Repository
         if not os.path.exists(os.path.join(self.path, "config")):
             return
@@ -195,7 +195,7 @@ class RepoMachine(RuleBasedStateMachine):
 
     @rule()
     def reopen(self):
-        from deltackpt.frontend import api
+        from deltackpt import api
         api._OPEN.clear()
 
     @invariant()

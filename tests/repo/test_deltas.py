@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import deltackpt
-from deltackpt.frontend import api
+from deltackpt import api
 from deltackpt.store.counting import CountingStore
 from deltackpt.store.local import LocalStore
 from tests.strategies import assert_bit_identical

@@ -45,7 +45,7 @@ def test_a_save_after_a_lost_pack_writes_the_lost_chunks_again(repo_path):
     with pytest.warns(RuntimeWarning, match="missing.*deltackpt verify"):   # the loss is told, not hidden
         v2 = deltackpt.save(state2, repo_path)
     assert v2.written_bytes >= keep.numel() * 4 // 2, v2.written_bytes   # "keep" was written again
-    deltackpt.frontend.api._OPEN.clear()   # a fresh handle: the index read from the files
+    deltackpt.api._OPEN.clear()   # a fresh handle: the index read from the files
     _loads_exactly(repo_path, v2.id, state2)
     report = deltackpt.Repo(repo_path).verify()
     assert report.bad_versions == [v1.id], report.to_json()
@@ -61,7 +61,7 @@ def test_a_delta_is_never_taken_against_a_base_whose_pack_is_lost(repo_path):
     state2 = {"w": w + 1e-4 * torch.randn(512, 128, generator=g)}
     with pytest.warns(RuntimeWarning, match="missing"):
         v2 = deltackpt.save(state2, repo_path)
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     _loads_exactly(repo_path, v2.id, state2)
     assert deltackpt.Repo(repo_path).verify().bad_versions == [v1.id]
 
@@ -78,11 +78,11 @@ def test_a_chunk_whose_delta_base_lost_its_pack_is_written_again(repo_path):
     v2 = deltackpt.save({"w": w2}, repo_path)
     assert deltackpt.Repo(repo_path).show(v2.id)["written"]["encodings"].keys() - {"zstd", "raw", "bytegroup-zstd"}
     _lose(first)                        # the keyframe's pack; the delta's pack stays
-    deltackpt.frontend.api._OPEN.clear()   # no delta cache: the same bytes are a pure dedup hit
+    deltackpt.api._OPEN.clear()   # no delta cache: the same bytes are a pure dedup hit
     with pytest.warns(RuntimeWarning, match="missing"):
         v3 = deltackpt.save({"w": w2.clone()}, repo_path)
     assert v3.written_bytes > w2.numel() * 4 // 4, v3.written_bytes
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     _loads_exactly(repo_path, v3.id, {"w": w2})
     assert v3.id not in deltackpt.Repo(repo_path).verify().bad_versions
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import deltackpt
-from deltackpt.frontend import api
+from deltackpt import api
 from deltackpt.repo.repository import Repository
 from deltackpt.store.counting import CountingStore
 from deltackpt.store.local import LocalStore

@@ -16,10 +16,10 @@ from deltackpt.repo.repository import Repository
 
 def _loads_before_and_after_gc(repo_path: str, expected: torch.Tensor) -> None:
     """A fresh handle loads ``expected``; after gc (keep the latest) too; and the repository verifies."""
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     assert torch.equal(deltackpt.load(repo_path)["w"], expected)
     deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     assert torch.equal(deltackpt.load(repo_path)["w"], expected)
     assert deltackpt.Repo(repo_path).verify().ok
 
@@ -96,7 +96,7 @@ def test_after_gc_dies_deleting_old_index_files_readers_use_the_rebased_copy(rep
     assert any(e.depth > 0 for _, entries in packs.values() for e in entries)  # the premise: a delta
     for pid in packs:
         shutil.copy(os.path.join(packs_dir, pid[:2], pid), saved)
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     report = deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)
     assert report.chunks_rebased > 0
     # the crash: the old index file (sorting first) and its pack are still there
@@ -160,7 +160,7 @@ def test_an_index_file_of_an_unknown_version_is_a_format_version_error_naming_it
     data[6] = 2
     with open(path, "wb") as f:
         f.write(data)
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     with pytest.raises(deltackpt.FormatVersionError, match=f"index/{key}: index version 2"):
         deltackpt.load(repo_path)
     data[6], data[0] = 1, ord("X")  # a damaged file is still skipped and reported, as before

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import deltackpt
-from deltackpt.frontend.planner import plan_blobs
-from deltackpt.frontend.flatten import flatten
-from deltackpt.frontend.tensor_bytes import StagedSource, copy_blob_to_device
+from deltackpt.torchstate.planner import plan_blobs
+from deltackpt.torchstate.flatten import flatten
+from deltackpt.torchstate.tensor_bytes import StagedSource, copy_blob_to_device
 from deltackpt.repo import saver
 from tests.conftest import ROOT
 

@@ -20,7 +20,7 @@ import deltackpt
 from deltackpt.errors import CorruptObjectError
 from deltackpt.format import manifest as manifest_fmt
 from deltackpt.format.ids import hex_id
-from deltackpt.frontend.training import resume, training_state
+from deltackpt.training import resume, training_state
 from tests.conftest import run_cli
 from tests.security._hostile import commit_raw_manifest
 
@@ -42,7 +42,7 @@ def template(tmp_path_factory):
         with torch.no_grad():
             model.weight.add_(0.5)
         deltackpt.save(training_state(model=model, step=step), path, step=step)
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     return path
 
 
@@ -50,7 +50,7 @@ def template(tmp_path_factory):
 def root(template, tmp_path):
     path = str(tmp_path / "repo")
     shutil.copytree(template, path)
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     return path
 
 

@@ -40,7 +40,7 @@ def template(tmp_path_factory):
         if i:
             base["w"] = base["w"] + 1e-3 * i  # small moves: delta chunks
         deltackpt.save(base, path, step=i)
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     return path
 
 
@@ -69,9 +69,9 @@ def env(template, tmp_path):
     with open(os.path.join(outside, "canary"), "w") as f:
         f.write("canary")
     before = _snapshot(outside)
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     yield root, outside
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     assert _snapshot(outside) == before, "something outside the repository was written"
 
 
@@ -223,7 +223,7 @@ def _replace(e: pack_fmt.PackEntry, **kw) -> pack_fmt.PackEntry:
 
 
 def _expect_all_versions_fail(root: str, exc=(CorruptObjectError, FormatVersionError)) -> None:
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     with pytest.raises(exc):
         deltackpt.load(root, _latest(root))
     assert not deltackpt.Repo(root).verify().ok
@@ -283,7 +283,7 @@ def test_unknown_codec_id(env):
             data[e.offset + 1] = 200
         open(path, "wb").write(bytes(data))
     _rewrite_index(root, lambda pid, plen, es: [_replace(e, encoding=200) for e in es])
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     with pytest.raises(CorruptObjectError, match="unknown encoding id 200"):
         deltackpt.load(root, _latest(root))
 
@@ -366,7 +366,7 @@ def test_future_index_version(env):
         data = bytearray(open(path, "rb").read())
         data[6] = 2
         open(path, "wb").write(bytes(data))
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     with pytest.raises(FormatVersionError, match="index/"):
         deltackpt.load(root, _latest(root))
     with pytest.raises(FormatVersionError, match="index/"):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import deltackpt
-from deltackpt.frontend.api import Repo
+from deltackpt.api import Repo
 from deltackpt.store import CountingStore, FsspecStore
 from tests.conftest import ROOT
 from tests.strategies import assert_bit_identical
@@ -58,7 +58,7 @@ def test_sigkill_during_upload_leaves_no_version(s3_url, site):
     commits nothing; the repository verifies and the next save works."""
     first = deltackpt.save(_model_state(0), s3_url)
     packs_before = Repo(s3_url).core.store.list("packs/")
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     proc = _child(s3_url, 7, 1, rows=4 * 1024, env={"DELTACKPT_FAULT": site})
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL, err
@@ -127,7 +127,7 @@ def test_committer_whose_refs_lock_was_broken_loses_no_version(s3_url):
     and who commits meanwhile, does not overwrite that version: its If-Match PUT fails, it
     re-parents onto the new head, and history stays linear with both versions."""
     first = deltackpt.save(_model_state(0), s3_url)
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     proc = _child(s3_url, 5, 1, env={"DELTACKPT_FAULT": "ref.write:1:stop"})
     try:
         _wait_stopped(proc)
@@ -156,7 +156,7 @@ def test_layer_restore_fetches_only_its_byte_ranges(s3_url):
     """Loading one layer from S3 issues ranged GETs for that layer's chunks only: the bytes fetched
     from packs are about that layer's stored size, not the whole version's."""
     deltackpt.save(_model_state(5), s3_url)
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     counting = CountingStore(FsspecStore(s3_url, cache_dir=False))
     repo = Repo(counting)
     repo.core.refresh_index()
@@ -178,7 +178,7 @@ def test_read_cache_avoids_redownloading_on_rollback(s3_url, tmp_path):
     served from the local read cache (zero pack bytes fetched)."""
     for i in range(2):
         deltackpt.save(_model_state(10 + i), s3_url)
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     store = FsspecStore(s3_url, cache_dir=tmp_path / "cache", cache_bytes=64 << 20)
     repo = Repo(store)
     first = repo.load("latest~1")
@@ -189,6 +189,6 @@ def test_read_cache_avoids_redownloading_on_rollback(s3_url, tmp_path):
     assert_bit_identical(first, again)
     # a new process (a new store over the same cache folder) also finds them
     store2 = FsspecStore(s3_url, cache_dir=tmp_path / "cache", cache_bytes=64 << 20)
-    deltackpt.frontend.api._OPEN.clear()
+    deltackpt.api._OPEN.clear()
     assert_bit_identical(first, Repo(store2).load("latest~1"))
     assert store2.cache.misses == 0 and store2.cache.bytes_fetched == 0  # index, manifest, chunks: all cached

@@ -1,0 +1,254 @@
+"""Reading a version back: ``deltackpt.load`` into new tensors, ``deltackpt.restore`` straight into
+a live model's parameters (and its optimizer's state), reading only the chunks that differ."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Iterable
+
+import numpy as np
+
+from ..errors import StateMismatchError
+from ..format.manifest import TensorRef
+from ..progress import bar
+from ..repo.repository import Repository
+from ..repo.versions import Version
+from ..store.base import Store
+from .handles import Handle, open_core
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _model_prefix(m: Any, model_keys: set[str]) -> str:
+    names = {t.name for t in m.tensors}
+    best, best_hits = "", -1
+    for prefix in ("", "model."):
+        hits = sum(1 for k in model_keys if prefix + k in names)
+        if hits > best_hits:
+            best, best_hits = prefix, hits
+    return best
+
+
+def load(repo: "str | os.PathLike | Handle | Store", version: "str | Version" = "latest", *,
+         layers: Iterable[str] | str | None = None, map_location: "str | torch.device | None" = "cpu",
+         return_version: bool = False, threads: int | None = None) -> Any:
+    """Load a version: the saved structure with bit-identical tensors.
+
+    ``layers=["encoder"]`` returns only tensors under that module path and reads only their
+    chunks.  ``return_version=True`` returns ``(state, Version)``; ``Version.exact`` says whether
+    any tensor was stored lossily.  ``threads``: decode threads (default
+    ``$DELTACKPT_READ_THREADS``, else every core).
+
+    Example::
+
+        state = deltackpt.load("ckpt", "latest~2")
+        model.load_state_dict(state["model"])
+    """
+    from ..torchstate.flatten import unflatten
+    from ..torchstate.materialize import build_tensors, read_blobs, read_threads
+    from ..torchstate.planner import selected_tensors
+
+    if threads is not None:
+        read_threads(threads)  # refused before anything is read
+    core = open_core(repo)
+    vid = core.resolve(version)
+    m = core.manifest(vid)
+    core.refresh_index()
+    chosen = selected_tensors(m, layers)
+    with bar("load", sum(m.blobs[b].nbytes for b in {m.tensors[i].blob for i in chosen})):
+        buffers = read_blobs(core, vid, m, (m.tensors[i].blob for i in chosen), threads=threads)
+    tensors = build_tensors(m, chosen, buffers, map_location)
+    keep = None if layers is None else set(chosen).__contains__
+    state = unflatten(m.tree, tensors.__getitem__, keep)
+    return (state, core.version(vid)) if return_version else state
+
+
+def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Handle | Store", version: "str | Version" = "latest",
+            *, layers: Iterable[str] | str | None = None, optimizer: "torch.optim.Optimizer | None" = None,
+            strict: bool = True, threads: int | None = None) -> Version:
+    """Copy a version into ``model``'s existing parameters and buffers, in place.
+
+    Chunks are decoded straight into the parameters' memory (no second full copy on the CPU).
+    With ``layers``, only those tensors are read and written; the rest of the model is untouched.
+    With ``optimizer``, its state is loaded from the version's ``optimizer`` entry (into the
+    optimizer's own state tensors where their shapes and dtypes match).
+
+    A rollback reads only what changed: each chunk of a contiguous CPU tensor is hashed where it
+    lies; one the model already holds is neither read nor written, and one a few stored deltas
+    away from it (the version before or after, by how the repository chains them) is stepped
+    there in place, reading only those deltas.  Every other chunk is read whole.  ``threads``:
+    decode threads (default ``$DELTACKPT_READ_THREADS``, else every core).
+
+    Chunks are hash-checked as they land; a corrupt one raises CorruptObjectError naming the
+    version and tensor, and that tensor may then be partly overwritten (in-place means no spare
+    copy): restore again from another version, or use :func:`deltackpt.resume`, which does.
+
+    Example::
+
+        deltackpt.restore(model, "ckpt", "latest~1", optimizer=opt)
+        deltackpt.restore(model, "ckpt", layers=["encoder"])   # one layer, nothing else read
+    """
+    import torch
+
+    from ..snapshot.async_save import wait_snapshots
+    from ..torchstate.materialize import read_threads
+
+    if threads is not None:
+        read_threads(threads)  # refused before anything is read or written
+    core = open_core(repo)
+    vid = core.resolve(version)
+    m = core.manifest(vid)
+    core.refresh_index()
+    target = model.state_dict(keep_vars=True)
+    prefix = _model_prefix(m, set(target))
+    wanted = _matching_tensors(m, vid, target, prefix, layers, strict)
+    wait_snapshots()   # a lazy save's copy may still be reading these parameters
+    with torch.no_grad():
+        _read_into_model(core, vid, m, target, wanted, threads)
+    if optimizer is not None:
+        tree = m.tree
+        if not isinstance(tree, dict) or "optimizer" not in tree:
+            raise StateMismatchError(f"version {vid[:10]} holds no 'optimizer' entry to restore")
+        with torch.no_grad():
+            state = _load_subtree(core, vid, m, tree["optimizer"], _live_state(optimizer, tree["optimizer"]), threads)
+        # torch's load_state_dict keeps a state tensor already of the parameter's dtype and device
+        # (``Tensor.to`` returns it as is): the in-place ones are not copied again
+        optimizer.load_state_dict(state)
+    return core.version(vid)
+
+
+def _matching_tensors(m: Any, vid: str, target: dict, prefix: str, layers: Any, strict: bool) -> list[tuple[str, int]]:
+    """(model key, tensor index) for each tensor of the model that ``layers`` selects and the
+    version holds; a model and version that do not match (``strict``) are refused here, before
+    anything is read or written."""
+    from ..torchstate.planner import layer_matcher
+
+    by_name = {t.name: i for i, t in enumerate(m.tensors)}
+    match = layer_matcher(layers)
+    wanted = [k for k in target if match is None or match(k) or match(prefix + k)]
+    if layers is not None and not wanted:
+        raise StateMismatchError(f"version {vid[:10]}: no tensor of the model is under {list(layers) if not isinstance(layers, str) else [layers]}")
+    missing = [k for k in wanted if prefix + k not in by_name]
+    saved_model = [t.name[len(prefix):] for t in m.tensors if t.name.startswith(prefix)]
+    unexpected = [k for k in saved_model if k not in target] if layers is None else []
+    if strict and (missing or unexpected):
+        raise StateMismatchError(f"version {vid[:10]} does not match the model: missing {missing[:5]}"
+                                 f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
+                                 f"{'...' if len(unexpected) > 5 else ''} (pass strict=False to skip them)")
+    return [(k, by_name[prefix + k]) for k in wanted if prefix + k in by_name]
+
+
+def _read_into_model(core: Repository, vid: str, m: Any, target: dict, wanted: list[tuple[str, int]],
+                     threads: int | None) -> None:
+    """Write each wanted tensor of version ``vid`` into the model's own tensor: decoded in place
+    where the destination is writable CPU memory of its own, staged a chunk at a time onto a
+    device, else read whole and copied."""
+    import torch
+
+    from ..torchstate.materialize import build_tensors, is_own_blob, read_blobs, read_into
+    from ..torchstate.tensor_bytes import copy_blob_to_device, writable_bytes
+
+    pending: list[tuple[str, int]] = []
+    direct: list = []
+    for k, i in wanted:
+        e, dst = m.tensors[i], target[k]
+        if not isinstance(dst, torch.Tensor):
+            raise StateMismatchError(f"{k}: the model holds a {type(dst).__name__}, the version a tensor")
+        if list(dst.shape) != e.shape or str(dst.dtype).removeprefix("torch.") != e.dtype:
+            raise StateMismatchError(f"version {vid[:10]}, tensor {k}: saved {e.dtype}{e.shape}, "
+                                     f"model has {str(dst.dtype).removeprefix('torch.')}{list(dst.shape)}")
+        out = writable_bytes(dst)
+        if out is None and dst.device.type != "cpu" and dst.is_contiguous() and is_own_blob(m, e):
+            copy_blob_to_device(core, m.blobs[e.blob], dst)  # staged a chunk at a time
+            continue
+        if out is not None and is_own_blob(m, e):
+            direct.append((e.blob, memoryview(out), (k, i)))
+        else:
+            pending.append((k, i))
+    direct, shared = _disjoint(direct)
+    pending += shared
+    if direct:  # every chunk of every such tensor decoded in one parallel pass, in place
+        read_into(core, vid, m, [(b, mv) for b, mv, _ in direct], live=True, threads=threads)
+    if pending:
+        buffers = read_blobs(core, vid, m, (m.tensors[i].blob for _, i in pending), threads=threads)
+        built = build_tensors(m, [i for _, i in pending], buffers)
+        for k, i in pending:
+            target[k].copy_(built[i])
+
+
+def _disjoint(direct: list) -> tuple[list, list[tuple[str, int]]]:
+    """Split in-place destinations into ones that share no byte (a live restore reads each
+    destination as its chunk's base) and the rest, to be read and copied in: tied weights saved
+    as one blob keep one destination, any other overlap goes the copying way."""
+    spans = sorted(direct, key=lambda d: np.frombuffer(d[1], dtype=np.uint8).ctypes.data)
+    keep: list = []
+    rest: list[tuple[str, int]] = []
+    end = -1
+    for d in spans:
+        start = np.frombuffer(d[1], dtype=np.uint8).ctypes.data
+        if start >= end:
+            keep.append(d)
+            end = start + len(d[1])
+        elif not (keep and start == np.frombuffer(keep[-1][1], dtype=np.uint8).ctypes.data
+                  and len(d[1]) == len(keep[-1][1]) and d[0] == keep[-1][0]):
+            rest.append(d[2])
+    return keep, rest
+
+
+def _live_state(optimizer: Any, saved: Any) -> dict[tuple, Any]:
+    """The optimizer's own state tensors by path in its state_dict, when its param groups have
+    the saved layout (else {}: load_state_dict then refuses the version before anything changes)."""
+    import torch
+
+    mine = optimizer.state_dict()  # its values are the optimizer's state tensors, not copies
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    if not isinstance(groups, list) or len(groups) != len(mine["param_groups"]) or any(
+            not isinstance(g, dict) or len(g.get("params", ())) != len(h["params"])
+            for g, h in zip(groups, mine["param_groups"])):
+        return {}
+    out: dict[tuple, Any] = {}
+    for pid, per in mine["state"].items():
+        for key, t in per.items():
+            if isinstance(t, torch.Tensor):
+                out[("state", pid, key)] = t
+    return out
+
+
+def _load_subtree(core: Repository, vid: str, m: Any, subtree: Any, live: "dict[tuple, Any] | None" = None,
+                  threads: int | None = None) -> Any:
+    """The saved ``subtree`` with its tensors read; a tensor whose path in ``live`` names a tensor
+    of the same shape and dtype is decoded into that one, in place, and stands for itself."""
+    from ..torchstate.flatten import unflatten
+    from ..torchstate.materialize import build_tensors, is_own_blob, read_blobs, read_into
+    from ..torchstate.tensor_bytes import writable_bytes
+
+    indices: list[int] = []
+    direct: list = []
+
+    def collect(v: Any, path: tuple) -> None:
+        if isinstance(v, TensorRef):
+            e, dst = m.tensors[v.index], (live or {}).get(path)
+            out = None
+            if dst is not None and list(dst.shape) == e.shape and str(dst.dtype).removeprefix("torch.") == e.dtype:
+                out = writable_bytes(dst)
+            if out is not None and is_own_blob(m, e):
+                direct.append((e.blob, memoryview(out), (dst, v.index)))
+            else:
+                indices.append(v.index)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                collect(x, path + (k,))
+        elif isinstance(v, (list, tuple)):
+            for n, x in enumerate(v):
+                collect(x, path + (n,))
+
+    collect(subtree, ())
+    direct, shared = _disjoint(direct)
+    indices += [i for _, i in shared]
+    if direct:
+        read_into(core, vid, m, [(b, mv) for b, mv, _ in direct], live=True, threads=threads)
+    buffers = read_blobs(core, vid, m, (m.tensors[i].blob for i in indices), threads=threads)
+    tensors = build_tensors(m, indices, buffers)
+    tensors.update({i: dst for _, _, (dst, i) in direct})
+    return unflatten(subtree, tensors.__getitem__)

@@ -1,0 +1,208 @@
+"""``deltackpt.Repo``, the handle on one repository, and ``deltackpt.gc``.  torch is imported only
+by the methods that move tensors, so ``Repo(...).verify()``, ``log``, ``du`` and ``gc`` work
+without it."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import DeltackptError, InvalidArgumentError
+from ..progress import bar
+from ..repo import commit
+from ..repo.gc import DEFAULT_GRACE_SECONDS, GcReport, run_gc
+from ..repo.retention import Retention, check_seconds
+from ..repo.verify import VerifyReport, run_verify
+from ..repo.versions import Version
+from ..store.base import Store
+from .handles import Handle, forget, open_core, portable_location
+from .loading import load, restore
+from .saving import save
+
+
+class Repo(Handle):
+    """A deltackpt repository.
+
+    Example::
+
+        repo = deltackpt.Repo("ckpt")              # created on first save
+        v = repo.save({"model": model.state_dict(), "step": 10}, step=10)
+        for version in repo.log():
+            print(version.short_id, version.step, version.metrics)
+        state = repo.load("latest~1", layers=["encoder"])
+
+    Opening the same path twice in a process shares one handle, so the delta cache (the last
+    saved bytes, used to store the next version as deltas) survives ``deltackpt.save(obj, path)``
+    calls.  ``delta_cache_bytes=0`` turns it off (every chunk that changed is then a keyframe).
+
+    ``delta_base`` (stored in the config by ``Repo.init``) picks the topology: ``"child"`` (the
+    default of format 2) stores the newest version whole and older ones as deltas against newer
+    chunks, so ``resume`` reads one object per chunk; ``"parent"`` chains deltas forward (cheaper
+    saves, the newest version the dearest to read); ``"keyframe"`` takes every lossless delta
+    against its chunk's last keyframe.  bench/DELTAS.md compares them.
+    """
+
+    def __init__(self, location: "str | os.PathLike | Store | Repo", *, create: bool = False,
+                 chunk_bytes: int | None = None, keyframe_interval: int | None = None,
+                 delta_cache_bytes: int | None = None, level: int | None = None,
+                 delta_base: str | None = None) -> None:
+        self.core = open_core(location, create=create, chunk_bytes=chunk_bytes,
+                              keyframe_interval=keyframe_interval, delta_cache_bytes=delta_cache_bytes,
+                              level=level, delta_base=delta_base)
+
+    @classmethod
+    def init(cls, location: "str | os.PathLike | Store", **kwargs: Any) -> "Repo":
+        """Create an empty repository (no error if it exists).  ``Repo.init("ckpt")``"""
+        return cls(location, create=True, **kwargs)
+
+    def close(self) -> None:
+        """Drop this process's handle and its delta cache."""
+        from ..snapshot.async_save import on_repo_close
+        forget(self.core)
+        self.core.delta_cache.clear()
+        on_repo_close(self.core)
+
+    @property
+    def location(self) -> str:
+        return self.core.location
+
+    def __reduce__(self) -> tuple:
+        # a Repo holds locks, caches and open files: another process reopens it from its location
+        return (Repo, (portable_location(self),))
+
+    def __repr__(self) -> str:
+        return f"Repo({self.location!r})"
+
+    # versions -------------------------------------------------------------------------------
+    def resolve(self, version: "str | Version" = "latest") -> Version:
+        """The Version a revision names: ``repo.resolve("latest~2")``."""
+        return self.core.version(self.core.resolve(version))
+
+    def log(self) -> list[Version]:
+        """Every version, newest first: ``[v.step for v in repo.log()]``.  A version whose
+        manifest cannot be used is listed too, with ``v.error`` saying why (the others still are)."""
+        tags = self.core.tags_by_version()
+        return [Version.damaged(vid, str(m), tuple(sorted(tags.get(vid, [])))) if isinstance(m, DeltackptError)
+                else self.core.version(vid, tags, manifest=m) for vid, m in self.core.scan()]
+
+    def show(self, version: "str | Version" = "latest") -> dict[str, Any]:
+        """A version and its tensors (dtype, shape, logical and stored bytes, encoding, exactness).
+
+        ``repo.show("latest")["tensors"][0]["stored_bytes"]``"""
+        vid = self.core.resolve(version)
+        m = self.core.manifest(vid)
+        self.core.refresh_index()
+        tensors = []
+        for t in m.tensors:
+            blob = m.blobs[t.blob]
+            tensors.append({"name": t.name, "dtype": t.dtype, "shape": t.shape, "logical_bytes": t.nbytes,
+                            "stored_bytes": self.core.stored_size(c.chunk_id for c in blob.chunks),
+                            "chunks": len(blob.chunks), "encoding": t.encoding, "exact": t.exact,
+                            "max_abs_err": t.max_abs_err, "shared_blob": blob.nbytes != t.nbytes})
+        return {"version": self.core.version(vid).to_json(), "exact": m.exact, "tensors": tensors,
+                "written": m.extra.get("written", {})}
+
+    def tag(self, name: str, version: "str | Version" = "latest", *, force: bool = False) -> Version:
+        """Name a version: ``repo.tag("best", "latest~3")``.  Tags are kept by gc."""
+        vid = self.core.resolve(version)
+        commit.set_tag(self.core, name, vid, force=force)
+        return self.core.version(vid)
+
+    def untag(self, name: str) -> None:
+        """Remove a tag (the version stays until gc removes it)."""
+        commit.delete_tag(self.core, name)
+
+    def tags(self) -> dict[str, str]:
+        return self.core.tags()
+
+    def verify(self, *, read_data: bool = True) -> VerifyReport:
+        """Re-read and re-hash everything: ``assert repo.verify().ok``."""
+        with bar("verify", 1, unit_bytes=False) as update:
+            return run_verify(self.core, read_data=read_data, progress=update)
+
+    def rebuild_index(self) -> Any:
+        """Re-derive the index from the pack headers (after verify reports a lost or damaged
+        index file): ``repo.rebuild_index().packs_indexed``"""
+        from ..repo.rebuild import rebuild_index
+        return rebuild_index(self.core)
+
+    def du(self) -> dict[str, Any]:
+        """Logical and stored bytes per version and in total: ``repo.du()["total"]["stored_bytes"]``."""
+        core = self.core
+        core.refresh_index()
+        refs_by_version: dict[str, set[bytes]] = {}
+        counts: dict[bytes, int] = {}
+        for vid in core.history():
+            chunks = core.chunk_closure(c.chunk_id for b in core.manifest(vid).blobs for c in b.chunks)
+            refs_by_version[vid] = chunks
+            for c in chunks:
+                counts[c] = counts.get(c, 0) + 1
+        rows = []
+        for vid, chunks in refs_by_version.items():
+            v = core.version(vid)
+            rows.append({"id": vid, "short_id": vid[:10], "step": v.step, "logical_bytes": v.logical_bytes,
+                         "written_bytes": v.written_bytes,
+                         "referenced_bytes": core.stored_size(chunks),
+                         "unique_bytes": core.stored_size(c for c in chunks if counts[c] == 1)})
+        packs = sum(core.store.size(k) for k in core.store.list("packs/"))
+        meta = sum(core.store.size(k) for k in core.store.list("manifests/") + core.store.list("index/"))
+        return {"versions": rows, "total": {"versions": len(rows),
+                                            "logical_bytes": sum(r["logical_bytes"] for r in rows),
+                                            "stored_bytes": packs + meta, "pack_bytes": packs,
+                                            "metadata_bytes": meta}}
+
+    def diff(self, a: "str | Version", b: "str | Version" = "latest") -> list[dict[str, Any]]:
+        """Per tensor: fraction of elements changed, max abs and relative L2 difference, stored
+        bytes in each version.  ``repo.diff("latest~1", "latest")``"""
+        from ..torchstate.diff import diff_versions
+        return diff_versions(self, a, b)
+
+    # data -------------------------------------------------------------------------------------
+    def save(self, obj: Any, **kwargs: Any) -> Version:
+        """Same as :func:`deltackpt.save` with this repository."""
+        return save(obj, self, **kwargs)
+
+    def load(self, version: "str | Version" = "latest", **kwargs: Any) -> Any:
+        """Same as :func:`deltackpt.load` with this repository."""
+        return load(self, version, **kwargs)
+
+    def restore(self, model: Any, version: "str | Version" = "latest", **kwargs: Any) -> Version:
+        """Same as :func:`deltackpt.restore` with this repository."""
+        return restore(model, self, version, **kwargs)
+
+    def gc(self, **kwargs: Any) -> GcReport:
+        """Same as :func:`deltackpt.gc` with this repository."""
+        return gc(self, **kwargs)
+
+
+def open_repo(repo: "str | os.PathLike | Repo | Store", create: bool = False) -> Repo:
+    """``repo`` itself when it is a Repo, else a Repo on that location: ``open_repo("ckpt").log()``."""
+    if isinstance(repo, Repo):
+        return repo
+    return Repo(repo, create=create)
+
+
+def gc(repo: "str | os.PathLike | Repo | Store", *, keep_last: int | None = None, keep_tags: bool = True,
+       dry_run: bool = False, keep_best: "tuple[str, int, str] | str | None" = None, keep_every: int | None = None,
+       keep_within: float | None = None, rebase: bool = True,
+       grace_seconds: float = DEFAULT_GRACE_SECONDS) -> GcReport:
+    """Remove versions outside the retention rules, and the bytes only they held.
+
+    The union of the rules is kept, and ``latest`` always.  A kept version never loses a delta
+    base: its chunk is rewritten as a keyframe (``rebase=True``, reported as ``chunks_rebased``)
+    or the base is kept (``bases_kept``).
+
+    Example::
+
+        report = deltackpt.gc("ckpt", keep_last=3, keep_best="val_loss:2", dry_run=True)
+        print(report.removed, report.reclaimed_bytes)
+    """
+    policy = Retention(keep_last=keep_last, keep_best=keep_best, keep_every=keep_every,
+                       keep_within=keep_within, keep_tags=keep_tags)
+    # NaN would compare as "older than the grace period" and delete a pack another writer is
+    # still to commit; an infinite grace period keeps every unreferenced pack, which is safe
+    grace_seconds = check_seconds("grace_seconds", grace_seconds, allow_inf=True)
+    for name, flag in (("dry_run", dry_run), ("rebase", rebase)):
+        if not isinstance(flag, bool):
+            raise InvalidArgumentError(f"{name} must be True or False, got {flag!r:.80}")
+    return run_gc(open_core(repo), policy, dry_run=dry_run, rebase=rebase, grace_seconds=grace_seconds)

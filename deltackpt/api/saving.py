@@ -1,0 +1,140 @@
+"""``deltackpt.save``: a training state in, a new version out (now, or in the background)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from ..errors import DeltackptError, UnsupportedLeafError
+from ..progress import bar
+from ..repo import saver
+from ..repo.versions import Version
+from ..store.base import Store
+from .handles import Handle, open_core
+
+if TYPE_CHECKING:
+    from ..snapshot.async_save import SaveHandle
+
+
+def save(obj: Any, repo: "str | os.PathLike | Handle | Store", *, step: int | None = None,
+         metrics: Mapping[str, Any] | None = None, meta: Any = None, tag: str | None = None,
+         encoding: Mapping[str, str] | str | None = None, blocking: bool = True,
+         workers: int | None = None, background: str | None = None,
+         optimizer: Any = None) -> "Version | SaveHandle":
+    """Save a module's state_dict, a state dict or a nested training state as a new version.
+
+    Unchanged chunks are not written again; changed ones are stored as deltas against the last
+    version this process saved, when that is smaller.  ``encoding`` opts tensors into lossy modes
+    by name pattern (``{"optimizer.*": "q8-delta"}``); the default is lossless.
+
+    ``blocking=False`` returns a :class:`~deltackpt.snapshot.async_save.SaveHandle` as soon as
+    the tensors are copied to host memory; the rest runs in the background
+    (``handle.wait()`` returns the Version).  Any save first waits for a background save to the
+    same repository still in flight, and raises its error if nobody has waited for it.
+
+    ``background``: where a background save runs, ``"thread"`` or ``"process"`` (a persistent
+    encoder process fed through shared memory: the save's Python then never takes the training
+    loop's GIL; local repositories and CPU tensors only, others use the thread).  Default:
+    ``deltackpt.snapshot.async_save.BACKGROUND`` (``"thread"``).
+
+    ``optimizer`` (with ``blocking=False``; one optimizer or a list): a *lazy* snapshot.  The
+    tensors the optimizer owns (its parameters and every tensor in ``optimizer.state``, found by
+    storage) are copied in the background while the next forward and backward run, and a step
+    pre-hook makes ``optimizer.step()`` wait for that copy before it writes; every other tensor is
+    copied at call time.  Any other in-place write to a parameter or optimizer-state tensor before
+    the next ``optimizer.step()`` (``model.load_state_dict``, EMA weights swapped in, ``p.mul_()``
+    under ``no_grad``) is the user's to declare by calling ``handle.wait_snapshot()`` first; what
+    is safe without it is listed in :mod:`deltackpt.snapshot.lazy`.  ``handle.step_wait_seconds``
+    tells how long steps waited.  With ``blocking=True`` the save is complete when it returns and
+    ``optimizer`` is not needed (it is checked, then ignored).
+
+    ``workers``: encoder threads.  By default a blocking save uses every core (up to 4) and a
+    background save the cores the training loop leaves free (``os.cpu_count()`` minus
+    ``torch.get_num_threads()``, at least 1), so that it does not compete with training for CPU.
+    On Linux a background save's threads also run under ``SCHED_IDLE``, so they never preempt the
+    training loop, and return to normal priority once anyone waits for the save
+    (:mod:`deltackpt.priority`; ``async_save.BACKGROUND_IDLE = False`` turns it off).
+
+    Example::
+
+        v = deltackpt.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 100},
+                           "ckpt", step=100, metrics={"loss": 0.31}, tag="warmup-done")
+        h = deltackpt.save(model, "ckpt", step=200, blocking=False)   # training goes on
+        h.wait()
+        h = deltackpt.save(training_state(model=model, optimizer=opt), "ckpt", step=300,
+                           blocking=False, optimizer=opt)        # returns before copying the weights
+    """
+    import torch
+
+    from ..snapshot import async_save
+    from ..torchstate.flatten import flatten
+
+    if isinstance(obj, torch.nn.Module):
+        obj = obj.state_dict()
+    tree, leaves = flatten(obj)
+    # everything that can refuse the input does so before a repository is created or touched
+    record = _checked_record(leaves, step, metrics, meta, tag, encoding, background, workers)
+    optimizers = None
+    if optimizer is not None:
+        from ..snapshot.lazy import optimizers_of
+        optimizers = optimizers_of(optimizer)
+    core = open_core(repo, create=True)
+    write = _writer(core, encoding, record, workers)
+    if not blocking:
+        devices = [str(leaf.tensor.device) for leaf in leaves]
+        threads = workers or async_save.spare_cores()
+        return async_save.submit(core, leaves, tree, lambda staged, t, **where: write(staged, t, devices, threads, **where),
+                                 background=background, optimizers=optimizers)
+    async_save.drain(core)
+    return write(leaves, tree)
+
+
+def _checked_record(leaves: list, step: Any, metrics: Any, meta: Any, tag: str | None, encoding: Any,
+                    background: str | None, workers: Any) -> dict[str, Any]:
+    """What the manifest records besides the tensors (step, metrics, meta, tag), checked with
+    every other argument of :func:`save`: a DeltackptError here means nothing was written."""
+    from ..format.refs import check_name
+    from ..torchstate.dtypes import name_of
+    from ..torchstate.flatten import INT_MAX, INT_MIN, int_text, metrics_of, plain_only
+    from ..torchstate.planner import plan_blobs
+
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        raise UnsupportedLeafError(f"step must be an int, got {type(step).__name__}")
+    if step is not None and not INT_MIN <= step <= INT_MAX:
+        raise UnsupportedLeafError(f"step {int_text(step)} does not fit in 64 bits")
+    plain_metrics, plain_meta = metrics_of(metrics), plain_only(meta, "meta")
+    if background not in (None, "thread", "process"):
+        raise DeltackptError(f"background must be 'thread' or 'process', got {background!r}")
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+        raise DeltackptError(f"workers must be a positive int (encoder threads), got {workers!r}")
+    plan_blobs([], encoding)
+    for leaf in leaves:
+        name_of(leaf.tensor.dtype, leaf.name)
+    if tag is not None:
+        check_name(tag)
+    return dict(step=step, metrics=plain_metrics, meta=plain_meta, tag=tag)
+
+
+def _writer(core: Any, encoding: Any, record: dict[str, Any], workers: int | None) -> Callable[..., Version]:
+    """The function that writes one version of ``leaves`` to ``core``: called now by a blocking
+    save, later (with the staged copies) by a background one, in a thread or the encoder process."""
+    from ..torchstate.planner import plan_blobs
+
+    def write(leaves: list, tree: Any, devices: list[str] | None = None, threads: int | None = workers,
+              encoder: Any = None, segment: Any = None, owner: Any = None) -> Version:
+        blobs, entries = plan_blobs(leaves, encoding)
+        for b in blobs:   # background saves lend their staging copy to the delta cache
+            b.owner = owner
+        if devices is not None:  # staged copies live on the CPU; record where the tensors lived
+            for e, device in zip(entries, devices):
+                e.device = device
+        kwargs = dict(record, workers=threads)
+        if encoder is not None:
+            vid, stats = encoder.write_version(core, blobs, entries, tree, segment=segment, **kwargs)
+        else:
+            total = sum(len(b.data) for b in blobs)
+            with bar("save", total if devices is None else 0) as update:
+                vid, stats = saver.write_version(core, blobs, entries, tree, progress=update, **kwargs)
+        return core.version(vid, manifest=stats.manifest)
+
+    return write

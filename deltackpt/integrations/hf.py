@@ -1,0 +1,187 @@
+"""Hugging Face ``transformers.Trainer``: save into a deltackpt repository at every save step,
+resume from it with the Trainer's own resume logic.
+
+Saving: add :class:`DeltackptCallback` to the Trainer.  At each ``on_save`` it stores the model
+weights, optimizer, LR scheduler, the TrainerState (as its JSON text) and the RNG states as one
+version (deltas against the previous, unchanged chunks not written), with ``step`` =
+``global_step`` and the last logged metrics.  ``remove_hf_checkpoints=True`` then deletes the
+``checkpoint-N`` directory the Trainer wrote, so only the repository holds checkpoints.
+
+``blocking=False`` saves in the background, and lazily (``lazy=True``, the default): the weights
+and optimizer state are copied while the next step's forward and backward run, and that step's
+``optimizer.step()`` waits for the copy (:mod:`deltackpt.snapshot.lazy`).  The Trainer writes
+those tensors only in ``optimizer.step()``; at the end of training (after the last save it may load
+the best model into them) the callback waits for the copy inside ``on_save``.  Pass ``lazy=False``
+if another callback writes into the weights or optimizer state in place between steps (an EMA
+swapped into the live model, ``model.load_state_dict``).
+
+Resuming: :func:`checkout` writes a version back as a Trainer checkpoint directory
+(``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``trainer_state.json``,
+``rng_state.pth``) and ``trainer.train(resume_from_checkpoint=that_dir)`` resumes exactly as from
+the Trainer's own checkpoint (data order, skipped batches, RNG).  Why not restore inside a
+callback: the Trainer decides how many batches to skip before any callback runs.  The ``.pt``
+and ``.pth`` files are ``torch.save`` files because that is what the Trainer reads (it loads them
+with ``weights_only=True``); the repository itself holds no pickle.
+
+Example::
+
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      callbacks=[DeltackptCallback("ckpt", remove_hf_checkpoints=True)])
+    trainer.train()
+    ...  # killed; in the new process:
+    trainer.train(resume_from_checkpoint=checkout("ckpt", "resume-dir"))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..api import Repo, load, portable_location, save
+from ..deps import require
+from ..errors import StateMismatchError
+from ..training import rng
+
+TrainerCallback = require("transformers", feature="deltackpt's transformers callback").TrainerCallback
+
+
+class DeltackptCallback(TrainerCallback):
+    """Store model + optimizer + scheduler + trainer state + RNG at each Trainer save step.
+
+    ``blocking=False`` saves in the background (training waits only for the snapshot); with
+    ``lazy=True`` the optimizer's tensors are copied during the next forward/backward (see the
+    module docstring for what that asks of other callbacks).
+    """
+
+    def __init__(self, repo: "str | os.PathLike | Repo", *, remove_hf_checkpoints: bool = False,
+                 blocking: bool = True, encoding: Any = None, lazy: bool = True) -> None:
+        opened = repo if isinstance(repo, Repo) else Repo(repo, create=True)
+        self._location = portable_location(opened)
+        self._repo: Repo | None = opened
+        self.remove_hf_checkpoints = remove_hf_checkpoints
+        self.blocking = blocking
+        self.encoding = encoding
+        self.lazy = lazy
+        self.handles: list = []
+
+    @property
+    def repo(self) -> Repo:
+        """The repository, opened in this process at first use."""
+        if self._repo is None:
+            self._repo = Repo(self._location, create=True)
+        return self._repo
+
+    _OPTIONS = ("remove_hf_checkpoints", "blocking", "encoding", "lazy")
+
+    def __getstate__(self) -> dict[str, Any]:
+        # only the location and options travel (deepcopy, spawned processes): not the open repository
+        return {"location": self._location, **{k: getattr(self, k) for k in self._OPTIONS}}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._location, self._repo, self.handles = state["location"], None, []
+        for k in self._OPTIONS:
+            setattr(self, k, state.get(k, True) if k == "lazy" else state[k])   # pickled before "lazy": its default
+
+    def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        if model is None:
+            raise StateMismatchError("DeltackptCallback.on_save: the Trainer passed no model")
+        snapshot: dict[str, Any] = {"model": model.state_dict(), "trainer_state": _state_json(state),
+                                    "rng": rng.capture()}
+        if optimizer is not None:
+            snapshot["optimizer"] = optimizer.state_dict()
+        if lr_scheduler is not None:
+            snapshot["scheduler"] = lr_scheduler.state_dict()
+        metrics = {}
+        for entry in reversed(state.log_history):
+            metrics.update({k: v for k, v in entry.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                            and k not in metrics and k != "step"})
+        hooked = _torch_optimizer(optimizer) if not self.blocking and self.lazy else None
+        lazy = hooked is not None
+        result = save(snapshot, self.repo, step=int(state.global_step), metrics=metrics,
+                      meta={"hf_output_dir": os.path.abspath(args.output_dir)}, encoding=self.encoding,
+                      blocking=self.blocking, optimizer=hooked)
+        if not self.blocking:
+            self.handles.append(result)
+            if lazy and (control.should_training_stop or state.global_step >= state.max_steps):
+                # no optimizer.step() follows to wait for the copy, and the Trainer may now load
+                # the best checkpoint into these very tensors (load_best_model_at_end)
+                result.wait_snapshot()
+        if self.remove_hf_checkpoints:
+            hf_dir = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            if self.blocking:
+                shutil.rmtree(hf_dir, ignore_errors=True)
+            else:
+                from ..snapshot import async_save
+                async_save.run_after(self.repo.core, lambda: shutil.rmtree(hf_dir, ignore_errors=True))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.wait()
+        from ..snapshot import async_save
+        async_save.release_idle_thread()  # no thread of ours outlives the training run
+
+    def wait(self) -> None:
+        """Wait for background saves; raise their errors."""
+        handles, self.handles = self.handles, []
+        for h in handles:
+            h.wait()
+
+
+def _torch_optimizer(optimizer: Any) -> "torch.optim.Optimizer | None":
+    """The optimizer whose ``step()`` writes the tensors, or None where there is no such torch
+    optimizer with step hooks (no optimizer, DeepSpeed's own): the snapshot is then eager.
+    accelerate's ``AcceleratedOptimizer`` (what the Trainer passes) calls its inner optimizer's
+    ``step()``, whose hooks are the ones that run."""
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer
+    hooked = isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "_optimizer_step_pre_hooks")
+    return optimizer if hooked else None
+
+
+def _state_json(state: Any) -> str:
+    import dataclasses
+    # the same text TrainerState.save_to_json writes into trainer_state.json
+    return json.dumps(dataclasses.asdict(state), indent=2, sort_keys=True) + "\n"
+
+
+def checkout(repo: "str | os.PathLike | Repo", directory: "str | os.PathLike", version: str = "latest") -> str:
+    """Write ``version`` as a Trainer checkpoint directory and return its path, for
+    ``trainer.train(resume_from_checkpoint=...)``.  ``version`` may be any revision
+    (``"best:eval_loss"``, a tag, ``"latest~1"``)."""
+    from safetensors.torch import save_file
+
+    state, v = load(repo, version, return_version=True)
+    if not isinstance(state, dict) or "model" not in state or "trainer_state" not in state:
+        raise StateMismatchError(f"version {v.short_id} was not written by DeltackptCallback")
+    out = os.path.abspath(os.fspath(directory))
+    os.makedirs(out, exist_ok=True)
+    # safetensors refuses tensors sharing storage (tied embeddings): give each its own copy;
+    # the Trainer loads with strict=False and ties them again
+    save_file({k: t.contiguous().clone() for k, t in state["model"].items()}, os.path.join(out, "model.safetensors"),
+              metadata={"format": "pt"})
+    if "optimizer" in state:
+        torch.save(state["optimizer"], os.path.join(out, "optimizer.pt"))
+    if "scheduler" in state:
+        torch.save(state["scheduler"], os.path.join(out, "scheduler.pt"))
+    with open(os.path.join(out, "trainer_state.json"), "w") as f:
+        f.write(state["trainer_state"])
+    r = state.get("rng")
+    if r is not None:
+        py, npy = r["python"], r["numpy"]
+        hf_rng = {"python": (int(py["version"]), tuple(int(x) for x in py["internal"].tolist()), py["gauss_next"]),
+                  "numpy": (npy["kind"], npy["keys"].numpy().astype(np.uint32), int(npy["pos"]),
+                            int(npy["has_gauss"]), float(npy["cached_gaussian"])),
+                  "cpu": r["torch"]}
+        if "cuda" in r:
+            hf_rng["cuda"] = r["cuda"]
+        torch.save(hf_rng, os.path.join(out, "rng_state.pth"))
+    with open(os.path.join(out, "deltackpt.json"), "w") as f:
+        json.dump({"repo": Repo(repo).location if not isinstance(repo, Repo) else repo.location, "version": v.id,
+                   "step": v.step}, f)
+    return out

@@ -1,0 +1,175 @@
+"""PyTorch Lightning: store every checkpoint Lightning writes in a deltackpt repository.
+
+``Trainer(plugins=[DeltackptIO("ckpt")])`` routes each ``ModelCheckpoint`` save through
+:meth:`DeltackptIO.save_checkpoint`: the checkpoint dict becomes a new version (deltas against
+the previous one, unchanged chunks not written), and a small pointer file is written at the path
+Lightning asked for (``deltackpt <repo> <version id>``), so Lightning's own file logic (top-k
+bookkeeping, ``ckpt_path="last"``, ``best_model_path``) keeps working.  ``trainer.fit(model,
+ckpt_path=path)`` loads the version the pointer names; ``ckpt_path`` may also be a revision of
+the repository itself (``"latest"``, a tag, ``"best:val_loss"``, an id prefix).
+``remove_checkpoint`` deletes the pointer and the version's tag; ``deltackpt gc`` reclaims it.
+
+What a Lightning checkpoint holds besides tensors is stored as plain data, without pickle:
+config objects (OmegaConf, ``argparse.Namespace``, dataclasses, enums, ``AttributeDict``, the
+``hparams_type`` class) with a small type tag, rebuilt at load from an allow-list only; see
+:mod:`deltackpt.integrations.plain`.  Every conversion is listed in the version's meta
+(``converted``).  Anything else (an arbitrary object in ``hyper_parameters``, say) raises
+:class:`~deltackpt.UnsupportedLeafError` naming its key: nothing is dropped or pickled silently.
+
+Paths: pointer files go through fsspec, as Lightning's own files do, so ``ModelCheckpoint(dirpath=
+"s3://bucket/ckpts")`` or ``"memory://ckpts"`` work (the repository itself may be local or a URL).
+The plugin pickles as its repository's location and options (``ddp_spawn``, ``torch.save(trainer)``,
+``deepcopy``); each process reopens the repository at its first use.
+
+Example::
+
+    trainer = pl.Trainer(plugins=[DeltackptIO("ckpt")],
+                         callbacks=[ModelCheckpoint(dirpath="ckpts", every_n_train_steps=50)])
+    trainer.fit(model)
+    trainer.fit(model, ckpt_path="ckpts/last.ckpt")      # resumes from the repository
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Optional
+
+import torch
+
+from ..api import Repo, load, portable_location, save
+from ..deps import require
+from ..errors import CheckpointNotFoundError, DeltackptError, UnknownVersionError
+from .plain import from_plain, to_plain
+
+__all__ = ["DeltackptIO", "to_plain", "from_plain"]
+
+CheckpointIO = require("lightning_fabric.plugins.io.checkpoint_io",
+                       feature="deltackpt's Lightning plugin").CheckpointIO
+from lightning_fabric.utilities.cloud_io import get_filesystem  # noqa: E402  (installed with CheckpointIO)
+
+POINTER_MAGIC = "deltackpt"
+
+
+def _tag_for(path: str) -> str:
+    stem = os.path.basename(path)
+    stem = re.sub(r"\.ckpt$", "", stem)
+    return "ckpt-" + re.sub(r"[^A-Za-z0-9_-]+", "_", stem)[:100]
+
+
+def _is_local(fs: Any) -> bool:
+    return "file" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,))
+
+
+class DeltackptIO(CheckpointIO):
+    """A Lightning ``CheckpointIO`` that writes checkpoints into a deltackpt repository.
+
+    ``blocking=False`` saves in the background (the trainer waits only for the snapshot;
+    ``teardown`` waits for the last save).  ``encoding`` opts tensors into lossy modes as in
+    :func:`deltackpt.save`.
+    """
+
+    def __init__(self, repo: "str | os.PathLike | Repo", *, blocking: bool = True, encoding: Any = None) -> None:
+        opened = repo if isinstance(repo, Repo) else Repo(repo, create=True)
+        self._location = portable_location(opened)
+        self._repo: Repo | None = opened
+        self.blocking = blocking
+        self.encoding = encoding
+        self._pending: list = []
+
+    @property
+    def repo(self) -> Repo:
+        """The repository, opened in this process at first use."""
+        if self._repo is None:
+            self._repo = Repo(self._location, create=True)
+        return self._repo
+
+    def __getstate__(self) -> dict[str, Any]:
+        # only the location and options travel: the open repository (locks, caches) stays here
+        return {"location": self._location, "blocking": self.blocking, "encoding": self.encoding}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._location, self.blocking, self.encoding = state["location"], state["blocking"], state["encoding"]
+        self._repo, self._pending = None, []
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
+        path = os.fspath(path)
+        fs = get_filesystem(path)
+        converted: dict[str, str] = {}
+        state = to_plain(checkpoint, "", converted)
+        step = checkpoint.get("global_step")
+        meta = {"lightning_path": os.path.abspath(path) if _is_local(fs) else path, "converted": converted,
+                "epoch": checkpoint.get("epoch")}
+        result = save(state, self.repo, step=int(step) if isinstance(step, int) else None, meta=meta,
+                      encoding=self.encoding, blocking=self.blocking)
+        if self.blocking:
+            self._finish(result, path)
+            return
+        self._pending.append(result)
+        # the pointer names the version id, known only once committed: write it from the save
+        # thread right after the save (the trainer does not wait for either)
+        from ..snapshot import async_save
+        async_save.run_after(self.repo.core, lambda: self._finish(result.wait(), path))
+
+    def _finish(self, version: Any, path: str) -> None:
+        self.repo.tag(_tag_for(path), version.id, force=True)
+        text = f"{POINTER_MAGIC} {self.repo.location} {version.id}\n".encode()
+        fs = get_filesystem(path)
+        if not _is_local(fs):
+            # one object PUT: visible whole or not at all on object stores (which have no folders to make)
+            fs.pipe_file(path, text)
+            return
+        d = os.path.dirname(os.path.abspath(path))
+        os.makedirs(d, exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def _resolve(self, path: str) -> str:
+        fs = get_filesystem(path)
+        if fs.isfile(path):
+            with fs.open(path, "rb") as f:
+                head = f.read(4096)
+            parts = head.decode("utf-8", "replace").split()
+            if len(parts) == 3 and parts[0] == POINTER_MAGIC:
+                return parts[2]
+            raise DeltackptError(f"{path} is not a deltackpt pointer file (a torch.save checkpoint? load it with "
+                                 "Lightning's default CheckpointIO)")
+        try:
+            return self.repo.core.resolve(path)
+        except UnknownVersionError:
+            raise CheckpointNotFoundError(f"{path}: no such checkpoint (no pointer file, and not a revision of "
+                                          f"{self.repo.location})") from None
+
+    def load_checkpoint(self, path: Any, map_location: Optional[Any] = None,
+                        weights_only: Optional[bool] = None) -> dict[str, Any]:
+        self.teardown()
+        vid = self._resolve(os.fspath(path))
+        location = map_location if isinstance(map_location, (str, torch.device)) else "cpu"
+        return from_plain(load(self.repo, vid, map_location=location))
+
+    def remove_checkpoint(self, path: Any) -> None:
+        path = os.fspath(path)
+        self.teardown()
+        tag = _tag_for(path)
+        if tag in self.repo.tags():
+            self.repo.untag(tag)
+        fs = get_filesystem(path)
+        if fs.isfile(path):
+            fs.rm(path)
+
+    def teardown(self) -> None:
+        """Wait for background saves (and their pointer files)."""
+        if self._repo is None:
+            return  # never opened in this process: nothing of ours can be pending
+        from ..snapshot import async_save
+        async_save.drain(self._repo.core)
+        pending, self._pending = self._pending, []
+        for h in pending:
+            h.wait()
+        async_save.release_idle_thread()  # Lightning checks that no thread outlives the run

@@ -1,0 +1,382 @@
+"""Where a background save's snapshot goes, and how long that memory lives.
+
+:func:`stage` copies each tensor into host memory: reusable per-shape buffers (pinned for CUDA
+tensors), or one shared segment (:class:`~deltackpt.repo.encoder_process.SharedSegment`) for the
+encoder process.  Tensors sharing a storage are copied as one storage and rebuilt as views of it.
+
+After its save commits, a :class:`Staged` copy stays *lent* to the repository's delta cache: the
+next save computes its deltas against it, so the saver copies nothing.  When that next save
+commits, the cache forgets the memos viewing the older copy, and the memory goes back to the pool.
+So a loop saving in the background holds ``keep + 1`` copies of its state, where ``keep`` is the
+number of saves in flight (``async_save.MAX_IN_FLIGHT``).  :mod:`.prefault` allocates and faults
+in exactly those copies ahead of the first saves of a state.
+
+The copy itself (:func:`copy_host`) runs on the caller's thread and a helper per core torch's
+threads leave free, a large contiguous tensor cut into slices.  A save with ``optimizer=``
+(:mod:`.lazy`) hands back the copies of the optimizer's tensors instead of making them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import torch
+
+from .. import priority
+from ..repo.encoder_process import EncoderProcess, SharedSegment
+
+ALIGN = 64  # staged tensors start on cache-line boundaries (and on any element size)
+
+PARALLEL_COPY_BYTES = 16 << 20
+"""A snapshot at least this large is copied by several threads (:func:`copy_threads`) when the
+machine has cores the training loop's torch threads leave free.  Memory-bound, but two threads
+measured 20-30% faster than one on the 2-vCPU project machine (271 MB: 43 ms -> 31-38 ms), and the
+stall is the one part of a background save the loop waits for.  The other cores are idle then:
+the previous save has finished."""
+
+MAX_COPY_THREADS = 4
+"""Threads that copy one snapshot at most (memory bandwidth is saturated well before more)."""
+
+_lock = threading.Lock()
+_staging: dict[tuple, list[torch.Tensor]] = {}   # (shape, dtype, pinned) -> free buffers
+_staging_bytes = 0
+_segments: list[SharedSegment] = []              # free staging segments (encoder process)
+_copier: ThreadPoolExecutor | None = None
+_lent: dict[int, "Staged"] = {}                  # id(Repository) -> staging of its last committed save
+_fresh_bytes = 0   # staging bytes ever allocated while a save waited (not by prepare): tests pin it
+
+Alloc = Callable[[torch.Size, torch.dtype, bool], torch.Tensor]
+
+
+class Staged:
+    """One save's staging memory: per-shape ``buffers`` or a shared ``segment``.  ``owner`` is the
+    token its lent bytes carry in the delta cache (``BlobInput.owner``)."""
+
+    def __init__(self, core: Any, buffers: list[torch.Tensor], pinned: list[bool], segment: SharedSegment | None) -> None:
+        self.core, self.buffers, self.pinned, self.segment = core, buffers, pinned, segment
+        self.owner = ("segment", segment.id) if segment is not None else ("staging", id(self))
+        self.nbytes = sum(b.numel() * b.element_size() for b in buffers)
+
+    def release(self, encoder: EncoderProcess | None, keep: int) -> None:
+        """Make the delta cache forget this memory, then pool it (at most ``keep`` states' worth)."""
+        if self.segment is not None:
+            if encoder is not None:
+                encoder.drop_owner(self.owner)   # the child reads it before any later save
+            _give_back_segment(self.segment, encoder, keep)
+        else:
+            self.core.delta_cache.drop_owner(self.owner)
+            _give_back(self.buffers, self.pinned, keep)
+        self.buffers = []
+
+
+def stage(core: Any, leaves: list, shared_memory: bool,
+          lazy_keys: set | None = None) -> tuple[list, Staged, Any, tuple[list, list]]:
+    """Snapshot ``leaves`` for a background save to ``core``: (staged leaves, their memory, CUDA
+    event to wait on or None, deferred copies).  ``shared_memory``: into a segment the encoder
+    process can map.  Tensors whose storage is in ``lazy_keys`` (:func:`.lazy.owned_storages`)
+    are not copied now: their (staging, source) pairs come back as deferred ``(host, cuda)``
+    copies for :class:`.lazy.LazyCopy`.  :func:`fresh_bytes` grows when this allocated staging
+    memory (a state of a new layout)."""
+    shared = _sharing(leaves)
+    segment, alloc = _segment_allocator(leaves, shared) if shared_memory else (None, None)
+    out, buffers, pinned, copies = _plan(leaves, alloc or _take, shared)
+    deferred: tuple[list, list] = ([], [])
+    if lazy_keys:
+        from .lazy import storage_key
+        now = []
+        for dst, src, pin in copies:
+            if storage_key(src) in lazy_keys:
+                deferred[1 if pin else 0].append((dst, src))
+            else:
+                now.append((dst, src, pin))
+        copies = now
+    event = _copy_and_fence(copies)
+    memory = Staged(core, buffers, pinned, segment)
+    return out, memory, event, deferred
+
+
+def fresh_bytes() -> int:
+    """Staging bytes ever allocated while a save waited (not by :mod:`.prefault`)."""
+    return _fresh_bytes
+
+
+def settle(staged: Staged, ok: bool, encoder: EncoderProcess | None, keep: int) -> None:
+    """After a background save: on success its staging replaces the repository's lent one; on
+    failure it is dropped (some memos may already view it)."""
+    if not ok or staged.core.delta_cache.max_bytes == 0:   # (no cache: nothing would view it)
+        staged.release(encoder, keep)
+        return
+    with _lock:
+        previous = _lent.pop(id(staged.core), None)
+        _lent[id(staged.core)] = staged
+    if previous is not None:
+        previous.release(encoder, keep)
+
+
+def release_lent(core: Any, encoder: EncoderProcess | None, keep: int) -> None:
+    """Give back the staging memory lent to ``core``'s delta cache (``Repo.close``)."""
+    with _lock:
+        staged = _lent.pop(id(core), None)
+    if staged is not None:
+        staged.release(encoder, keep)
+
+
+# per-shape buffers ------------------------------------------------------------------------------
+
+def _take(shape: torch.Size, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+    global _staging_bytes, _fresh_bytes
+    with _lock:
+        free = _staging.get((tuple(shape), dtype, pinned))
+        if free:
+            t = free.pop()
+            _staging_bytes -= t.numel() * t.element_size()
+            return t
+    t = torch.empty(shape, dtype=dtype, pin_memory=pinned)
+    with _lock:
+        _fresh_bytes += t.numel() * t.element_size()
+    return t
+
+
+def _give_back(buffers: list[torch.Tensor], pinned: list[bool], keep: int) -> None:
+    global _staging_bytes
+    nbytes = sum(t.numel() * t.element_size() for t in buffers)
+    with _lock:
+        if _staging_bytes + nbytes > keep * nbytes:
+            # buffers of older shapes nobody reused: keep at most ``keep`` states' worth
+            _staging.clear()
+            _staging_bytes = 0
+        for t, p in zip(buffers, pinned):
+            _staging.setdefault((tuple(t.shape), t.dtype, p), []).append(t)
+        _staging_bytes += nbytes
+
+
+# shared segments --------------------------------------------------------------------------------
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _segment_allocator(leaves: list, shared: dict[int, list[int]]) -> tuple[SharedSegment, Alloc]:
+    """A staging segment big enough for ``leaves`` (reused from an earlier save when one is free)
+    and an allocator that carves it, in snapshot order, into contiguous tensors."""
+    total = _segment_size(leaves, shared)
+    with _lock:
+        fits = [s for s in _segments if s.size >= total]
+        seg = min(fits, key=lambda s: s.size) if fits else None
+        if seg is not None:
+            _segments.remove(seg)
+    if seg is None:
+        global _fresh_bytes
+        seg = _new_segment(total)
+        with _lock:
+            _fresh_bytes += seg.size
+    pos = 0
+
+    def alloc(shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+        nonlocal pos
+        out = torch.empty(0, dtype=dtype).set_(seg.tensor.untyped_storage(), pos // dtype.itemsize, shape)
+        pos += _aligned(math.prod(shape) * dtype.itemsize)
+        return out
+
+    return seg, alloc
+
+
+def _new_segment(size: int) -> SharedSegment:
+    seg = SharedSegment(size)
+    seg.tensor = torch.frombuffer(seg.map, dtype=torch.uint8)
+    return seg
+
+
+def _segment_size(leaves: list, shared: dict[int, list[int]]) -> int:
+    total = 0
+    for i, leaf in enumerate(leaves):
+        group = shared.get(i)
+        if group is None:
+            total += _aligned(leaf.tensor.numel() * leaf.tensor.element_size())
+        elif group[0] == i:
+            total += _aligned(leaf.tensor.untyped_storage().nbytes())
+    return total
+
+
+def _give_back_segment(seg: SharedSegment, encoder: EncoderProcess | None, keep: int) -> None:
+    with _lock:
+        _segments.append(seg)
+        # keep the ``keep`` largest (the state grew: older ones are too small)
+        _segments.sort(key=lambda s: s.size, reverse=True)
+        extra = _segments[keep:]
+        del _segments[keep:]
+    for s in extra:
+        if encoder is not None:
+            encoder.forget(s)
+        s.close()
+
+
+# the copy ---------------------------------------------------------------------------------------
+
+def _sharing(leaves: list) -> dict[int, list[int]]:
+    """Leaf index -> the leaves sharing its storage (only for storages shared by several)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, leaf in enumerate(leaves):
+        t = leaf.tensor
+        if t.untyped_storage().nbytes():
+            groups.setdefault((t.device, t.untyped_storage().data_ptr()), []).append(i)
+    return {i: g for g in groups.values() if len(g) > 1 for i in g}
+
+
+def _copy_list(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    with torch.no_grad():   # thread-local (flatten detaches leaves; this keeps any other caller safe)
+        for dst, src in pairs:
+            dst.copy_(src)
+
+
+def copy_threads() -> int:
+    """Threads for a host copy: the caller plus a helper for each core torch's intra-op threads
+    leave free (``copy_`` itself already runs on torch's threads), at most MAX_COPY_THREADS."""
+    return max(1, min(MAX_COPY_THREADS, 1 + (os.cpu_count() or 1) - torch.get_num_threads()))
+
+
+def _split(pairs: list[tuple[torch.Tensor, torch.Tensor]], parts: int) -> list[list]:
+    """Cut ``pairs`` into ``parts`` lists of about equal bytes; a contiguous tensor larger than
+    a share is cut into flat slices, so one big tensor is copied by several threads too."""
+    total = sum(d.numel() * d.element_size() for d, _ in pairs)
+    share = max(1, -(-total // parts))
+    out: list[list] = [[]]
+    room = share
+    for dst, src in pairs:
+        size = dst.numel() * dst.element_size()
+        if size <= room or not (src.is_contiguous() and dst.is_contiguous() and src.dtype == dst.dtype):
+            out[-1].append((dst, src))
+            room -= size
+        else:
+            flat_d, flat_s, n, pos = dst.view(-1), src.view(-1), dst.numel(), 0
+            while pos < n:
+                take = min(n - pos, max(1, room // dst.element_size()))
+                out[-1].append((flat_d[pos:pos + take], flat_s[pos:pos + take]))
+                pos += take
+                room -= take * dst.element_size()
+                if room <= 0 and pos < n:
+                    out.append([])
+                    room = share
+        if room <= 0:
+            out.append([])
+            room = share
+    return [p for p in out if p]
+
+
+def copy_host(pairs: list[tuple[torch.Tensor, torch.Tensor]], threads: int | None = None) -> None:
+    """Copy host ``pairs`` with ``threads`` threads (default :func:`copy_threads`: the caller is
+    blocked, so every core torch leaves free) when they are at least PARALLEL_COPY_BYTES; the
+    caller's thread takes the first share."""
+    global _copier
+    total = sum(dst.numel() * dst.element_size() for dst, _ in pairs)
+    parts = min(MAX_COPY_THREADS, threads or copy_threads())
+    if total < PARALLEL_COPY_BYTES or parts < 2:
+        _copy_list(pairs)
+        return
+    shares = _split(pairs, parts)
+    if len(shares) < 2:
+        _copy_list(pairs)
+        return
+    with _lock:
+        if _copier is None:
+            # the snapshot is the caller's stall: never at idle priority (see materialize.pool)
+            _copier = ThreadPoolExecutor(max_workers=MAX_COPY_THREADS - 1, thread_name_prefix="deltackpt-snapshot",
+                                         initializer=priority.run_idle, initargs=(False,))
+        copier = _copier
+    others = [copier.submit(_copy_list, share) for share in shares[1:]]
+    _copy_list(shares[0])
+    for f in others:
+        f.result()
+
+
+class _Fence:
+    """Events recorded after device -> host copies, one per device's current stream."""
+
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def synchronize(self) -> None:
+        for e in self.events:
+            e.synchronize()
+
+
+def _copy_and_fence(copies: list[tuple[torch.Tensor, torch.Tensor, bool]]) -> "_Fence | None":
+    """Run ``copies`` now: device -> pinned host ones queued on their device's current CUDA stream
+    (returns what fences them, or None), host ones with :func:`copy_host`."""
+    devices = []
+    with torch.no_grad():
+        for dst, src, pin in copies:
+            if pin:
+                dst.copy_(src, non_blocking=True)
+                if src.device not in devices:
+                    devices.append(src.device)
+    events = []
+    for device in devices:
+        e = torch.cuda.Event()
+        e.record(torch.cuda.current_stream(device))
+        events.append(e)
+    copy_host([(dst, src) for dst, src, pin in copies if not pin])
+    return _Fence(events) if events else None
+
+
+def _plan(leaves: list, alloc: Alloc, shared: dict[int, list[int]]) -> tuple[list, list[torch.Tensor], list[bool], list]:
+    """Staging for each leaf: (new leaves viewing it, staging buffers, pinned flags, the copies
+    to make as (staging, source, pinned)).  Tensors sharing a storage get one copy of the storage
+    and are rebuilt as views of it, so sharing survives."""
+    from ..torchstate.flatten import TensorLeaf
+
+    out: list = [None] * len(leaves)
+    buffers: list[torch.Tensor] = []
+    pinned: list[bool] = []
+    storage_copy: dict[int, torch.Tensor] = {}
+    copies: list[tuple[torch.Tensor, torch.Tensor, bool]] = []
+    for i, leaf in enumerate(leaves):
+        t = leaf.tensor
+        pin = t.device.type == "cuda" and torch.cuda.is_available()
+        group = shared.get(i)
+        if group is None:
+            dst = alloc(t.shape, t.dtype, pin)
+            copies.append((dst, t.detach(), pin))
+            buffers.append(dst)
+            pinned.append(pin)
+            out[i] = TensorLeaf(leaf.index, leaf.key, leaf.name, dst)
+            continue
+        gid = group[0]
+        if gid not in storage_copy:
+            raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+            dst = alloc(raw.shape, torch.uint8, pin)
+            copies.append((dst, raw, pin))
+            buffers.append(dst)
+            pinned.append(pin)
+            storage_copy[gid] = dst
+        base = storage_copy[gid]
+        # base may be a slice of a larger staging segment: offsets count from its start
+        offset = base.storage_offset() // t.element_size() + t.storage_offset()
+        out[i] = TensorLeaf(leaf.index, leaf.key, leaf.name,
+                            torch.empty(0, dtype=t.dtype).set_(base.untyped_storage(), offset, t.shape, t.stride()))
+    return out, buffers, pinned, copies
+
+
+def snapshot(leaves: list, alloc: Alloc | None = None,
+             shared: dict[int, list[int]] | None = None) -> tuple[list, list[torch.Tensor], list[bool], Any]:
+    """Copy each leaf's tensor into host staging memory now (see :func:`_plan`).  Returns (new
+    leaves, staging buffers, pinned flags, CUDA event to wait on or None).  ``alloc``: where the
+    copies go (default: reusable per-shape buffers, pinned for CUDA tensors)."""
+    out, buffers, pinned, copies = _plan(leaves, alloc or _take, _sharing(leaves) if shared is None else shared)
+    return out, buffers, pinned, _copy_and_fence(copies)
+
+
+def pool(buffers: list[torch.Tensor], layout: list, segment: SharedSegment | None = None) -> None:
+    """Put memory faulted in ahead of a save (:mod:`.prefault`) where the next saves look first."""
+    global _staging_bytes
+    with _lock:
+        if segment is not None:
+            _segments.append(segment)
+            _segments.sort(key=lambda s: s.size, reverse=True)
+        for t, (shape, dtype, pin) in zip(buffers, layout):
+            _staging.setdefault((shape, dtype, pin), []).append(t)
+            _staging_bytes += t.numel() * t.element_size()

@@ -1,0 +1,33 @@
+"""The training loop's side of deltackpt: when to save (Checkpointer), what a resumable state holds
+(training_state, ResumableSampler), and getting back to where a killed job was (resume).
+
+Example::
+
+    from deltackpt import Checkpointer, Retention, resume
+    from deltackpt.training.policies import EveryN, OnImprovement
+    from deltackpt.training import ResumableSampler, training_state
+
+    sampler = ResumableSampler(len(dataset), seed=0)
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler, generator=torch.Generator())
+    info = resume("ckpt", model=model, optimizer=opt, scheduler=sched, sampler=sampler)
+    step = info.step if info else 0
+    ckpt = Checkpointer("ckpt", policy=[EveryN(200), OnImprovement("val_loss")],
+                        retention=Retention(keep_last=3, keep_best=("val_loss", 1, "min")))
+    for epoch in range(sampler.epoch, epochs):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            ...; step += 1
+            ckpt.step(lambda: training_state(model=model, optimizer=opt, scheduler=sched,
+                                             sampler=sampler, step=step), step=step, metrics={"loss": loss})
+    ckpt.close()
+
+What it may import: :mod:`deltackpt.api` (it saves and loads through the public API),
+:mod:`deltackpt.snapshot`, :mod:`deltackpt.torchstate` and the torch-free core.  Only
+:mod:`deltackpt.integrations` and the CLI build on it.
+"""
+
+from .checkpointer import Checkpointer
+from .resume import ResumeInfo, resume
+from .state import ResumableSampler, training_state
+
+__all__ = ["Checkpointer", "ResumableSampler", "ResumeInfo", "resume", "training_state"]

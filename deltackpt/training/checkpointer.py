@@ -1,0 +1,173 @@
+"""When and how a training loop saves: :class:`Checkpointer` asks its policy at every step,
+saves in the background and applies the retention rules after each save.
+
+Example::
+
+    ckpt = Checkpointer("ckpt", policy=[EveryN(200), OnImprovement("val_loss")],
+                        retention=Retention(keep_last=3))
+    ckpt.step(lambda: training_state(model=model, optimizer=opt, step=step), step=step, metrics={"loss": loss})
+    ckpt.close()
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import Future
+from typing import Any, Callable, Mapping
+
+import torch
+
+from ..api import Repo, open_repo
+from ..errors import DeltackptError, InvalidArgumentError
+from ..repo.gc import DEFAULT_GRACE_SECONDS, run_gc
+from ..repo.retention import Retention, check_seconds
+from ..repo.versions import Version
+from ..snapshot import async_save
+from ..snapshot.async_save import SaveHandle
+from .policies import Policy, as_policy
+
+
+class Checkpointer:
+    """Decides at every step whether to save, saves (in the background by default) and applies
+    a retention policy after each save.
+
+    ``policy``: a :mod:`~deltackpt.training.policies` object, an int (every N steps) or a list
+    (save when any is due).  ``retention``: a :class:`~deltackpt.Retention` run as gc after every
+    ``gc_every`` saves (in the background thread, after the save commits).  ``state`` passed to
+    :meth:`step` may be a callable, called only when a save is due.  ``start_step``: the step a
+    resumed run starts from (``resume(...).step``), so schedules continue instead of restarting.
+    ``background``: ``"thread"`` or ``"process"``, as in :func:`deltackpt.save`.
+
+    ``snapshot="lazy"`` with ``optimizer=opt`` (one or a list): background saves return before
+    the optimizer's parameters and state are copied; ``opt.step()`` waits for the copy (see
+    ``optimizer`` in :func:`deltackpt.save` for exactly what is safe, and
+    ``self.last.wait_snapshot()`` for what is not).  ``snapshot="eager"`` (default) copies every
+    tensor before :meth:`step` returns.
+
+    :meth:`prepare` allocates and faults in the staging memory the background saves of a state
+    will hold, in a background thread, so the first save costs what the later ones do.  The first
+    :meth:`step` given a state (not a callable) calls it; with a callable, call it yourself.
+
+    Example::
+
+        ckpt = Checkpointer("ckpt", policy=YoungDaly(mtbf=4 * 3600), retention=Retention(keep_last=3))
+        for step in range(1, n + 1):
+            loss = train_step()
+            ckpt.step(lambda: training_state(model=model, optimizer=opt, step=step), step=step,
+                      metrics={"loss": loss})
+        ckpt.close()     # waits for the last save
+    """
+
+    def __init__(self, repo: "str | os.PathLike | Repo", policy: "Policy | int | list | None" = None, *,
+                 retention: Retention | None = None, blocking: bool = False, gc_every: int = 1,
+                 encoding: Any = None, grace_seconds: float = DEFAULT_GRACE_SECONDS,
+                 start_step: int | None = None, clock: Callable[[], float] = time.monotonic,
+                 background: str | None = None, snapshot: str = "eager", optimizer: Any = None) -> None:
+        if retention is not None and not isinstance(retention, Retention):
+            raise InvalidArgumentError(f"retention must be a Retention, got {type(retention).__name__}")
+        grace_seconds = check_seconds("grace_seconds", grace_seconds, allow_inf=True)  # before any I/O
+        from ..snapshot.lazy import optimizers_of
+        if snapshot not in ("eager", "lazy"):
+            raise InvalidArgumentError(f"snapshot must be 'eager' or 'lazy', got {snapshot!r}")
+        if snapshot == "lazy" and optimizer is None:
+            raise InvalidArgumentError("snapshot='lazy' needs optimizer=: its step is what waits for the copy")
+        self.snapshot = snapshot
+        self.optimizers = optimizers_of(optimizer) if optimizer is not None else None
+        self.repo = open_repo(repo, create=True)
+        self.background = background
+        self.policy = as_policy(policy)
+        self.retention = retention
+        self.blocking = blocking
+        self.gc_every = max(1, int(gc_every))
+        self.encoding = encoding
+        self.grace_seconds = grace_seconds
+        self.clock = clock
+        self.saves = 0
+        self.stall_seconds = 0.0
+        """Total seconds :meth:`step` blocked the caller for saves (snapshots, waits, blocking saves)."""
+        self.last: "SaveHandle | Version | None" = None
+        self._prepared = False
+        if start_step is not None:  # resumed: step-based schedules continue, not restart at 0
+            self.policy.resumed(start_step, self.clock())
+            # metric-based ones remember the best so far (versions of an abandoned future excluded)
+            self.policy.recall([dict(v.metrics) for v in reversed(self.repo.log())
+                                if v.step is not None and v.step <= start_step])
+
+    def due(self, step: int, metrics: Mapping[str, Any] | None = None) -> bool:
+        return self.policy.due(step, self.clock(), metrics or {})
+
+    def step(self, state: Any = None, *, step: int, metrics: Mapping[str, Any] | None = None, force: bool = False,
+             meta: Any = None, tag: str | None = None) -> "SaveHandle | Version | None":
+        """Save ``state`` if the policy says so (or ``force``); returns the handle/Version or None."""
+        from ..api import save
+
+        metrics = dict(metrics or {})
+        if not self._prepared and state is not None and not callable(state):
+            self._prepared = True   # the state's size is known now: its staging faults in meanwhile
+            try:
+                self.prepare(state)
+            except DeltackptError:
+                pass   # a state that cannot be saved is refused by the save that tries it
+        if not (force or self.due(step, metrics)):
+            return None
+        t0 = time.perf_counter()
+        obj = state() if callable(state) else state
+        if obj is None:
+            raise DeltackptError("Checkpointer.step: a save is due but no state was given")
+        lazy = self.optimizers if self.snapshot == "lazy" and not self.blocking else None
+        result = save(obj, self.repo, step=step, metrics=metrics, meta=meta, tag=tag, encoding=self.encoding,
+                      blocking=self.blocking, background=self.background, optimizer=lazy)
+        self.saves += 1
+        if self.retention is not None and self.saves % self.gc_every == 0:
+            self._collect()
+        cost = time.perf_counter() - t0
+        self.stall_seconds += cost
+        self.policy.saved(step, self.clock(), cost, metrics)
+        self.last = result
+        return result
+
+    def prepare(self, state: Any) -> "Future[None] | None":
+        """Allocate and fault in, in a background thread, the staging memory background saves of
+        ``state`` (or ``state()``) hold: ``MAX_IN_FLIGHT`` copies, plus the one lent to the delta
+        cache.  Call it once the state has its final shapes (after the first optimizer step, when
+        the optimizer state exists); saves of another layout simply allocate their own.  Returns
+        the background pre-fault's future (None for a blocking Checkpointer)."""
+        from ..snapshot import prefault
+        from ..torchstate.flatten import flatten
+
+        if self.blocking:
+            return None   # a blocking save stages nothing
+        obj = state() if callable(state) else state
+        if isinstance(obj, torch.nn.Module):
+            obj = obj.state_dict()
+        _, leaves = flatten(obj)
+        process = async_save.uses_process(self.repo.core, leaves, self.background)
+        return prefault.prepare(leaves, process, prefault.sets_for(self.repo.core, async_save.MAX_IN_FLIGHT))
+
+    def _collect(self) -> None:
+        core, policy, grace = self.repo.core, self.retention, self.grace_seconds
+        if self.blocking:
+            run_gc(core, policy, grace_seconds=grace)
+        else:
+            async_save.run_after(core, lambda: run_gc(core, policy, grace_seconds=grace))
+
+    def wait(self) -> Version | None:
+        """Wait for saves (and gc) in flight; raise their errors.  Returns the last Version."""
+        async_save.drain(self.repo.core)
+        async_save._forget_done_lazy()   # the training thread, between steps: unhook the optimizers
+        if isinstance(self.last, SaveHandle):
+            return self.last.wait()
+        return self.last
+
+    def close(self) -> Version | None:
+        return self.wait()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            async_save.drain_all()

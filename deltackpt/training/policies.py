@@ -1,0 +1,245 @@
+"""When to checkpoint: small policy objects a :class:`~deltackpt.Checkpointer` asks every step.
+
+A policy answers ``due(step, now, metrics)`` and is told about every save with
+``saved(step, now, cost, metrics)`` (``cost``: seconds the training loop was blocked).  Policies
+hold no torch and no repository, so ``bench/policy_sim.py`` runs the same objects in simulated
+time.
+
+Example::
+
+    from deltackpt.training.policies import EveryN, YoungDaly, OnImprovement
+    ckpt = deltackpt.Checkpointer("ckpt", policy=[YoungDaly(mtbf=3600), OnImprovement("val_loss")])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from ..errors import DeltackptError
+
+
+class Policy:
+    """Base class: never due on its own."""
+
+    def due(self, step: int, now: float, metrics: Mapping[str, Any]) -> bool:
+        return False
+
+    def saved(self, step: int, now: float, cost: float, metrics: Mapping[str, Any]) -> None:
+        """A version was saved (for any reason) at ``step``; ``cost`` seconds of stall."""
+
+    def resumed(self, step: int, now: float) -> None:
+        """Training restarted from a version saved at ``step``: schedules continue from there."""
+
+    def recall(self, history: "list[Mapping[str, Any]]") -> None:
+        """A resumed run's earlier versions (their metrics, oldest first, those saved at or before
+        the resumed step): policies that compare against the past pick up where they were."""
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+def _positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise DeltackptError(f"{name} must be a positive number, got {value!r}")
+
+
+class EveryN(Policy):
+    """Save every ``steps`` steps (counted from the last save).  ``EveryN(500)``"""
+
+    def __init__(self, steps: int) -> None:
+        _positive("steps", steps)
+        self.steps = int(steps)
+        self.last: int | None = None
+
+    def due(self, step, now, metrics):
+        return step - (self.last if self.last is not None else 0) >= self.steps
+
+    def saved(self, step, now, cost, metrics):
+        self.last = step
+
+    def resumed(self, step, now):
+        self.last = step
+
+    def describe(self):
+        return f"every {self.steps} steps"
+
+
+class EveryT(Policy):
+    """Save when ``seconds`` have passed since the last save (or since the first step seen)."""
+
+    def __init__(self, seconds: float) -> None:
+        _positive("seconds", seconds)
+        self.seconds = float(seconds)
+        self.last: float | None = None
+
+    def due(self, step, now, metrics):
+        if self.last is None:
+            self.last = now
+        return now - self.last >= self.seconds
+
+    def saved(self, step, now, cost, metrics):
+        self.last = now
+
+    def resumed(self, step, now):
+        self.last = now
+
+    def describe(self):
+        return f"every {self.seconds:g} s"
+
+
+class YoungDaly(Policy):
+    """Save every ``sqrt(2 * C * MTBF)`` seconds (Young 1974, Daly 2006), where C is the measured
+    cost of a save (an exponential moving average of the stalls, so the interval follows the
+    cost as it changes) and MTBF the mean time between failures you give.  Until a save has been
+    measured, ``initial_cost`` stands in for C.
+
+    Example: a 0.05 s stall and a 4 h MTBF give an interval of sqrt(2 * 0.05 * 14400) = 38 s.
+    """
+
+    def __init__(self, mtbf: float, *, initial_cost: float = 1.0, smoothing: float = 0.3,
+                 min_interval: float = 0.0) -> None:
+        _positive("mtbf", mtbf)
+        _positive("initial_cost", initial_cost)
+        self.mtbf = float(mtbf)
+        self.cost = float(initial_cost)
+        self.smoothing = smoothing
+        self.min_interval = min_interval
+        self.measured = False
+        self.last: float | None = None
+
+    @property
+    def interval(self) -> float:
+        return max(self.min_interval, math.sqrt(2.0 * self.cost * self.mtbf))
+
+    def due(self, step, now, metrics):
+        if self.last is None:
+            self.last = now
+        return now - self.last >= self.interval
+
+    def saved(self, step, now, cost, metrics):
+        self.last = now
+        if cost >= 0:
+            self.cost = cost if not self.measured else (1 - self.smoothing) * self.cost + self.smoothing * cost
+            self.measured = True
+
+    def resumed(self, step, now):
+        self.last = now
+
+    def describe(self):
+        return f"Young/Daly (MTBF {self.mtbf:g} s, interval {self.interval:.3g} s)"
+
+
+class DenseEarly(Policy):
+    """Checkpoint densely early and sparsely later (COCI-like): the gap between saves starts at
+    ``first`` steps and grows by ``growth`` after every save, up to ``max_every`` steps.  Early
+    versions are the ones an exploratory run most often rolls back to (the model changes fastest
+    and jobs die most often early), later ones cost the same but buy less.
+
+    ``DenseEarly(first=10, growth=1.5, max_every=2000)`` saves at steps 10, 25, 47, 81, ...
+    """
+
+    def __init__(self, first: int = 10, growth: float = 1.5, max_every: int = 1000) -> None:
+        _positive("first", first)
+        _positive("max_every", max_every)
+        if not isinstance(growth, (int, float)) or growth < 1:
+            raise DeltackptError(f"growth must be >= 1, got {growth!r}")
+        self.first = float(first)
+        self.gap = float(first)
+        self.growth = float(growth)
+        self.max_every = int(max_every)
+        self.last: int | None = None
+
+    def due(self, step, now, metrics):
+        return step - (self.last if self.last is not None else 0) >= round(self.gap)
+
+    def saved(self, step, now, cost, metrics):
+        self.gap = min(self.max_every, self.gap * self.growth)
+        self.last = step
+
+    def resumed(self, step, now):
+        # the schedule is a function of the step, not of the process: replay it up to ``step``
+        point, gap = 0.0, self.first
+        while point + round(gap) <= step:
+            point += round(gap)
+            gap = min(self.max_every, gap * self.growth)
+        self.gap, self.last = gap, step
+
+    def describe(self):
+        return f"dense early (gap {round(self.gap)} steps, x{self.growth:g}, max {self.max_every})"
+
+
+class OnImprovement(Policy):
+    """Save when ``metric`` improves on the best value seen so far (``mode`` ``"min"`` or
+    ``"max"``; by more than ``min_delta``).  Steps that do not report the metric are never due."""
+
+    def __init__(self, metric: str, mode: str = "min", min_delta: float = 0.0) -> None:
+        if mode not in ("min", "max"):
+            raise DeltackptError(f"mode must be 'min' or 'max', got {mode!r}")
+        self.metric, self.mode, self.min_delta = metric, mode, float(min_delta)
+        self.best: float | None = None
+
+    def _value(self, metrics) -> float | None:
+        v = metrics.get(self.metric) if metrics else None
+        if hasattr(v, "item"):
+            v = v.item()
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+    def due(self, step, now, metrics):
+        v = self._value(metrics)
+        if v is None:
+            return False
+        if self.best is None:
+            return True
+        return v < self.best - self.min_delta if self.mode == "min" else v > self.best + self.min_delta
+
+    def saved(self, step, now, cost, metrics):
+        v = self._value(metrics)
+        if v is not None and (self.best is None or (v < self.best if self.mode == "min" else v > self.best)):
+            self.best = v
+
+    def recall(self, history):
+        for metrics in history:
+            self.saved(0, 0.0, 0.0, metrics)
+
+    def describe(self):
+        return f"on improvement of {self.metric} ({self.mode})"
+
+
+class AnyOf(Policy):
+    """Due when any of ``policies`` is; every one of them hears about every save."""
+
+    def __init__(self, *policies: Policy) -> None:
+        self.policies = list(policies)
+
+    def due(self, step, now, metrics):
+        # evaluate all (no short circuit): time-based policies start their clocks on first sight
+        return any([p.due(step, now, metrics) for p in self.policies])
+
+    def saved(self, step, now, cost, metrics):
+        for p in self.policies:
+            p.saved(step, now, cost, metrics)
+
+    def resumed(self, step, now):
+        for p in self.policies:
+            p.resumed(step, now)
+
+    def recall(self, history):
+        for p in self.policies:
+            p.recall(history)
+
+    def describe(self):
+        return " or ".join(p.describe() for p in self.policies)
+
+
+def as_policy(policy: "Policy | int | list | tuple | None") -> Policy:
+    """``int`` -> EveryN; list/tuple -> AnyOf; None -> EveryN(1000)."""
+    if policy is None:
+        return EveryN(1000)
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, int) and not isinstance(policy, bool):
+        return EveryN(policy)
+    if isinstance(policy, (list, tuple)):
+        return AnyOf(*(as_policy(p) for p in policy))
+    raise DeltackptError(f"policy must be a Policy, an int (every N steps) or a list of them, got {policy!r}")

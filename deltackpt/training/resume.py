@@ -1,0 +1,152 @@
+"""Getting back to where a killed job was: :func:`resume` takes the newest version that loads
+and verifies, reads only what differs from what the model and optimizer hold, and applies it
+all or nothing.
+
+Example::
+
+    info = deltackpt.resume("ckpt", model=model, optimizer=opt, scheduler=sched)
+    start = info.step if info else 0
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..api import Repo, open_repo
+from ..errors import DeltackptError, NotARepositoryError, StateMismatchError, UnknownVersionError
+from ..repo.versions import Version
+from ..snapshot import async_save
+from . import rng
+
+
+@dataclass
+class ResumeInfo:
+    """What :func:`resume` restored: the version, its step, metrics, meta and ``extra``."""
+
+    version: Version
+    step: int | None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    meta: Any = None
+    extra: Any = None
+    skipped: list[str] = field(default_factory=list)   # newer versions that failed to load
+
+
+def _candidates(r: Repo, version: "str | Version") -> list[str]:
+    if isinstance(version, str) and version in ("latest", "HEAD"):
+        # newest first, including a version whose ref never moved, and one whose manifest is
+        # damaged (its load fails typed, so it is skipped with a warning naming it)
+        history = [vid for vid, _m in r.core.scan()]
+        latest = r.core.latest()
+        if latest in history:       # the ref names the newest committed one: try it first
+            history.remove(latest)
+            history.insert(0, latest)
+        return history
+    return [r.core.resolve(version)]
+
+
+def resume(repo: "str | os.PathLike | Repo", *, model: "torch.nn.Module | None" = None, optimizer: Any = None,
+           scheduler: Any = None, scaler: Any = None, sampler: Any = None, restore_rng: bool = True,
+           version: "str | Version" = "latest", strict: bool = True) -> ResumeInfo | None:
+    """Restore a training state saved with :func:`training_state` (or the same keys).
+
+    ``version="latest"`` tries versions newest first and takes the first that loads and verifies
+    (every chunk is hash-checked while loading); a corrupt or incomplete one is skipped with a
+    warning.  Any other revision (``"best:val_loss"``, a tag, ``"latest~3"``) is restored or
+    raises.  Nothing is applied to the model or optimizer until the whole version has loaded.
+    What they hold now is used while loading: a chunk they already hold, or that a few stored
+    deltas turn into the target, is not read again (a rollback within a run reads what differs).
+    Returns None when the repository does not exist or holds no version (a fresh start).
+
+    Example::
+
+        info = deltackpt.resume("ckpt", model=model, optimizer=opt, scheduler=sched)
+        start = info.step if info else 0
+        deltackpt.resume("ckpt", model=model, version="best:val_loss")   # roll back
+    """
+    try:
+        r = open_repo(repo)
+    except NotARepositoryError:
+        return None
+    async_save.drain(r.core)
+    try:
+        candidates = _candidates(r, version)
+    except UnknownVersionError:
+        if version == "latest":
+            return None
+        raise
+    skipped: list[str] = []
+    last_error: DeltackptError | None = None
+    for vid in candidates:
+        try:
+            state, v = _load_near(r, vid, model, optimizer)
+        except DeltackptError as exc:
+            if not (isinstance(version, str) and version in ("latest", "HEAD")):
+                raise
+            warnings.warn(f"deltackpt.resume: version {vid[:10]} does not load ({exc}); trying an older one",
+                          RuntimeWarning, stacklevel=2)
+            skipped.append(vid)
+            last_error = exc
+            continue
+        _apply(state, v, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, sampler=sampler,
+               restore_rng=restore_rng, strict=strict)
+        step = state.get("step", v.step) if isinstance(state, dict) else v.step
+        return ResumeInfo(v, step, dict(v.metrics), v.meta, state.get("extra") if isinstance(state, dict) else None,
+                          skipped)
+    if last_error is None:
+        return None
+    raise type(last_error)(f"{r.location}: no version loads; the newest failed with: {last_error}")
+
+
+def _load_near(r: Any, vid: str, model: Any, optimizer: Any) -> tuple[Any, Version]:
+    """``load(r, vid)``, reading only what differs from what ``model`` and ``optimizer`` hold now
+    (a rollback within a run): their tensors seed fresh buffers, so nothing live is written until
+    the whole version has loaded.  A fresh model matches nothing and reads everything."""
+    from ..torchstate.flatten import unflatten
+    from ..torchstate.materialize import build_tensors, is_own_blob, read_blobs
+    from ..torchstate.tensor_bytes import writable_bytes
+
+    live: dict[str, Any] = {}
+    if model is not None:
+        live.update((f"model.{k}", t) for k, t in model.state_dict().items())
+    if optimizer is not None and hasattr(optimizer, "state_dict"):
+        for i, s in optimizer.state_dict().get("state", {}).items():
+            live.update((f"optimizer.state.{i}.{k}", t) for k, t in s.items() if isinstance(t, torch.Tensor))
+    m = r.core.manifest(vid)
+    r.core.refresh_index()
+    seeds = {}
+    for e in m.tensors:
+        t = live.get(e.name)
+        if (isinstance(t, torch.Tensor) and is_own_blob(m, e) and list(t.shape) == e.shape
+                and str(t.dtype).removeprefix("torch.") == e.dtype):
+            src = writable_bytes(t)
+            if src is not None:
+                seeds[e.blob] = src
+    chosen = list(range(len(m.tensors)))
+    buffers = read_blobs(r.core, vid, m, (e.blob for e in m.tensors), seeds=seeds)
+    tensors = build_tensors(m, chosen, buffers, "cpu")
+    return unflatten(m.tree, tensors.__getitem__), r.core.version(vid)
+
+
+def _apply(state: Any, v: Version, **parts: Any) -> None:
+    if not isinstance(state, dict):
+        raise StateMismatchError(f"version {v.short_id} is not a training state (a dict); use deltackpt.load")
+    strict = parts.pop("strict")
+    restore_rng = parts.pop("restore_rng")
+    # a lazy save (to any repository) may still be copying the live tensors this writes into
+    async_save.wait_snapshots()
+    for name, target in parts.items():
+        if target is None:
+            continue
+        if name not in state:
+            raise StateMismatchError(f"version {v.short_id} holds no {name!r} entry to restore")
+        if name == "model":
+            target.load_state_dict(state[name], strict=strict)
+        else:
+            target.load_state_dict(state[name])
+    if restore_rng and "rng" in state:
+        rng.restore(state["rng"])

@@ -1,0 +1,63 @@
+"""Random number generator states as plain values and tensors, so they save without pickle.
+
+``capture()`` returns a dict holding Python's ``random``, numpy's global generator, torch's CPU
+generator and (when CUDA is initialised) every CUDA device's generator; ``restore(state)`` puts
+them back.  numpy's state tuple becomes ``{"kind", "keys" (a uint32 tensor), "pos", "has_gauss",
+"cached_gaussian"}``; Python's becomes ``{"version", "internal" (an int64 tensor), "gauss_next"}``.
+Generators you create yourself (``np.random.default_rng``, ``torch.Generator``) are yours to
+save: ``torch.Generator.get_state()`` is a uint8 tensor, and a numpy ``Generator``'s
+``bit_generator.state`` is a dict of ints.
+
+Example::
+
+    state = {"model": model.state_dict(), "rng": deltackpt.training.rng.capture()}
+    deltackpt.save(state, "ckpt", step=step)
+    ...
+    deltackpt.training.rng.restore(deltackpt.load("ckpt")["rng"])
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import StateMismatchError
+
+
+def capture() -> dict[str, Any]:
+    """The current state of every global generator (copies; later draws do not change it)."""
+    version, internal, gauss_next = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    out: dict[str, Any] = {
+        "python": {"version": int(version), "internal": torch.tensor(internal, dtype=torch.int64),
+                   "gauss_next": gauss_next},
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.array(keys, dtype=np.uint32)),
+                  "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = [s.clone() for s in torch.cuda.get_rng_state_all()]
+    return out
+
+
+def restore(state: dict[str, Any]) -> None:
+    """Put back what :func:`capture` returned (as loaded from a repository)."""
+    try:
+        py, npy = state["python"], state["numpy"]
+        internal = tuple(int(x) for x in py["internal"].tolist())
+        random.setstate((int(py["version"]), internal, py["gauss_next"]))
+        keys = npy["keys"].numpy().astype(np.uint32)
+        np.random.set_state((npy["kind"], keys, int(npy["pos"]), int(npy["has_gauss"]),
+                             float(npy["cached_gaussian"])))
+        torch.set_rng_state(state["torch"].to(torch.uint8).cpu())
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise StateMismatchError(f"rng state is not what deltackpt.training.rng.capture() writes: {exc}") from None
+    cuda = state.get("cuda")
+    if cuda and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        if len(cuda) != n:
+            raise StateMismatchError(f"rng state holds {len(cuda)} CUDA generators, this process sees {n} devices")
+        torch.cuda.set_rng_state_all([s.to(torch.uint8).cpu() for s in cuda])

@@ -1,0 +1,96 @@
+"""What a resumable training state holds: :func:`training_state` gathers each part's
+``state_dict()`` and the RNG states; :class:`ResumableSampler` makes the data order one of them.
+
+Example::
+
+    sampler = ResumableSampler(len(dataset), seed=0)
+    deltackpt.save(training_state(model=model, optimizer=opt, sampler=sampler, step=step), "ckpt", step=step)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from ..errors import StateMismatchError
+from . import rng
+
+
+class ResumableSampler(torch.utils.data.Sampler[int]):
+    """A shuffling sampler whose position can be saved and restored.
+
+    Each epoch is a permutation from ``torch.Generator().manual_seed(seed + epoch)`` (the global
+    RNG is not touched).  ``state_dict()`` records the epoch and how many indices were handed
+    out; after ``load_state_dict`` the next iteration continues from there.  With
+    ``num_workers > 0`` the DataLoader prefetches ahead of training, so pass the count the loop
+    actually consumed: ``sampler.state_dict(consumed=batches_done * batch_size)``.  Give the
+    DataLoader its own ``generator``: otherwise every new iterator draws a seed from the global
+    torch RNG, and the resumed run (which starts one more iterator) drifts from the original.
+
+    Example::
+
+        sampler = ResumableSampler(len(ds), seed=0)
+        loader = DataLoader(ds, batch_size=16, sampler=sampler, generator=torch.Generator())
+        for epoch in range(sampler.epoch, 10):
+            sampler.set_epoch(epoch)
+            for batch in loader: ...
+    """
+
+    def __init__(self, n: int, *, seed: int = 0, shuffle: bool = True) -> None:
+        self.n, self.seed, self.shuffle = int(n), int(seed), shuffle
+        self.epoch = 0
+        self.consumed = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` (a no-op when it is the current one, so a resumed position is kept)."""
+        if epoch != self.epoch:
+            self.epoch, self.consumed = int(epoch), 0
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.n))
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.n, generator=g).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        order = self._order()
+        while self.consumed < self.n:
+            i = order[self.consumed]
+            self.consumed += 1
+            yield i
+        # the epoch is over: the next iteration starts the next one unless set_epoch says otherwise
+        self.epoch, self.consumed = self.epoch + 1, 0
+
+    def __len__(self) -> int:
+        return self.n - self.consumed
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, int]:
+        return {"n": self.n, "seed": self.seed, "epoch": self.epoch,
+                "consumed": self.consumed if consumed is None else int(consumed)}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        if int(state["n"]) != self.n:
+            raise StateMismatchError(f"sampler was saved over {state['n']} items, this one has {self.n}")
+        self.seed, self.epoch, self.consumed = int(state["seed"]), int(state["epoch"]), int(state["consumed"])
+
+
+def training_state(*, model: "torch.nn.Module | None" = None, optimizer: Any = None, scheduler: Any = None,
+                   scaler: Any = None, sampler: Any = None, step: int | None = None, extra: Any = None,
+                   capture_rng: bool = True) -> dict[str, Any]:
+    """The state :func:`resume` restores: each given part's ``state_dict()``, the RNG states
+    (python, numpy, torch CPU and CUDA), the step and your ``extra`` (plain values/tensors).
+
+    ``deltackpt.save(training_state(model=m, optimizer=opt, step=s), "ckpt", step=s)``"""
+    out: dict[str, Any] = {}
+    for name, part in (("model", model), ("optimizer", optimizer), ("scheduler", scheduler),
+                       ("scaler", scaler), ("sampler", sampler)):
+        if part is not None:
+            out[name] = part.state_dict()
+    if capture_rng:
+        out["rng"] = rng.capture()
+    if step is not None:
+        out["step"] = int(step)
+    if extra is not None:
+        out["extra"] = extra
+    return out

@@ -1,0 +1,140 @@
+"""Staging memory ahead of the save: ``Checkpointer.prepare`` and the first save of a new layout
+fault in the copies later saves take, and a large snapshot is cut across copy threads."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import deltackpt
+from deltackpt.snapshot import async_save, prefault, staging
+from deltackpt.training import Checkpointer
+
+
+@pytest.fixture(autouse=True)
+def _drained():
+    yield
+    async_save.drain_all()
+
+
+def _state(seed: int, rows: int) -> dict:
+    """Shapes no other test uses, so the staging pool's per-shape buffers are this test's own."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(rows, 24, generator=g)
+    return {"w": w, "tied": w[2:5], "b": torch.randn(rows + 1, generator=g).to(torch.bfloat16), "step": seed}
+
+
+def _pool_ids() -> set[int]:
+    with staging._lock:
+        return {id(t) for ts in staging._staging.values() for t in ts}
+
+
+def _lent_ids(repo_path: str) -> set[int]:
+    return {id(t) for t in staging._lent[id(deltackpt.Repo(repo_path).core)].buffers}
+
+
+def _settle_prefault() -> None:
+    """Wait for background pre-faults already queued (one worker: FIFO)."""
+    if prefault._prefaulter is not None:
+        prefault._prefaulter.submit(lambda: None).result()
+
+
+def test_prepare_faults_in_every_copy_the_saves_then_take(repo_path):
+    """After Checkpointer.prepare(state), the first saves allocate no staging memory: they take the
+    MAX_IN_FLIGHT + 1 copies prepare faulted in, and keep alternating between them."""
+    ckpt = Checkpointer(repo_path, policy=1)
+    fut = ckpt.prepare(_state(0, 97))
+    assert fut is not None
+    fut.result()
+    prepared = _pool_ids()
+    fresh = staging._fresh_bytes
+    used = []
+    for step in range(1, 5):
+        ckpt.step(_state(step, 97), step=step).wait()
+        used.append(_lent_ids(repo_path))
+    assert staging._fresh_bytes == fresh                       # nothing allocated on a save's path
+    assert all(u <= prepared for u in used) and used[0] != used[1] and used[0] == used[2]
+    assert ckpt.prepare(_state(9, 97)) is fut                  # once per layout
+
+
+def test_first_save_of_a_new_layout_prefaults_the_next_copy(repo_path):
+    """Without prepare, the first background save of a layout allocates its staging copy, and
+    queues the fault-in of the copy the second save needs (the first one stays lent to the delta
+    cache): the second and later saves allocate nothing."""
+    h = deltackpt.save(_state(1, 131), repo_path, step=1, blocking=False)
+    h.wait()
+    _settle_prefault()
+    fresh = staging._fresh_bytes
+    used = [_lent_ids(repo_path)]
+    for step in range(2, 5):
+        deltackpt.save(_state(step, 131), repo_path, step=step, blocking=False).wait()
+        used.append(_lent_ids(repo_path))
+    assert staging._fresh_bytes == fresh
+    assert not used[0] & used[1] and used[0] == used[2] and used[1] == used[3]
+
+
+def test_prepare_for_the_encoder_process_pools_a_faulted_segment(repo_path, monkeypatch):
+    """With background="process", prepare faults in shared segments, and the first save stages
+    into one of them instead of creating its own."""
+    from deltackpt.repo import encoder_process
+    if not encoder_process.supported():
+        pytest.skip("no encoder process on this platform")
+    ckpt = Checkpointer(repo_path, policy=1, background="process")
+    ckpt.prepare(_state(0, 157)).result()
+    with staging._lock:
+        prepared = {s.id for s in staging._segments}
+    fresh = staging._fresh_bytes
+    ckpt.step(_state(1, 157), step=1).wait()
+    assert staging._lent[id(ckpt.repo.core)].segment.id in prepared
+    assert staging._fresh_bytes == fresh
+    ckpt.close()
+
+
+def test_one_large_tensor_is_copied_by_several_threads(repo_path, monkeypatch):
+    """Above PARALLEL_COPY_BYTES a snapshot is cut into one share per free core (4 here), a single
+    large tensor into flat slices: helper threads copy some, and the version holds it bit for bit."""
+    monkeypatch.setattr(staging, "PARALLEL_COPY_BYTES", 1)
+    monkeypatch.setattr(staging.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(staging.torch, "get_num_threads", lambda: 1)
+    copied_by: list[str] = []
+    real = staging._copy_list
+
+    def recording(pairs):
+        copied_by.append(threading.current_thread().name)
+        real(pairs)
+
+    monkeypatch.setattr(staging, "_copy_list", recording)
+    big = torch.randn(3, 40_001)
+    v = deltackpt.save({"big": big, "small": torch.arange(5)}, repo_path, step=1, blocking=False).wait()
+    assert len(copied_by) == 4 and len(set(copied_by)) >= 2   # four shares, helpers took some
+    out = deltackpt.load(repo_path, v.id)
+    assert torch.equal(out["big"], big) and torch.equal(out["small"], torch.arange(5))
+
+
+def test_split_covers_every_byte_once():
+    """_split's shares, concatenated, are exactly the input pairs' bytes in order (slices of
+    contiguous tensors, non-contiguous sources whole)."""
+    a, b, c = torch.arange(1000.0), torch.arange(10.0).reshape(2, 5).t(), torch.arange(333, dtype=torch.int16)
+    pairs = [(torch.empty_like(a), a), (torch.empty(5, 2), b), (torch.empty_like(c), c)]
+    shares = staging._split(pairs, 3)
+    assert 2 <= len(shares) <= 4
+    for share in shares:
+        staging._copy_list(share)
+    assert all(torch.equal(d, s) for d, s in pairs)
+    assert sum(d.numel() * d.element_size() for share in shares for d, _ in share) == sum(
+        d.numel() * d.element_size() for d, _ in pairs)
+
+
+def test_checkpointer_prepares_at_its_first_step(repo_path):
+    """The first Checkpointer.step given a state (a dict, no save due yet) starts the pre-fault:
+    the first save, steps later, allocates no staging memory."""
+    ckpt = Checkpointer(repo_path, policy=3)
+    assert ckpt.step(_state(1, 173), step=1) is None
+    _settle_prefault()
+    fresh = staging._fresh_bytes
+    assert ckpt.step(_state(2, 173), step=2) is None
+    ckpt.step(_state(3, 173), step=3).wait()
+    assert staging._fresh_bytes == fresh
+    ckpt.close()
