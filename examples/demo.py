@@ -64,6 +64,12 @@ def main() -> None:
     shutil.rmtree(REPO, ignore_errors=True)
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
+    train_and_checkpoint()
+    tour()
+
+
+def train_and_checkpoint() -> None:
+    """Train for STEPS steps, saving a version every EVERY steps (and a torch.save to compare)."""
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     model = TinyClassifier()
@@ -97,6 +103,9 @@ def main() -> None:
                   f"(torch.save of the same state: {full_bytes / 1e6:.2f} MB)")
     print(f"\n{STEPS // EVERY} versions saved in {save_seconds:.2f} s in all")
 
+
+def tour() -> None:
+    """Show the repository with the CLI, restore one layer from Python, then gc and verify."""
     cli("log")
     cli("du")
     cli("show", "latest~2")

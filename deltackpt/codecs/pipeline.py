@@ -89,14 +89,7 @@ def encode_chunk(raw: bytes, ctx: ChunkContext, *, mode: str = "lossless", base:
     if base is not None and (len(base.data) != len(raw) or base.depth + 1 > keyframe_interval):
         base = None
     if mode != "lossless":
-        lossy: ChunkEncoding | None = None
-        for eid in _LOSSY[check_mode(mode)]:
-            codec = get(eid)
-            if codec.needs_base and base is None:
-                continue
-            enc = codec.encode(raw, ctx, base.data if codec.needs_base and base else None)
-            if enc is not None and (lossy is None or len(enc.payload) < len(lossy.encoded.payload)):
-                lossy = ChunkEncoding(eid, enc, base if codec.needs_base else None)
+        lossy = _encode_lossy(raw, ctx, mode, base)
         if lossy is not None:
             return lossy
     allowed = candidates or (BG_ZSTD, XOR_DELTA, SUB_DELTA, SCALED_DELTA, SPARSE)
@@ -115,14 +108,7 @@ def encode_chunk(raw: bytes, ctx: ChunkContext, *, mode: str = "lossless", base:
         if enc is not None:
             best = ChunkEncoding(SPARSE, enc, base)
     if len(dense) > 1:
-        align = max(ctx.row_bytes if ctx.row_bytes and ctx.row_bytes <= _SAMPLE else 1, 16)
-        s = _sample(raw, align)
-        sizes = {}
-        for c in dense:
-            e = get(c).encode(raw[s], ctx, base.data[s] if get(c).needs_base else None)
-            if e is not None:
-                sizes[c] = len(e.payload)
-        dense = [min(sizes, key=sizes.__getitem__)] if sizes else []
+        dense = _sample_winner(raw, ctx, base, dense)
     for c in dense:
         codec = get(c)
         enc = codec.encode(raw, ctx, base.data if codec.needs_base else None)
@@ -131,3 +117,28 @@ def encode_chunk(raw: bytes, ctx: ChunkContext, *, mode: str = "lossless", base:
     if best is None or len(best.encoded.payload) >= len(raw):
         return ChunkEncoding(RAW, get(RAW).encode(raw, ctx), None)
     return best
+
+
+def _encode_lossy(raw: bytes, ctx: ChunkContext, mode: str, base: BaseChunk | None) -> ChunkEncoding | None:
+    """The smallest encoding among the lossy mode's codecs, or None when none takes the chunk."""
+    lossy: ChunkEncoding | None = None
+    for eid in _LOSSY[check_mode(mode)]:
+        codec = get(eid)
+        if codec.needs_base and base is None:
+            continue
+        enc = codec.encode(raw, ctx, base.data if codec.needs_base and base else None)
+        if enc is not None and (lossy is None or len(enc.payload) < len(lossy.encoded.payload)):
+            lossy = ChunkEncoding(eid, enc, base if codec.needs_base else None)
+    return lossy
+
+
+def _sample_winner(raw: bytes, ctx: ChunkContext, base: BaseChunk | None, dense: list[int]) -> list[int]:
+    """The dense codec whose payload is smallest on a sample of the chunk (none when none takes it)."""
+    align = max(ctx.row_bytes if ctx.row_bytes and ctx.row_bytes <= _SAMPLE else 1, 16)
+    s = _sample(raw, align)
+    sizes = {}
+    for c in dense:
+        e = get(c).encode(raw[s], ctx, base.data[s] if get(c).needs_base else None)
+        if e is not None:
+            sizes[c] = len(e.payload)
+    return [min(sizes, key=sizes.__getitem__)] if sizes else []

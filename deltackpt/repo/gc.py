@@ -1,7 +1,8 @@
 """Garbage collection: remove versions outside the retention policy and the bytes only they held.
 
 Order (each step leaves every kept version restorable if the process dies right after it):
-1. take the exclusive gc lock (waits for running saves; new saves wait for gc), decide what goes;
+1. take the exclusive gc lock (waits for running saves; new saves wait for gc), decide what goes
+   (gc_plan.py);
 2. under the refs lock, re-read the tags (plan again if one moved), delete tags of removed versions
    (only with keep_tags=False), then their manifests;
 3. rewrite packs that are mostly dead into new packs (live objects copied byte for byte, or
@@ -12,7 +13,6 @@ Order (each step leaves every kept version restorable if the process dies right 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,12 +26,12 @@ from ..format.limits import MAX_INDEX_BYTES, PACK_MAX_OBJECTS, PACK_TARGET_BYTES
 from ..format.objects import EncodedObject
 from ..format.pack import PackBuilder, PackEntry
 from . import locks
-from .layout import INDEX, MANIFESTS, PACKS, TAGS, pack_key
+from .gc_plan import GcPlan, plan_gc
+from .layout import INDEX, MANIFESTS, TAGS, pack_key
 from .repository import Repository
 from .retention import Retention
 
 DEFAULT_GRACE_SECONDS = 600.0
-REPACK_DEAD_FRACTION = 0.2
 
 
 @dataclass
@@ -58,127 +58,6 @@ class GcReport:
                 "tags_deleted": self.tags_deleted, "steps": self.steps}
 
 
-def _pack_files(repo: Repository) -> dict[str, int]:
-    out = {}
-    for key in repo.store.list(PACKS):
-        pid = key.rsplit("/", 1)[-1]
-        if len(pid) == 32:
-            try:
-                out[pid] = repo.store.size(key)
-            except FileNotFoundError:
-                pass
-    return out
-
-
-@dataclass
-class _Plan:
-    """What a gc run deletes and rewrites, decided from one reading of the repository."""
-
-    kept: dict[str, list[str]]
-    removed: list[str]
-    rewrite: list[tuple[str, list[PackEntry]]]
-    to_rebase: set[bytes]
-    widths: dict[bytes, int]
-    keep_packs: dict[str, tuple[int, list[PackEntry]]]
-    packs_on_disk: dict[str, int]
-    doomed: list[str]
-    old_bytes: int
-    now: float
-
-
-def _plan(repo: Repository, policy: Retention, report: GcReport, rebase: bool, grace_seconds: float) -> _Plan:
-    """Read the index, manifests and refs and decide what goes (fills ``report``'s kept/removed)."""
-    repo.refresh_index()
-    if repo.bad_index_files:
-        # the damaged files' packs would look unreferenced and be deleted: refuse instead
-        raise CorruptObjectError(f"{repo.location}: damaged index files {sorted(repo.bad_index_files)}; "
-                                 "run rebuild_index before gc")
-    kept = policy.select(repo)
-    all_versions = repo.version_ids()
-    removed = [v for v in all_versions if v not in kept]
-    report.kept, report.removed = kept, removed
-    report.steps = {v: repo.manifest(v).step for v in all_versions}
-
-    direct: set[bytes] = set()
-    widths: dict[bytes, int] = {}
-    for vid in kept:
-        for blob in repo.manifest(vid).blobs:
-            for c in blob.chunks:
-                direct.add(c.chunk_id)
-                widths[c.chunk_id] = blob.itemsize
-    packs_on_disk = _pack_files(repo)
-    # a chunk may be indexed in several packs (concurrent saves, an interrupted gc): use the
-    # shallowest copy whose pack exists, and never write an index that drops a chunk a kept
-    # version needs
-    by_pack: dict[str, list[PackEntry]] = repo.pack_entries
-    # the copy with the shortest real chain among packs that exist (copies.py): recorded depths go
-    # stale, and two copies may name each other as bases
-    chosen = repo.resolve_copies(packs_on_disk.__contains__).best
-    # a keyframe that several kept deltas use as their base (lossless deltas form a star
-    # around their keyframe) is cheaper to keep than to rebase every one of them
-    users_of: dict[bytes, int] = {}
-    for cid in direct:
-        base = chosen[cid][1].base if cid in chosen else None
-        if base is not None and base not in direct:
-            users_of[base] = users_of.get(base, 0) + 1
-    shared = {b for b, n in users_of.items() if n >= 2 and b in chosen and chosen[b][1].base is None}
-    to_rebase: set[bytes] = set()
-    live: set[bytes] = set()
-    pending = list(direct)
-    while pending:
-        cid = pending.pop()
-        if cid in live:
-            continue
-        live.add(cid)
-        if cid not in chosen:
-            users = [v[:10] for v in kept if any(c.chunk_id == cid for b in repo.manifest(v).blobs for c in b.chunks)]
-            raise CorruptObjectError(f"gc stopped before deleting anything: chunk {cid.hex()} "
-                                     f"(needed by {', '.join(users) or 'a delta chain'}) is in no pack; "
-                                     "run `deltackpt verify`; after a lost index file, rebuild_index (`deltackpt rebuild-index`)")
-        base = chosen[cid][1].base
-        if base is not None and base not in direct and base not in shared and rebase:
-            to_rebase.add(cid)
-        elif base is not None:
-            pending.append(base)
-    report.bases_kept = len(live - direct)
-    report.chunks_rebased = len(to_rebase)
-    keep_packs: dict[str, tuple[int, list[PackEntry]]] = {}
-    rewrite: list[tuple[str, list[PackEntry]]] = []
-    for pid, entries in by_pack.items():
-        if pid not in packs_on_disk:
-            continue
-        live_entries = [e for e in entries if e.chunk_id in live and chosen[e.chunk_id][0] == pid]
-        dead_bytes = sum(e.length for e in entries) - sum(e.length for e in live_entries)
-        needs_rebase = any(e.chunk_id in to_rebase for e in live_entries)
-        if not live_entries:
-            continue
-        if needs_rebase or dead_bytes > REPACK_DEAD_FRACTION * packs_on_disk[pid]:
-            rewrite.append((pid, live_entries))
-        else:
-            keep_packs[pid] = (packs_on_disk[pid], live_entries)
-    delete_packs = [pid for pid in packs_on_disk if pid not in keep_packs]
-    old_bytes = sum(packs_on_disk.values())
-    for vid in removed:
-        try:
-            old_bytes += repo.store.size(MANIFESTS + vid)
-        except FileNotFoundError:
-            pass
-    report.tags_deleted = [] if policy.keep_tags else [n for n, v in repo.tags().items() if v in removed]
-
-    now = time.time()
-    # what the delete phase will remove: indexed packs no longer needed, and unindexed packs
-    # (a save that died before its index) once older than the grace period
-    doomed: list[str] = []
-    for pid in delete_packs:
-        try:
-            if pid not in by_pack and now - repo.store.mtime(pack_key(pid)) < grace_seconds:
-                continue
-        except FileNotFoundError:
-            continue
-        doomed.append(pid)
-    return _Plan(kept, removed, rewrite, to_rebase, widths, keep_packs, packs_on_disk, doomed, old_bytes, now)
-
-
 #: how often gc plans again because tags moved while it planned, before giving up
 PLAN_RETRIES = 8
 
@@ -187,97 +66,122 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
            grace_seconds: float = DEFAULT_GRACE_SECONDS) -> GcReport:
     report = GcReport(dry_run=dry_run)
     if dry_run:
-        # a reader: no lock, nothing written (works on a read-only or full filesystem); a save
-        # running meanwhile can make the estimate stale, never wrong on disk
-        p = _plan(repo, policy, report, rebase, grace_seconds)
-        rewrite, to_rebase, widths, keep_packs = p.rewrite, p.to_rebase, p.widths, p.keep_packs
-        packs_on_disk, doomed, old_bytes = p.packs_on_disk, p.doomed, p.old_bytes
-        # build the rewritten packs in memory (rebased chunks re-encoded exactly as below) so
-        # the reclaimed bytes are the net change the real run makes, growth included
-        new_packs = {hex_id(data): (len(data), entries)
-                     for data, entries in _repack(repo, rewrite, to_rebase, widths, with_entries=True)}
-        new_index = len(index_fmt.encode({**keep_packs, **new_packs}))
-        report.reclaimed_bytes = (old_bytes - sum(packs_on_disk.values())) + _index_bytes(repo) - new_index + \
-            sum(packs_on_disk[pid] for pid in doomed) - sum(size for size, _ in new_packs.values())
-        report.packs_deleted = len(doomed) - len(rewrite)
-        report.packs_rewritten = len(rewrite)
-        return report
+        return _estimate(repo, policy, report, rebase, grace_seconds)
 
+    # each step is durable before the next starts (module docstring's order)
     sync = getattr(repo.store, "sync_dir", None)
     with locks.gc_lock(repo.store, full_disk_ok=True) as restamp:
-        for _attempt in range(PLAN_RETRIES):
-            p = _plan(repo, policy, report, rebase, grace_seconds)
-            faults.hit("gc.mark")  # live set decided: everything after this deletes or rewrites
-            # tags move under the refs lock alone: re-read them under it, so a tag set while gc
-            # planned keeps its version (plan again), and one set later finds the version gone
-            with locks.refs_lock(repo.store, full_disk_ok=True):
-                if set(policy.select(repo)) != set(p.kept):
-                    continue
-                report.tags_deleted = [] if policy.keep_tags else \
-                    [n for n, v in repo.tags().items() if v in p.removed]
-                for name in report.tags_deleted:
-                    repo.store.delete(TAGS + name, site="gc.tag")
-                for vid in p.removed:
-                    repo.store.delete(MANIFESTS + vid, site="gc.manifest")
-                    repo.forget_manifest(vid)
-                if sync is not None:  # the removals are durable before any chunk they used goes
-                    sync(MANIFESTS, site="gc.dir")
-                    sync("refs/tags/", site="gc.dir")
-            break
-        else:
-            raise ConflictError(f"{repo.location}: tags kept changing while gc planned ({PLAN_RETRIES} tries); "
-                                "nothing was deleted")
-        rewrite, to_rebase, widths, keep_packs = p.rewrite, p.to_rebase, p.widths, p.keep_packs
-        packs_on_disk, doomed, old_bytes, now = p.packs_on_disk, p.doomed, p.old_bytes, p.now
+        p = _remove_versions(repo, policy, report, rebase, grace_seconds, sync)
         early = _drop_dead_packs(repo, p, sync)
         restamp()  # a lock taken empty on a full disk gets its holder's name now there is room
 
         new_packs: dict[str, tuple[int, list[PackEntry]]] = {}
-        for data, entries in _repack(repo, rewrite, to_rebase, widths, with_entries=True):
+        for data, entries in _repack(repo, p.rewrite, p.to_rebase, p.widths, with_entries=True):
             pid = hex_id(data)
             repo.store.put_atomic(pack_key(pid), data, site="gc.pack")
             new_packs[pid] = (len(data), entries)
-        report.packs_rewritten = len(rewrite)
+        report.packs_rewritten = len(p.rewrite)
 
-        old_index_files = repo.store.list(INDEX)
-        old_index_bytes = _index_bytes(repo)
-        index_data = index_fmt.encode({**keep_packs, **new_packs})
-        index_key = INDEX + hex_id(index_data)
-        repo.store.put_atomic(index_key, index_data, site="gc.index")
-        for key in old_index_files:
-            if key != index_key:
-                repo.store.delete(key, site="gc.index.delete")
-        if sync is not None:  # no old index file may reappear after a crash naming a pack deleted below
-            sync(INDEX, site="gc.dir")
-
-        deleted_bytes = sum(packs_on_disk[pid] for pid in early)
-        report.packs_deleted += len(early)
-        for pid in doomed:
-            if pid in new_packs or pid in early:
-                continue
-            try:
-                repo.store.delete(pack_key(pid), site="gc.delete")
-                deleted_bytes += packs_on_disk[pid]
-                report.packs_deleted += 1
-            except FileNotFoundError:
-                pass
-        temp_lister = getattr(repo.store, "temp_files", None)
-        if temp_lister is not None:
-            for key, mtime in temp_lister():
-                if now - mtime >= grace_seconds:
-                    repo.store.delete(key, site="gc.temp")
-                    report.temps_deleted += 1
+        index_bytes_saved = _write_one_index(repo, {**p.keep_packs, **new_packs}, sync)
+        deleted_bytes = _delete_packs(repo, p, early, new_packs, report)
+        _delete_temps(repo, p.now, grace_seconds, report)
         new_bytes = sum(size for size, _ in new_packs.values())
         # net: negative when rebasing deltas into keyframes costs more than the removed versions held
-        report.reclaimed_bytes = deleted_bytes - new_bytes + (old_bytes - sum(packs_on_disk.values())) + \
-            old_index_bytes - len(index_data)
+        report.reclaimed_bytes = deleted_bytes - new_bytes + (p.old_bytes - sum(p.packs_on_disk.values())) + \
+            index_bytes_saved
         repo.forget_index()
         repo.refresh_index()
         repo.decoded = type(repo.decoded)(repo.decoded.max_bytes)
     return report
 
 
-def _drop_dead_packs(repo: Repository, p: _Plan, sync: Any) -> set[str]:
+def _estimate(repo: Repository, policy: Retention, report: GcReport, rebase: bool, grace_seconds: float) -> GcReport:
+    """``gc --dry-run``: a reader: no lock, nothing written (works on a read-only or full
+    filesystem); a save running meanwhile can make the estimate stale, never wrong on disk."""
+    p = plan_gc(repo, policy, report, rebase, grace_seconds)
+    # build the rewritten packs in memory (rebased chunks re-encoded exactly as the real run does)
+    # so the reclaimed bytes are the net change the real run makes, growth included
+    new_packs = {hex_id(data): (len(data), entries)
+                 for data, entries in _repack(repo, p.rewrite, p.to_rebase, p.widths, with_entries=True)}
+    new_index = len(index_fmt.encode({**p.keep_packs, **new_packs}))
+    report.reclaimed_bytes = (p.old_bytes - sum(p.packs_on_disk.values())) + _index_bytes(repo) - new_index + \
+        sum(p.packs_on_disk[pid] for pid in p.doomed) - sum(size for size, _ in new_packs.values())
+    report.packs_deleted = len(p.doomed) - len(p.rewrite)
+    report.packs_rewritten = len(p.rewrite)
+    return report
+
+
+def _remove_versions(repo: Repository, policy: Retention, report: GcReport, rebase: bool,
+                     grace_seconds: float, sync: Any) -> GcPlan:
+    """Plan, then under the refs lock delete the removed versions' tags and manifests (durably,
+    before any chunk they used goes); plan again while tags move.  Returns the plan acted on."""
+    for _attempt in range(PLAN_RETRIES):
+        p = plan_gc(repo, policy, report, rebase, grace_seconds)
+        faults.hit("gc.mark")  # live set decided: everything after this deletes or rewrites
+        # tags move under the refs lock alone: re-read them under it, so a tag set while gc
+        # planned keeps its version (plan again), and one set later finds the version gone
+        with locks.refs_lock(repo.store, full_disk_ok=True):
+            if set(policy.select(repo)) != set(p.kept):
+                continue
+            report.tags_deleted = [] if policy.keep_tags else \
+                [n for n, v in repo.tags().items() if v in p.removed]
+            for name in report.tags_deleted:
+                repo.store.delete(TAGS + name, site="gc.tag")
+            for vid in p.removed:
+                repo.store.delete(MANIFESTS + vid, site="gc.manifest")
+                repo.forget_manifest(vid)
+            if sync is not None:  # the removals are durable before any chunk they used goes
+                sync(MANIFESTS, site="gc.dir")
+                sync("refs/tags/", site="gc.dir")
+        return p
+    raise ConflictError(f"{repo.location}: tags kept changing while gc planned ({PLAN_RETRIES} tries); "
+                        "nothing was deleted")
+
+
+def _write_one_index(repo: Repository, packs: dict[str, tuple[int, list[PackEntry]]], sync: Any) -> int:
+    """Write one index naming ``packs``, then delete every other index file (durably); return the
+    bytes this saves (the old files' total less the new one's size)."""
+    old_index_files = repo.store.list(INDEX)
+    old_index_bytes = _index_bytes(repo)
+    index_data = index_fmt.encode(packs)
+    index_key = INDEX + hex_id(index_data)
+    repo.store.put_atomic(index_key, index_data, site="gc.index")
+    for key in old_index_files:
+        if key != index_key:
+            repo.store.delete(key, site="gc.index.delete")
+    if sync is not None:  # no old index file may reappear after a crash naming a pack deleted below
+        sync(INDEX, site="gc.dir")
+    return old_index_bytes - len(index_data)
+
+
+def _delete_packs(repo: Repository, p: GcPlan, early: set[str], new_packs: dict[str, Any],
+                  report: GcReport) -> int:
+    """Delete the doomed packs not already gone (``early``) or rewritten under the same name;
+    return the bytes they held, counting the early ones."""
+    deleted_bytes = sum(p.packs_on_disk[pid] for pid in early)
+    report.packs_deleted += len(early)
+    for pid in p.doomed:
+        if pid in new_packs or pid in early:
+            continue
+        try:
+            repo.store.delete(pack_key(pid), site="gc.delete")
+            deleted_bytes += p.packs_on_disk[pid]
+            report.packs_deleted += 1
+        except FileNotFoundError:
+            pass
+    return deleted_bytes
+
+
+def _delete_temps(repo: Repository, now: float, grace_seconds: float, report: GcReport) -> None:
+    temp_lister = getattr(repo.store, "temp_files", None)
+    if temp_lister is not None:
+        for key, mtime in temp_lister():
+            if now - mtime >= grace_seconds:
+                repo.store.delete(key, site="gc.temp")
+                report.temps_deleted += 1
+
+
+def _drop_dead_packs(repo: Repository, p: GcPlan, sync: Any) -> set[str]:
     """Before gc writes anything (a full disk has no room for new packs or a new index): delete the
     index files naming only packs with no live object, then the packs no remaining index file names
     (and the doomed unindexed ones).  Every live chunk stays reachable through another index file.

@@ -191,65 +191,58 @@ class ChunkReader:
         A failure names the blob's position in ``targets`` through ``BlobReadError.index``.
         ``live``: the destinations hold a live state; a chunk they already hold is left alone,
         one a few stored deltas away is stepped there in place (:mod:`.live`)."""
-        outs: list[memoryview] = []
-        jobs: list[tuple[int, bytes, memoryview]] = []
-        for n, (blob, out) in enumerate(targets):
-            out = out.cast("B") if out.format != "B" else out
-            if len(out) != blob.nbytes:
-                raise ValueError(f"destination holds {len(out)} bytes, blob {blob.nbytes}")
-            outs.append(out)
-            pos = 0
-            for c in blob.chunks:
-                jobs.append((n, c.chunk_id, out[pos:pos + c.raw_len]))
-                pos += c.raw_len
-
+        outs, jobs = _chunk_jobs(targets)
         if live:
-            def needs_read(job: tuple[int, bytes, memoryview]) -> bool:
+            jobs = self._jobs_to_read(jobs, pool)
+        tasks = self._plan_reads(jobs)
+        if pool is not None and len(tasks) > 1:
+            list(pool.map(self._read_group, tasks))
+        else:
+            for task in tasks:
+                self._read_group(task)
+        return outs
+
+    def _jobs_to_read(self, jobs: "list[tuple[int, bytes, memoryview]]", pool) -> "list[tuple[int, bytes, memoryview]]":
+        """The jobs whose live destination does not already hold its chunk (or is not stepped to
+        it in place by a few stored deltas)."""
+        def needs_read(job: tuple[int, bytes, memoryview]) -> bool:
+            try:
+                return not rehydrate(self, job[1], job[2])
+            except DeltackptError as exc:
+                exc.blob_index = job[0]  # type: ignore[attr-defined]
+                raise
+
+        need = list(pool.map(needs_read, jobs)) if pool is not None and len(jobs) > 1 else map(needs_read, jobs)
+        return [job for job, n in zip(jobs, need) if n]
+
+    def _read_job(self, job: tuple[int, bytes, memoryview], first=None) -> None:
+        n, cid, dest = job
+        try:
+            self.read_chunk(cid, dest, first)
+        except DeltackptError as exc:
+            exc.blob_index = n  # type: ignore[attr-defined]
+            raise
+
+    def _read_group(self, group: "list[tuple[tuple[int, bytes, memoryview], str, PackEntry]]") -> None:
+        """Chunks whose objects lie close together in one pack: one read, then decode each."""
+        if group[0][2] is None:  # nothing to plan: read_chunk finds it (or fails) on its own
+            self._read_job(group[0][0])
+            return
+        pid, start = group[0][1], group[0][2].offset
+        end = group[-1][2].offset + group[-1][2].length
+        try:
+            data = memoryview(self.store.get(pack_key(pid), start, end - start))
+        except (ObjectNotFoundError, FileNotFoundError):
+            data = None  # each chunk finds another copy (or the error) on its own
+        for job, _pid, e in group:
+            first = None
+            if data is not None:
                 try:
-                    return not rehydrate(self, job[1], job[2])
+                    first = (pid, e, self._check_object(pid, e, data[e.offset - start:e.offset - start + e.length]))
                 except DeltackptError as exc:
                     exc.blob_index = job[0]  # type: ignore[attr-defined]
                     raise
-
-            need = list(pool.map(needs_read, jobs)) if pool is not None and len(jobs) > 1 else map(needs_read, jobs)
-            jobs = [job for job, n in zip(jobs, need) if n]
-
-        def one(job: tuple[int, bytes, memoryview], first=None) -> None:
-            n, cid, dest = job
-            try:
-                self.read_chunk(cid, dest, first)
-            except DeltackptError as exc:
-                exc.blob_index = n  # type: ignore[attr-defined]
-                raise
-
-        def run(group: "list[tuple[tuple[int, bytes, memoryview], str, PackEntry]]") -> None:
-            """Chunks whose objects lie close together in one pack: one read, then decode each."""
-            if group[0][2] is None:  # nothing to plan: read_chunk finds it (or fails) on its own
-                one(group[0][0])
-                return
-            pid, start = group[0][1], group[0][2].offset
-            end = group[-1][2].offset + group[-1][2].length
-            try:
-                data = memoryview(self.store.get(pack_key(pid), start, end - start))
-            except (ObjectNotFoundError, FileNotFoundError):
-                data = None  # each chunk finds another copy (or the error) on its own
-            for job, _pid, e in group:
-                first = None
-                if data is not None:
-                    try:
-                        first = (pid, e, self._check_object(pid, e, data[e.offset - start:e.offset - start + e.length]))
-                    except DeltackptError as exc:
-                        exc.blob_index = job[0]  # type: ignore[attr-defined]
-                        raise
-                one(job, first)
-
-        tasks = self._plan_reads(jobs)
-        if pool is not None and len(tasks) > 1:
-            list(pool.map(run, tasks))
-        else:
-            for task in tasks:
-                run(task)
-        return outs
+            self._read_job(job, first)
 
     def _plan_reads(self, jobs: "list[tuple[int, bytes, memoryview]]") -> list[list]:
         """Group chunks by pack into runs of objects at most READ_GAP apart and READ_SPAN long, so
@@ -278,3 +271,20 @@ class ChunkReader:
             tasks.append([(job, pid, e)])
             raw = e.raw_len
         return tasks
+
+
+def _chunk_jobs(targets: "list[tuple[Blob, memoryview]]",
+                ) -> tuple[list[memoryview], list[tuple[int, bytes, memoryview]]]:
+    """Each target's byte view, and one (target position, chunk id, destination slice) per chunk."""
+    outs: list[memoryview] = []
+    jobs: list[tuple[int, bytes, memoryview]] = []
+    for n, (blob, out) in enumerate(targets):
+        out = out.cast("B") if out.format != "B" else out
+        if len(out) != blob.nbytes:
+            raise ValueError(f"destination holds {len(out)} bytes, blob {blob.nbytes}")
+        outs.append(out)
+        pos = 0
+        for c in blob.chunks:
+            jobs.append((n, c.chunk_id, out[pos:pos + c.raw_len]))
+            pos += c.raw_len
+    return outs, jobs

@@ -11,25 +11,19 @@ import os
 import time
 import warnings
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
-
 from ..codecs.base import ChunkContext
 from ..errors import StoreError
-from ..codecs.floats import max_abs_err
-from ..codecs.pipeline import BaseChunk, encode_chunk
 from ..codecs.registry import get as codec_of
 from ..format import refs
-from ..format.ids import digest
 from ..format.manifest import Blob, ChunkRef, Manifest, TensorEntry
-from ..format.objects import EncodedObject
 from . import commit, locks, supersede
 from .arena import CopyArena
+from .chunk_encoder import SaveContext, encode_one
 from .chunking import chunk_bounds
-from .delta_cache import ChunkMemo, next_star_base
 from .packer import Packer
 from .presence import ChunkPresence
 from .repository import Repository
@@ -77,122 +71,8 @@ class SaveStats:
         return self.objects_bytes + self.manifest_bytes
 
 
-@dataclass
-class _ChunkResult:
-    cid: bytes
-    raw_len: int
-    parts: list | None       # object bytes (header, payload) when the chunk must be written
-    encoding: int
-    base: bytes | None
-    depth: int
-    err: float
-    lossy: bool
-
-
 def default_workers() -> int:
     return max(1, min(4, os.cpu_count() or 1))
-
-
-@dataclass
-class _Save:
-    """One save's writers and dedup answers, shared by its encoder threads."""
-
-    repo: Repository
-    present: ChunkPresence      # dedup only against chunks whose packs exist (presence.py)
-    packer: Packer             # keyframes and forward deltas; with reverse deltas, the head keyframes
-    back: Packer | None = None  # reverse deltas of the previous head chunks (format 2, reverse.py)
-    rev: ReverseDeltas | None = None
-
-    def known(self, cid: bytes) -> bool:
-        return cid in self.packer.pending or self.present.usable(cid)
-
-    def whole(self, cid: bytes) -> bool:
-        """Stored as a keyframe, by this save or in a pack that exists."""
-        if cid in self.packer.pending:
-            return True
-        e = self.present.entry(cid)
-        return e is not None and e.base is None
-
-    def depth(self, cid: bytes, recorded: int) -> int:
-        """The real chain length of an indexed chunk (recorded depths go stale in format 2)."""
-        d = self.repo.chain_depth(cid)
-        return recorded if d is None else d
-
-
-def _encode_one(sv: _Save, raw: memoryview | bytes, ctx: ChunkContext, memo: ChunkMemo | None, mode: str,
-                copy_to: np.ndarray | None = None, owner: Any = None) -> tuple[_ChunkResult, ChunkMemo, _ChunkResult | None]:
-    # the one copy (into ``copy_to``, or a fresh bytes): the caller's tensor may change once save()
-    # returns, and the id must be the hash of exactly the bytes encoded.  Lent bytes (``owner``)
-    # stay as they are until the owner is dropped from the cache: no copy.
-    if owner is not None:
-        data = raw
-    elif copy_to is None:
-        data = raw if isinstance(raw, bytes) else bytes(raw)
-    else:
-        np.copyto(copy_to, np.frombuffer(raw, dtype=np.uint8))
-        data = memoryview(copy_to)
-    src = digest(data)
-    repo, known, present = sv.repo, sv.known, sv.present
-    if sv.rev is not None and mode == "lossless":
-        return _encode_head(sv, data, src, ctx, memo, owner)
-    depth_of = lambda cid: sv.depth(cid, getattr(present.entry(cid), "depth", 0))  # noqa: E731 - 0 when written by this save
-    # lossless deltas against the position's last keyframe (a star) rather than the parent
-    star = mode == "lossless" and repo.config.delta_base == "keyframe"
-    if mode == "lossless":
-        if known(src):
-            r = _ChunkResult(src, len(data), None, 0, None, depth_of(src), 0.0, False)
-            stored = ChunkMemo(src, data, r.depth, src, owner=owner)
-            return r, next_star_base(memo, stored, None) if star else stored, None
-    elif memo is not None and memo.source_id == src and known(memo.chunk_id):
-        # unchanged since the last lossy save: reuse what was stored (maybe the input itself), with its error
-        err = max_abs_err(memo.data, data, ctx.dtype) if memo.chunk_id != src else 0.0
-        return _ChunkResult(memo.chunk_id, len(data), None, 0, None, memo.depth, err, memo.chunk_id != src), memo, None
-    base = None
-    entry = present.entry(memo.chunk_id) if memo is not None else None  # never a base whose pack is gone
-    if (memo is not None and entry is not None and len(memo.data) == len(data)
-            and (not star or memo.age < repo.config.keyframe_interval)):
-        base = BaseChunk(memo.chunk_id, memo.data, sv.depth(memo.chunk_id, entry.depth), entry.length)
-    prefer = memo.winner if memo is not None and base is not None else None
-    choice = encode_chunk(data, ctx, mode=mode, base=base, keyframe_interval=repo.config.keyframe_interval,
-                          prefer=prefer)
-    recon = choice.encoded.recon
-    cid = src if recon is None else digest(recon)
-    kept = data if recon is None else recon
-    lossy = cid != src  # a lossy codec whose output equals the input (fp16 of small ints) stored it exactly
-    if known(cid):
-        r = _ChunkResult(cid, len(data), None, 0, None, depth_of(cid), choice.encoded.max_abs_err, lossy)
-        stored = ChunkMemo(cid, kept, r.depth, src, owner=owner if recon is None else None)
-        return r, next_star_base(memo, stored, None) if star else stored, None
-    params = dict(choice.encoded.params)
-    base_id = choice.base.chunk_id if choice.base else None
-    if base_id is not None:
-        params["base"] = base_id
-    head = EncodedObject(choice.encoding, len(data), params, b"").head()
-    r = _ChunkResult(cid, len(data), [head, choice.encoded.payload], choice.encoding, base_id, choice.depth,
-                     choice.encoded.max_abs_err, lossy)
-    winner = choice.encoding if choice.lossless and choice.base is not None else None
-    stored = ChunkMemo(cid, kept, choice.depth, src, winner=winner, owner=owner if recon is None else None)
-    return r, next_star_base(memo, stored, base_id) if star else stored, None
-
-
-def _encode_head(sv: _Save, data, src: bytes, ctx: ChunkContext, memo: ChunkMemo | None,
-                 owner: Any) -> tuple[_ChunkResult, ChunkMemo, _ChunkResult | None]:
-    """Format 2 (reverse.py): the new chunk as a keyframe unless one is stored already, and the
-    position's previous chunk as a delta against it when that pays."""
-    assert sv.rev is not None
-    if sv.whole(src):
-        r = _ChunkResult(src, len(data), None, 0, None, 0, 0.0, False)
-    else:
-        choice = encode_chunk(data, ctx)
-        head = EncodedObject(choice.encoding, len(data), dict(choice.encoded.params), b"").head()
-        r = _ChunkResult(src, len(data), [head, choice.encoded.payload], choice.encoding, None, 0, 0.0, False)
-    back, winner = None, memo.winner if memo is not None else None
-    if memo is not None and memo.chunk_id != src:
-        enc = sv.rev.encode(memo, src, data, ctx, sv.present)
-        if enc is not None:
-            parts, winner = enc
-            back = _ChunkResult(memo.chunk_id, len(memo.data), parts, winner, src, 1, 0.0, False)
-    return r, ChunkMemo(src, data, 0, src, winner=winner, owner=owner), back
 
 
 def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[TensorEntry], tree: Any, *,
@@ -263,13 +143,13 @@ def commit_manifest(repo: Repository, manifest: Manifest, *, tag: str | None = N
 
 
 def _store_locked(repo: Repository, blobs: list[BlobInput], stats: SaveStats, workers: int | None,
-                  progress: Callable[[int, int], None] | None, *, reverse: bool) -> tuple[list[Blob], _Save]:
+                  progress: Callable[[int, int], None] | None, *, reverse: bool) -> tuple[list[Blob], SaveContext]:
     """Chunks -> packs -> one index file (two with reverse deltas: the head keyframes' packs are
     dropped as a whole later), under a save lock the caller holds.  A failure leaves no pack under a
     final name (the streaming writers are aborted)."""
     repo.refresh_index()
     present = ChunkPresence(repo)
-    sv = _Save(repo, present, Packer(repo, stats))
+    sv = SaveContext(repo, present, Packer(repo, stats))
     if reverse and repo.config.delta_base == "child" and repo.config.keyframe_interval > 0:
         sv.back, sv.rev = Packer(repo, stats), ReverseDeltas(repo.resolution, repo.config.keyframe_interval)
     manifest_blobs: list[Blob] = []
@@ -290,38 +170,14 @@ def _store_locked(repo: Repository, blobs: list[BlobInput], stats: SaveStats, wo
     return manifest_blobs, sv
 
 
-def _write_blobs(sv: _Save, blobs: list[BlobInput], stats: SaveStats, manifest_blobs: list[Blob],
+def _write_blobs(sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, manifest_blobs: list[Blob],
                  workers: int | None, progress) -> None:
     """Hash and encode every chunk of every blob in a pool, keeping up to WINDOW chunks in flight
     ACROSS blobs (a model is mostly tensors of one or two chunks: a window per blob would leave
     the pool idle), and pack the results in submission order, so packs are laid out the same way
     for the same input."""
     repo = sv.repo
-    total = sum(len(b.data) for b in blobs)
-    done = 0
-    chunk_lists: list[list[ChunkRef]] = [[] for _ in blobs]
-    remaining = [0] * len(blobs)
-    submitted = [False] * len(blobs)
-    finished = 0
-    in_flight: deque = deque()  # (blob index, chunk index, future), oldest first
-
-    def finish_ready() -> None:
-        nonlocal finished, done
-        while finished < len(blobs) and submitted[finished] and remaining[finished] == 0:
-            b = blobs[finished]
-            manifest_blobs.append(Blob(len(b.data), b.itemsize, b.row_bytes, chunk_lists[finished]))
-            stats.logical_bytes += len(b.data)
-            done += len(b.data)
-            finished += 1
-            if progress:
-                progress(done, total)
-
-    def consume_oldest() -> None:
-        bi, ci, fut = in_flight.popleft()
-        _take(fut.result(), blobs[bi], ci, chunk_lists[bi], sv, stats)
-        remaining[bi] -= 1
-        finish_ready()
-
+    window = _Window(sv, blobs, stats, manifest_blobs, progress)
     # a star keeps a keyframe as the base for several saves: longer than a lender's promise
     lent = [b.owner if b.owner is not None and b.mode == "lossless" and repo.config.delta_base != "keyframe" else None
             for b in blobs]
@@ -337,24 +193,60 @@ def _write_blobs(sv: _Save, blobs: list[BlobInput], stats: SaveStats, manifest_b
             view = None if staged else memoryview(b.data).cast("B") if not isinstance(b.data, memoryview) \
                 else b.data.cast("B")
             ctx = ChunkContext(b.dtype, b.itemsize, b.row_bytes, repo.level)
-            remaining[bi] = len(bounds)
+            window.remaining[bi] = len(bounds)
             for i, (s, e) in enumerate(bounds):
                 memo = repo.delta_cache.get((b.key, i))
                 if staged:  # read_range returns a private copy already
                     raw, copy_to = staged(s, e), None
                 else:
                     raw, copy_to = view[s:e], arena.take(e - s) if b.mode == "lossless" and lent[bi] is None else None
-                in_flight.append((bi, i, pool.submit(_encode_one, sv, raw, ctx, memo, b.mode, copy_to, lent[bi])))
-                while len(in_flight) >= WINDOW:
-                    consume_oldest()
-            submitted[bi] = True
-            finish_ready()
-        while in_flight:
-            consume_oldest()
-    finish_ready()
+                window.add(bi, i, pool.submit(encode_one, sv, raw, ctx, memo, b.mode, copy_to, lent[bi]))
+            window.submitted[bi] = True
+            window.finish_ready()
+        while window.in_flight:
+            window.consume_oldest()
+    window.finish_ready()
 
 
-def _take(result: tuple, b: BlobInput, i: int, chunks: list[ChunkRef], sv: _Save, stats: SaveStats) -> None:
+class _Window:
+    """The chunks in flight across blobs, taken oldest first; a blob joins the manifest (and
+    progress moves) once all its chunks are taken, in blob order."""
+
+    def __init__(self, sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, manifest_blobs: list[Blob],
+                 progress) -> None:
+        self.sv, self.blobs, self.stats, self.manifest_blobs, self.progress = sv, blobs, stats, manifest_blobs, progress
+        self.total = sum(len(b.data) for b in blobs)
+        self.done = 0
+        self.chunk_lists: list[list[ChunkRef]] = [[] for _ in blobs]
+        self.remaining = [0] * len(blobs)
+        self.submitted = [False] * len(blobs)
+        self.finished = 0
+        self.in_flight: deque = deque()  # (blob index, chunk index, future), oldest first
+
+    def add(self, bi: int, ci: int, fut: Future) -> None:
+        self.in_flight.append((bi, ci, fut))
+        while len(self.in_flight) >= WINDOW:
+            self.consume_oldest()
+
+    def finish_ready(self) -> None:
+        blobs = self.blobs
+        while self.finished < len(blobs) and self.submitted[self.finished] and self.remaining[self.finished] == 0:
+            b = blobs[self.finished]
+            self.manifest_blobs.append(Blob(len(b.data), b.itemsize, b.row_bytes, self.chunk_lists[self.finished]))
+            self.stats.logical_bytes += len(b.data)
+            self.done += len(b.data)
+            self.finished += 1
+            if self.progress:
+                self.progress(self.done, self.total)
+
+    def consume_oldest(self) -> None:
+        bi, ci, fut = self.in_flight.popleft()
+        _take(fut.result(), self.blobs[bi], ci, self.chunk_lists[bi], self.sv, self.stats)
+        self.remaining[bi] -= 1
+        self.finish_ready()
+
+
+def _take(result: tuple, b: BlobInput, i: int, chunks: list[ChunkRef], sv: SaveContext, stats: SaveStats) -> None:
     """Record one encoded chunk (in order): its reference, the delta cache, and its objects."""
     r, memo, back = result
     chunks.append(ChunkRef(r.cid, r.raw_len))

@@ -66,18 +66,8 @@ def drop_superseded(repo: Repository, restored: set[bytes], protected: set[bytes
         files = {key: index_fmt.decode(store.get_bounded(key, MAX_INDEX_BYTES), what=key)
                  for key, named in repo.index_file_packs.items() if named & candidates}
         sizes = {pid: plen for body in files.values() for pid, (plen, _) in body.items()}
-        drop: set[str] = set()
         builder = PackBuilder()
-        for pid in sorted(candidates):
-            kept, size = keep[pid], sizes.get(pid)
-            if size is None:
-                continue
-            if kept and size - sum(e.length for e in kept) < REWRITE_DEAD_FRACTION * size:
-                continue  # mostly needed: leave it
-            for e in kept:
-                builder.add(e.chunk_id, store.get(pack_key(pid), e.offset, e.length), encoding=e.encoding,
-                            raw_len=e.raw_len, base=e.base, depth=e.depth)
-            drop.add(pid)
+        drop = _choose_drops(repo, candidates, keep, sizes, builder)
         if not drop:
             return 0
         new_packs: dict[str, tuple[int, list[PackEntry]]] = {}
@@ -85,20 +75,7 @@ def drop_superseded(repo: Repository, restored: set[bytes], protected: set[bytes
             data = builder.finish()
             new_packs[hex_id(data)] = (len(data), list(builder.entries))
             store.put_atomic(pack_key(hex_id(data)), data, site="supersede.pack")
-        replaced: list[str] = []
-        added: dict[str, dict[str, tuple[int, list[PackEntry]]]] = {}
-        for key, body in sorted(files.items()):
-            if not set(body) & drop:
-                continue
-            rest = {pid: v for pid, v in body.items() if pid not in drop}
-            rest.update(new_packs)
-            new_packs = {}  # named once, by the first replacement
-            if rest:
-                out = index_fmt.encode(rest)
-                new_key = INDEX + hex_id(out)
-                store.put_atomic(new_key, out, site="supersede.index")
-                added[new_key] = rest
-            replaced.append(key)
+        replaced, added = _write_replacements(repo, files, drop, new_packs)
         for key in replaced:
             store.delete(key, site="supersede.index.delete")
         sync = getattr(store, "sync_dir", None)
@@ -113,3 +90,43 @@ def drop_superseded(repo: Repository, restored: set[bytes], protected: set[bytes
                 pass
         repo.replace_index_files(replaced, added)
         return freed - sum(plen for body in added.values() for pid, (plen, _) in body.items() if pid not in sizes)
+
+
+def _choose_drops(repo: Repository, candidates: set[str], keep: dict[str, list[PackEntry]],
+                  sizes: dict[str, int], builder: PackBuilder) -> set[str]:
+    """The candidate packs to drop (those mostly redundant), their needed objects copied into
+    ``builder`` byte for byte."""
+    drop: set[str] = set()
+    for pid in sorted(candidates):
+        kept, size = keep[pid], sizes.get(pid)
+        if size is None:
+            continue
+        if kept and size - sum(e.length for e in kept) < REWRITE_DEAD_FRACTION * size:
+            continue  # mostly needed: leave it
+        for e in kept:
+            builder.add(e.chunk_id, repo.store.get(pack_key(pid), e.offset, e.length), encoding=e.encoding,
+                        raw_len=e.raw_len, base=e.base, depth=e.depth)
+        drop.add(pid)
+    return drop
+
+
+def _write_replacements(repo: Repository, files: dict[str, dict[str, tuple[int, list[PackEntry]]]], drop: set[str],
+                        new_packs: dict[str, tuple[int, list[PackEntry]]],
+                        ) -> tuple[list[str], dict[str, dict[str, tuple[int, list[PackEntry]]]]]:
+    """Write an index file for each one naming a dropped pack: the same packs less the dropped
+    ones (the first also names ``new_packs``).  Returns the files replaced and those written."""
+    replaced: list[str] = []
+    added: dict[str, dict[str, tuple[int, list[PackEntry]]]] = {}
+    for key, body in sorted(files.items()):
+        if not set(body) & drop:
+            continue
+        rest = {pid: v for pid, v in body.items() if pid not in drop}
+        rest.update(new_packs)
+        new_packs = {}  # named once, by the first replacement
+        if rest:
+            out = index_fmt.encode(rest)
+            new_key = INDEX + hex_id(out)
+            repo.store.put_atomic(new_key, out, site="supersede.index")
+            added[new_key] = rest
+        replaced.append(key)
+    return replaced, added

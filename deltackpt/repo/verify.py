@@ -62,6 +62,18 @@ def run_verify(repo: Repository, *, read_data: bool = True,
     report = VerifyReport()
     repo.refresh_index()
     repo.decoded = type(repo.decoded)(repo.decoded.max_bytes)  # decode everything afresh
+    manifests = _check_manifests(repo, report)
+    _check_refs(repo, manifests, report)
+    _check_blob_lengths(repo, manifests, report)
+    users = _check_packs(repo, manifests, report)
+    _check_index_files(repo, users, report)
+    _check_chunks(repo, users, report, read_data=read_data, progress=progress)
+    _warn_temp_files(repo, report)
+    return report
+
+
+def _check_manifests(repo: Repository, report: VerifyReport) -> dict:
+    """Re-read every version's manifest from the store; return those that parse, by version id."""
     version_ids = repo.version_ids()
     manifests = {}
     for vid in version_ids:
@@ -71,7 +83,11 @@ def run_verify(repo: Repository, *, read_data: bool = True,
         except DeltackptError as exc:
             report.errors.append(Problem(MANIFESTS + vid, str(exc), [vid]))
     report.versions_checked = len(version_ids)
+    return manifests
 
+
+def _check_refs(repo: Repository, manifests: dict, report: VerifyReport) -> None:
+    """Every ref and tag parses and names a version with a valid manifest."""
     ref_keys = [LATEST_REF] if repo.store.exists(LATEST_REF) else []
     ref_keys += repo.store.list(TAGS)
     for key in ref_keys:
@@ -84,16 +100,21 @@ def run_verify(repo: Repository, *, read_data: bool = True,
         except DeltackptError as exc:
             report.errors.append(Problem(key, str(exc)))
 
-    # the lengths load checks before it allocates (one function for both, so verify cannot pass
-    # a version load refuses)
+
+def _check_blob_lengths(repo: Repository, manifests: dict, report: VerifyReport) -> None:
+    """The lengths load checks before it allocates (one function for both, so verify cannot pass
+    a version load refuses)."""
     for vid, m in manifests.items():
         for b, blob in enumerate(m.blobs):
             why = repo.blob_mismatch(blob)
             if why is not None:
                 report.errors.append(Problem(MANIFESTS + vid, f"blob {b}: {why}", [vid]))
 
-    users = _users(repo, manifests)
 
+def _check_packs(repo: Repository, manifests: dict, report: VerifyReport) -> dict[bytes, set[str]]:
+    """Check every pack on disk or in the index; return which versions need which chunk (as of
+    the index the pack check ended with)."""
+    users = _users(repo, manifests)
     bad_packs: dict[str, str] = {}
     packs_on_disk = {k.rsplit("/", 1)[-1] for k in repo.store.list(PACKS)}
     indexed_packs = set(repo.pack_entries)
@@ -124,11 +145,20 @@ def run_verify(repo: Repository, *, read_data: bool = True,
             report.errors.append(Problem(pack_key(pid), why, affected))
         else:
             report.warnings.append(Problem(pack_key(pid), why))
+    return users
 
+
+def _check_index_files(repo: Repository, users: dict[bytes, set[str]], report: VerifyReport) -> None:
+    """An unreadable index file costs every version that needs a chunk no readable index names."""
     unindexed = {v for cid, vs in users.items() if not repo.has_chunk(cid) for v in vs}
     for key, why in sorted(repo.bad_index_files.items()):
         report.errors.append(Problem(key, f"{why} (rebuild_index restores it from the packs)", sorted(unindexed)))
 
+
+def _check_chunks(repo: Repository, users: dict[bytes, set[str]], report: VerifyReport, *,
+                  read_data: bool, progress: Callable[[int, int], None] | None) -> None:
+    """Every needed chunk is indexed and decodes to bytes that hash to its id (without
+    ``read_data``: its encoding is one a codec owns)."""
     needed = sorted(users)
     for i, cid in enumerate(needed):
         if progress:
@@ -147,11 +177,13 @@ def run_verify(repo: Repository, *, read_data: bool = True,
             report.chunks_checked += 1
         except DeltackptError as exc:
             report.errors.append(Problem(f"chunk {cid.hex()}", str(exc), sorted(users[cid])))
+
+
+def _warn_temp_files(repo: Repository, report: VerifyReport) -> None:
     temp_lister = getattr(repo.store, "temp_files", None)
     if temp_lister is not None:
         for key, _ in temp_lister():
             report.warnings.append(Problem(key, "leftover temp file of an interrupted write (gc removes it)"))
-    return report
 
 
 def _users(repo: Repository, manifests: dict) -> dict[bytes, set[str]]:

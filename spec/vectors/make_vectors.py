@@ -13,6 +13,7 @@ import json
 import os
 import struct
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,13 @@ def codec_case(name: str, raw: bytes, dtype: str, itemsize: int, row_bytes: int,
 
 
 def codec_vectors() -> dict[str, list[dict]]:
+    x = _codec_inputs()
+    return {**_scaled_quant_cases(x), **_lossless_cases(x), **_quant_cases(x), **_cast_cases(x)}
+
+
+def _codec_inputs() -> SimpleNamespace:
+    """Every codec vector's input arrays, drawn from one seeded generator in a fixed order (so the
+    committed vectors stay byte for byte what they are)."""
     rng = np.random.default_rng(1234)
     specials = f32([1.0, -0.0, 0.0, 1e-45, -2.5]) + struct.pack("<I", 0x7FC01234)  # subnormal, NaN payload
     smooth = (np.linspace(0.5, 0.75, 64, dtype=np.float32)).astype("<f4")
@@ -120,51 +128,80 @@ def codec_vectors() -> dict[str, list[dict]]:
     nan_new = (nan_base.astype(np.float64) * 0.9).astype("<f4")
     nan_base.view("<u4")[[5, 9]] = [0x7F800001, 0xFF812345]    # a signaling NaN and a negative one with a payload
     nan_new.view("<u4")[[5, 9]] = [0x7F800001, 0x3F800000]     # the same NaN again; 1.0
+    return SimpleNamespace(
+        specials=specials, smooth=smooth, base32=base32, moved=moved, ints=ints, ints_new=ints_new,
+        table=table, table_new=table_new, qbase=qbase, qnew=qnew, casts=casts, ties=ties, f64=f64,
+        bf_base=bf_base, bf_base16=bf_base16, bf_new16=bf_new16, h_base=h_base, h_new=h_new,
+        f32_base=f32_base, f32_new=f32_new, adam_base=adam_base, adam_new=adam_new, sbase=sbase, snew=snew,
+        sb_base=sb_base, sb_new=sb_new, sb_base16=sb_base16, sb_new16=sb_new16, sh_base=sh_base,
+        sh_new=sh_new, nan32=nan32, nan64=nan64, nan_base=nan_base, nan_new=nan_new)
+
+
+def _scaled_quant_cases(x: SimpleNamespace) -> dict[str, list[dict]]:
+    """Lossy deltas against a scaled base (decaying optimizer moments)."""
     return {
-        "q8-scaled-delta": [codec_case("q8-scaled-delta", snew.tobytes(), "float32", 4, 4, sbase.tobytes(),
+        "q8-scaled-delta": [codec_case("q8-scaled-delta", x.snew.tobytes(), "float32", 4, 4, x.sbase.tobytes(),
                                        note="300 float32 decayed by 0.9**20 (a decaying chunk: value-relative step floor), every 13th of block 1 new; block 2's codes are all 0, so its scale is 0"),
-                            codec_case("q8-scaled-delta", sb_new16.tobytes(), "bfloat16", 2, 2, sb_base16.tobytes(),
+                            codec_case("q8-scaled-delta", x.sb_new16.tobytes(), "bfloat16", 2, 2, x.sb_base16.tobytes(),
                                        note="bfloat16, decayed by 0.9 (signed, so not a decaying chunk: rms floor only): alpha*base in float64 rounded to float32, float32 arithmetic, result rounded to bfloat16")],
-        "q4-scaled-delta": [codec_case("q4-scaled-delta", snew.tobytes(), "float32", 4, 4, sbase.tobytes(),
+        "q4-scaled-delta": [codec_case("q4-scaled-delta", x.snew.tobytes(), "float32", 4, 4, x.sbase.tobytes(),
                                        note="the q8-scaled-delta input: nibbles low-first, block 2 all zero"),
-                            codec_case("q4-scaled-delta", sh_new.tobytes(), "float16", 2, 2, sh_base.tobytes(),
+                            codec_case("q4-scaled-delta", x.sh_new.tobytes(), "float16", 2, 2, x.sh_base.tobytes(),
                                        note="float16: float32 arithmetic, result rounded to float16 (nearest even)")],
-        "raw": [codec_case("raw", specials, "float32", 4, 4, note="-0.0, a subnormal and a NaN with payload 0x7fc01234 kept bit for bit")],
-        "bg-zstd": [codec_case("bg-zstd", smooth.tobytes(), "float32", 4, 4,
+    }
+
+
+def _lossless_cases(x: SimpleNamespace) -> dict[str, list[dict]]:
+    """The lossless codecs: keyframes and exact deltas."""
+    return {
+        "raw": [codec_case("raw", x.specials, "float32", 4, 4, note="-0.0, a subnormal and a NaN with payload 0x7fc01234 kept bit for bit")],
+        "bg-zstd": [codec_case("bg-zstd", x.smooth.tobytes(), "float32", 4, 4,
                                note="64 float32: high planes compress (mode 1), low mantissa plane stays raw (mode 0)")],
-        "xor-delta": [codec_case("xor-delta", moved.tobytes(), "float32", 4, 4, base32.tobytes())],
-        "sub-delta": [codec_case("sub-delta", ints_new.tobytes(), "int64", 8, 8, ints.tobytes(),
+        "xor-delta": [codec_case("xor-delta", x.moved.tobytes(), "float32", 4, 4, x.base32.tobytes())],
+        "sub-delta": [codec_case("sub-delta", x.ints_new.tobytes(), "int64", 8, 8, x.ints.tobytes(),
                                  note="deltas -4..4 zigzag to 0..8"),
-                      codec_case("sub-delta", f32_new.tobytes(), "float32", 4, 4, f32_base.tobytes(),
+                      codec_case("sub-delta", x.f32_new.tobytes(), "float32", 4, 4, x.f32_base.tobytes(),
                                  note="each float32 moved to its next value up: bit-pattern delta +1 or -1")],
-        "scaled-delta": [codec_case("scaled-delta", adam_new.tobytes(), "float32", 4, 4, adam_base.tobytes(),
+        "scaled-delta": [codec_case("scaled-delta", x.adam_new.tobytes(), "float32", 4, 4, x.adam_base.tobytes(),
                                     note="256 float32 that decayed by 0.9 (an Adam moment with no gradient), every 7th also moved: residuals 0 except those"),
-                         codec_case("scaled-delta", nan_new.tobytes(), "float32", 4, 4, nan_base.tobytes(),
+                         codec_case("scaled-delta", x.nan_new.tobytes(), "float32", 4, 4, x.nan_base.tobytes(),
                                     note="NaN in the base: the prediction is the base NaN with the quiet bit set (payload and sign kept), so element 5 (new = the base's signaling NaN 0x7f800001) has residual -0x400000, not 0")],
-        "sparse": [codec_case("sparse", table_new.tobytes(), "float32", 4, 16, table.tobytes(),
+        "sparse": [codec_case("sparse", x.table_new.tobytes(), "float32", 4, 16, x.table.tobytes(),
                               note="8 rows of 16 bytes, row 5 changed")],
-        "q8-delta": [codec_case("q8-delta", qnew.tobytes(), "float32", 4, 4, qbase.tobytes(),
+    }
+
+
+def _quant_cases(x: SimpleNamespace) -> dict[str, list[dict]]:
+    """Lossy block-quantized deltas against the base as it is."""
+    return {
+        "q8-delta": [codec_case("q8-delta", x.qnew.tobytes(), "float32", 4, 4, x.qbase.tobytes(),
                                 note="300 elements: two blocks of 256, the second padded"),
-                     codec_case("q8-delta", bf_new16.tobytes(), "bfloat16", 2, 2, bf_base16.tobytes(),
+                     codec_case("q8-delta", x.bf_new16.tobytes(), "bfloat16", 2, 2, x.bf_base16.tobytes(),
                                 note="bfloat16: float32 arithmetic, result rounded to bfloat16 (nearest even)")],
-        "q4-delta": [codec_case("q4-delta", qnew.tobytes(), "float32", 4, 4, qbase.tobytes(),
+        "q4-delta": [codec_case("q4-delta", x.qnew.tobytes(), "float32", 4, 4, x.qbase.tobytes(),
                                 note="300 elements: two blocks of 256, nibbles low-first"),
-                     codec_case("q4-delta", h_new.tobytes(), "float16", 2, 2, h_base.tobytes(),
+                     codec_case("q4-delta", x.h_new.tobytes(), "float16", 2, 2, x.h_base.tobytes(),
                                 note="float16: float32 arithmetic, result rounded to float16 (nearest even)")],
-        "fp16": [codec_case("fp16", casts.tobytes(), "float32", 4, 4, note="round to nearest even; 65504 is fp16 max"),
-                 codec_case("fp16", f64.tobytes(), "float64", 8, 8, note="float64 source: one rounding to float16"),
-                 codec_case("fp16", nan32.tobytes(), "float32", 4, 4,
+    }
+
+
+def _cast_cases(x: SimpleNamespace) -> dict[str, list[dict]]:
+    """Lossy casts to 16-bit floats, NaNs and rounding ties included."""
+    return {
+        "fp16": [codec_case("fp16", x.casts.tobytes(), "float32", 4, 4, note="round to nearest even; 65504 is fp16 max"),
+                 codec_case("fp16", x.f64.tobytes(), "float64", 8, 8, note="float64 source: one rounding to float16"),
+                 codec_case("fp16", x.nan32.tobytes(), "float32", 4, 4,
                             note="NaNs: H = sign|0x7c00|top 10 mantissa bits (0x7c01 when those are 0); decoded to float32 bit for bit (p << 13): a signaling NaN stays signaling"),
-                 codec_case("fp16", nan64.tobytes(), "float64", 8, 8,
+                 codec_case("fp16", x.nan64.tobytes(), "float64", 8, 8,
                             note="NaNs from float64: decoded through float32, whose widening to float64 sets the quiet bit: 0x7c01 -> 0x7ff8040000000000")],
-        "bf16": [codec_case("bf16", casts.tobytes(), "float32", 4, 4, note="round to nearest even on the upper 16 bits"),
-                 codec_case("bf16", ties.tobytes(), "float32", 4, 4,
+        "bf16": [codec_case("bf16", x.casts.tobytes(), "float32", 4, 4, note="round to nearest even on the upper 16 bits"),
+                 codec_case("bf16", x.ties.tobytes(), "float32", 4, 4,
                             note="ties: 1+2^-8 -> 1.0 (even), 1+3*2^-8 -> 1+2^-6 (even), the smallest normal and the largest finite bfloat16 stay"),
-                 codec_case("bf16", f64.tobytes(), "float64", 8, 8,
+                 codec_case("bf16", x.f64.tobytes(), "float64", 8, 8,
                             note="float64 source: rounded to float32 first, then to bfloat16: 1+2^-8+2^-30 -> 1+2^-8 (float32) -> 1.0 (tie to even); one rounding would give 1+2^-7"),
-                 codec_case("bf16", nan32.tobytes(), "float32", 4, 4,
+                 codec_case("bf16", x.nan32.tobytes(), "float32", 4, 4,
                             note="NaNs: the encoder sets the quiet bit (0x7f800001 -> 0x7fc0, 0xff812345 -> 0xffc1); decoded bit for bit (H << 16)"),
-                 codec_case("bf16", nan64.tobytes(), "float64", 8, 8,
+                 codec_case("bf16", x.nan64.tobytes(), "float64", 8, 8,
                             note="NaNs from float64: rounded to float32 (IEEE: quiet bit set, top 23 payload bits kept), then as from float32")],
     }
 

@@ -79,6 +79,25 @@ def test_damage_is_flagged_and_contained(case, pristine, tmp_path):
     TALLY["cases"] += 1
     TALLY["cases_with_affected_versions"] += bool(affected)
 
+    _check_verify(case, pristine, root, key, affected, bad_ref)
+    deltackpt.api._OPEN.clear()
+    for vid in pristine.versions:
+        if vid in affected:
+            _check_affected_load(case, pristine, root, vid)
+            continue
+        got = state_digest(deltackpt.load(root, vid))
+        if got != pristine.digests[vid]:
+            TALLY["wrong_restores"] += 1
+        assert got == pristine.digests[vid], f"{case.id}: unaffected version {vid[:10]} restored differently"
+    if bad_ref:
+        name = "latest" if bad_ref == "refs/latest" else bad_ref.rsplit("/", 1)[-1]
+        with pytest.raises((CorruptObjectError, UnknownVersionError)):
+            deltackpt.load(root, name)
+    shutil.rmtree(root)
+
+
+def _check_verify(case, pristine: Pristine, root: str, key: str, affected: set[str], bad_ref: str | None) -> None:
+    """verify flags the damage (unless undetectable by design) and names every affected version."""
     undetectable = case.kind == "delete" and (case.category == "ref" or (
         case.category == "manifest" and key.rsplit("/", 1)[-1] not in pristine.refs.values()))
     report = deltackpt.Repo(root).verify()
@@ -99,36 +118,29 @@ def test_damage_is_flagged_and_contained(case, pristine, tmp_path):
 
     real_named = named & set(pristine.versions)
     TALLY["over_named_versions"] += len(real_named - affected)
-    deltackpt.api._OPEN.clear()
-    for vid in pristine.versions:
-        if vid in affected:
-            want = UnknownVersionError if case.kind == "delete" and case.category == "manifest" else CorruptObjectError
-            if case.category == "pack":
-                # a flipped object version byte above 1 reads as "written by a newer deltackpt"
-                want = (CorruptObjectError, FormatVersionError)
-            try:
-                state = deltackpt.load(root, vid)
-            except want:
-                continue
-            except DeltackptError as exc:
-                TALLY["untyped_errors"] += 1
-                raise AssertionError(f"{vid[:10]}: expected {want}, got {type(exc).__name__}: {exc}")
-            if case.category == "pack" and state_digest(state) == pristine.digests[vid]:
-                # the flipped bits are ones the decoder never uses (every link was re-hashed against
-                # its id on the way): the data is intact, and verify has flagged the pack above
-                TALLY["damage_not_reaching_data"] += 1
-                continue
-            TALLY["wrong_restores"] += 1
-            raise AssertionError(f"{case.id}: affected version {vid[:10]} loaded without an error")
-        got = state_digest(deltackpt.load(root, vid))
-        if got != pristine.digests[vid]:
-            TALLY["wrong_restores"] += 1
-        assert got == pristine.digests[vid], f"{case.id}: unaffected version {vid[:10]} restored differently"
-    if bad_ref:
-        name = "latest" if bad_ref == "refs/latest" else bad_ref.rsplit("/", 1)[-1]
-        with pytest.raises((CorruptObjectError, UnknownVersionError)):
-            deltackpt.load(root, name)
-    shutil.rmtree(root)
+
+
+def _check_affected_load(case, pristine: Pristine, root: str, vid: str) -> None:
+    """An affected version fails to load with the typed error its damage calls for (or, for a
+    pack, restores intact when the damage missed every byte the decoder uses)."""
+    want = UnknownVersionError if case.kind == "delete" and case.category == "manifest" else CorruptObjectError
+    if case.category == "pack":
+        # a flipped object version byte above 1 reads as "written by a newer deltackpt"
+        want = (CorruptObjectError, FormatVersionError)
+    try:
+        state = deltackpt.load(root, vid)
+    except want:
+        return
+    except DeltackptError as exc:
+        TALLY["untyped_errors"] += 1
+        raise AssertionError(f"{vid[:10]}: expected {want}, got {type(exc).__name__}: {exc}")
+    if case.category == "pack" and state_digest(state) == pristine.digests[vid]:
+        # the flipped bits are ones the decoder never uses (every link was re-hashed against
+        # its id on the way): the data is intact, and verify has flagged the pack above
+        TALLY["damage_not_reaching_data"] += 1
+        return
+    TALLY["wrong_restores"] += 1
+    raise AssertionError(f"{case.id}: affected version {vid[:10]} loaded without an error")
 
 
 def test_pristine_copy_verifies_clean(pristine, tmp_path):

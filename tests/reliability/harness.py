@@ -179,21 +179,7 @@ def oracle(path: str, *, expected: dict[int, str], committed: list[tuple[str, st
     res.versions = len(vids)
     res.leftover_temps = len(core.store.temp_files())
     res.stale_locks = len(core.store.list(LOCKS))
-    # (a) committed versions restore bit-identically
-    for vid, d in committed:
-        if must_exist is not None and vid not in must_exist:
-            continue
-        assert vid in vids, f"committed version {vid} was lost"
-        assert load_digest(path, vid) == d, f"committed version {vid} restores different bytes"
-    # (b) every visible version is complete and right (the interrupted one included)
-    checked = {vid: d for vid, d in committed if must_exist is None or vid in must_exist}
-    for vid in sorted(vids):
-        step = core.manifest(vid).step
-        d = checked.get(vid) or load_digest(path, vid)
-        assert step in expected, f"version {vid} has step {step}, which no job attempted"
-        assert d == expected[step], f"version {vid} (step {step}) is visible but restores wrong bytes"
-    latest = core.latest()
-    assert latest is None or latest in vids, f"refs/latest names {latest}, which has no manifest"
+    _check_versions(path, core, vids, expected=expected, committed=committed, must_exist=must_exist)
     # (c) verify passes; leftovers are warnings only
     if full_verify:
         rep = deltackpt.Repo(path).verify()
@@ -219,6 +205,26 @@ def oracle(path: str, *, expected: dict[int, str], committed: list[tuple[str, st
                 continue
             raise AssertionError(f"gc with no retention rule removed version {vid}")
     return res
+
+
+def _check_versions(path: str, core, vids: set[str], *, expected: dict[int, str],
+                    committed: list[tuple[str, str]], must_exist: set[str] | None) -> None:
+    """Checks (a) and (b) of the oracle, and that ``latest`` names a version that is there."""
+    # (a) committed versions restore bit-identically
+    for vid, d in committed:
+        if must_exist is not None and vid not in must_exist:
+            continue
+        assert vid in vids, f"committed version {vid} was lost"
+        assert load_digest(path, vid) == d, f"committed version {vid} restores different bytes"
+    # (b) every visible version is complete and right (the interrupted one included)
+    checked = {vid: d for vid, d in committed if must_exist is None or vid in must_exist}
+    for vid in sorted(vids):
+        step = core.manifest(vid).step
+        d = checked.get(vid) or load_digest(path, vid)
+        assert step in expected, f"version {vid} has step {step}, which no job attempted"
+        assert d == expected[step], f"version {vid} (step {step}) is visible but restores wrong bytes"
+    latest = core.latest()
+    assert latest is None or latest in vids, f"refs/latest names {latest}, which has no manifest"
 
 
 def trace_sites(zygote: Zygote, tmp_path, workload: str, repo: str, **job) -> list[str]:

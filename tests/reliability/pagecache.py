@@ -37,6 +37,27 @@ class _File:
 DIR = "<dir>"
 
 
+def _content_after_cut(node: _File, rng: random.Random, revert_only: tuple[str, ...] | None,
+                       stats: dict[str, int]) -> bytes:
+    """A file's bytes after the cut: as written when fsynced; otherwise kept, dropped or garbled
+    (always kept with ``revert_only``)."""
+    if node.synced is not None and node.synced == node.data:
+        return node.data
+    how = "keep" if revert_only is not None else rng.choice(("keep", "drop", "garble"))
+    if how == "keep":
+        stats["kept_unsynced"] += 1
+        return node.data
+    if how == "drop":
+        stats["dropped"] += 1
+        return b""
+    stats["garbled"] += 1
+    cut = rng.randrange(len(node.data) + 1)
+    junk = bytearray(node.data[:cut])
+    for _ in range(min(4, len(junk))):
+        junk[rng.randrange(len(junk))] ^= 1 << rng.randrange(8)
+    return bytes(junk)
+
+
 class _Writer(AtomicWriter):
     def __init__(self, store: "PageCacheStore", site: str) -> None:
         super().__init__(store, site)
@@ -154,46 +175,7 @@ class PageCacheStore(LocalStore):
         for p, n in self.live.items():
             children.setdefault(os.path.dirname(p), {})[os.path.basename(p)] = n
         out: dict[str, object] = {}
-
-        def content(node: _File) -> bytes:
-            if node.synced is not None and node.synced == node.data:
-                return node.data
-            how = "keep" if revert_only is not None else rng.choice(("keep", "drop", "garble"))
-            if how == "keep":
-                stats["kept_unsynced"] += 1
-                return node.data
-            if how == "drop":
-                stats["dropped"] += 1
-                return b""
-            stats["garbled"] += 1
-            cut = rng.randrange(len(node.data) + 1)
-            junk = bytearray(node.data[:cut])
-            for _ in range(min(4, len(junk))):
-                junk[rng.randrange(len(junk))] ^= 1 << rng.randrange(8)
-            return bytes(junk)
-
-        def visit(dirpath: str) -> None:
-            live = children.get(dirpath, {})
-            dur = self.durable.get(dirpath, {})
-            for name in sorted(set(live) | set(dur)):
-                a, b = live.get(name), dur.get(name)
-                node = a
-                if a is not b:
-                    if revert_only is None:
-                        node = rng.choice((a, b))
-                    else:
-                        node = b if os.path.relpath(dirpath, self.root) in revert_only else a
-                    stats["reverted"] += node is b
-                if node is None:
-                    continue
-                p = os.path.join(dirpath, name)
-                if node is DIR:
-                    out[p] = DIR
-                    visit(p)
-                else:
-                    out[p] = content(node)
-
-        visit(self.root)
+        self._survivors(self.root, children, out, rng, revert_only, stats)
         shutil.rmtree(self.root)
         os.makedirs(self.root)
         for p in sorted(out):
@@ -207,3 +189,26 @@ class PageCacheStore(LocalStore):
         self.cut_at = None
         self._snapshot()
         return stats
+
+    def _survivors(self, dirpath: str, children: dict[str, dict[str, object]], out: dict[str, object],
+                   rng: random.Random, revert_only: tuple[str, ...] | None, stats: dict[str, int]) -> None:
+        """Fill ``out`` with what is under ``dirpath`` after the cut (path -> bytes, or DIR)."""
+        live = children.get(dirpath, {})
+        dur = self.durable.get(dirpath, {})
+        for name in sorted(set(live) | set(dur)):
+            a, b = live.get(name), dur.get(name)
+            node = a
+            if a is not b:
+                if revert_only is None:
+                    node = rng.choice((a, b))
+                else:
+                    node = b if os.path.relpath(dirpath, self.root) in revert_only else a
+                stats["reverted"] += node is b
+            if node is None:
+                continue
+            p = os.path.join(dirpath, name)
+            if node is DIR:
+                out[p] = DIR
+                self._survivors(p, children, out, rng, revert_only, stats)
+            else:
+                out[p] = _content_after_cut(node, rng, revert_only, stats)

@@ -187,7 +187,7 @@ def test_verify_refuses_a_chunk_length_the_index_disagrees_with(root):
 
 def test_quick_verify_refuses_an_encoding_id_no_codec_owns(root):
     """verify --quick (no decoding) still flags index entries whose encoding id load would refuse."""
-    from tests.security.test_hostile_repos import _replace, _rewrite_index
+    from tests.security._hostile_env import _replace, _rewrite_index
     _rewrite_index(root, lambda pid, plen, es: [_replace(e, encoding=200) for e in es])
     with pytest.raises(CorruptObjectError, match="disagrees with the index"):
         deltackpt.load(root, _latest(root))

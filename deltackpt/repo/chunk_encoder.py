@@ -1,0 +1,136 @@
+"""Encoding one chunk for a save: the copy of its bytes, dedup against what is stored, and the
+choice of keyframe or delta against the position's previous chunk (with reverse deltas, the new
+chunk as a keyframe and the previous one as a delta against it).  Runs on the saver's encoder
+threads; the saver packs the results in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..codecs.base import ChunkContext
+from ..codecs.floats import max_abs_err
+from ..codecs.pipeline import BaseChunk, encode_chunk
+from ..format.ids import digest
+from ..format.objects import EncodedObject
+from .delta_cache import ChunkMemo, next_star_base
+from .packer import Packer
+from .presence import ChunkPresence
+from .repository import Repository
+from .reverse import ReverseDeltas
+
+
+@dataclass
+class ChunkResult:
+    cid: bytes
+    raw_len: int
+    parts: list | None       # object bytes (header, payload) when the chunk must be written
+    encoding: int
+    base: bytes | None
+    depth: int
+    err: float
+    lossy: bool
+
+
+@dataclass
+class SaveContext:
+    """One save's writers and dedup answers, shared by its encoder threads."""
+
+    repo: Repository
+    present: ChunkPresence      # dedup only against chunks whose packs exist (presence.py)
+    packer: Packer             # keyframes and forward deltas; with reverse deltas, the head keyframes
+    back: Packer | None = None  # reverse deltas of the previous head chunks (format 2, reverse.py)
+    rev: ReverseDeltas | None = None
+
+    def known(self, cid: bytes) -> bool:
+        return cid in self.packer.pending or self.present.usable(cid)
+
+    def whole(self, cid: bytes) -> bool:
+        """Stored as a keyframe, by this save or in a pack that exists."""
+        if cid in self.packer.pending:
+            return True
+        e = self.present.entry(cid)
+        return e is not None and e.base is None
+
+    def depth(self, cid: bytes, recorded: int) -> int:
+        """The real chain length of an indexed chunk (recorded depths go stale in format 2)."""
+        d = self.repo.chain_depth(cid)
+        return recorded if d is None else d
+
+
+def encode_one(sv: SaveContext, raw: memoryview | bytes, ctx: ChunkContext, memo: ChunkMemo | None, mode: str,
+                copy_to: np.ndarray | None = None, owner: Any = None) -> tuple[ChunkResult, ChunkMemo, ChunkResult | None]:
+    # the one copy (into ``copy_to``, or a fresh bytes): the caller's tensor may change once save()
+    # returns, and the id must be the hash of exactly the bytes encoded.  Lent bytes (``owner``)
+    # stay as they are until the owner is dropped from the cache: no copy.
+    if owner is not None:
+        data = raw
+    elif copy_to is None:
+        data = raw if isinstance(raw, bytes) else bytes(raw)
+    else:
+        np.copyto(copy_to, np.frombuffer(raw, dtype=np.uint8))
+        data = memoryview(copy_to)
+    src = digest(data)
+    repo, known, present = sv.repo, sv.known, sv.present
+    if sv.rev is not None and mode == "lossless":
+        return encode_head(sv, data, src, ctx, memo, owner)
+    depth_of = lambda cid: sv.depth(cid, getattr(present.entry(cid), "depth", 0))  # noqa: E731 - 0 when written by this save
+    # lossless deltas against the position's last keyframe (a star) rather than the parent
+    star = mode == "lossless" and repo.config.delta_base == "keyframe"
+    if mode == "lossless":
+        if known(src):
+            r = ChunkResult(src, len(data), None, 0, None, depth_of(src), 0.0, False)
+            stored = ChunkMemo(src, data, r.depth, src, owner=owner)
+            return r, next_star_base(memo, stored, None) if star else stored, None
+    elif memo is not None and memo.source_id == src and known(memo.chunk_id):
+        # unchanged since the last lossy save: reuse what was stored (maybe the input itself), with its error
+        err = max_abs_err(memo.data, data, ctx.dtype) if memo.chunk_id != src else 0.0
+        return ChunkResult(memo.chunk_id, len(data), None, 0, None, memo.depth, err, memo.chunk_id != src), memo, None
+    base = None
+    entry = present.entry(memo.chunk_id) if memo is not None else None  # never a base whose pack is gone
+    if (memo is not None and entry is not None and len(memo.data) == len(data)
+            and (not star or memo.age < repo.config.keyframe_interval)):
+        base = BaseChunk(memo.chunk_id, memo.data, sv.depth(memo.chunk_id, entry.depth), entry.length)
+    prefer = memo.winner if memo is not None and base is not None else None
+    choice = encode_chunk(data, ctx, mode=mode, base=base, keyframe_interval=repo.config.keyframe_interval,
+                          prefer=prefer)
+    recon = choice.encoded.recon
+    cid = src if recon is None else digest(recon)
+    kept = data if recon is None else recon
+    lossy = cid != src  # a lossy codec whose output equals the input (fp16 of small ints) stored it exactly
+    if known(cid):
+        r = ChunkResult(cid, len(data), None, 0, None, depth_of(cid), choice.encoded.max_abs_err, lossy)
+        stored = ChunkMemo(cid, kept, r.depth, src, owner=owner if recon is None else None)
+        return r, next_star_base(memo, stored, None) if star else stored, None
+    params = dict(choice.encoded.params)
+    base_id = choice.base.chunk_id if choice.base else None
+    if base_id is not None:
+        params["base"] = base_id
+    head = EncodedObject(choice.encoding, len(data), params, b"").head()
+    r = ChunkResult(cid, len(data), [head, choice.encoded.payload], choice.encoding, base_id, choice.depth,
+                     choice.encoded.max_abs_err, lossy)
+    winner = choice.encoding if choice.lossless and choice.base is not None else None
+    stored = ChunkMemo(cid, kept, choice.depth, src, winner=winner, owner=owner if recon is None else None)
+    return r, next_star_base(memo, stored, base_id) if star else stored, None
+
+
+def encode_head(sv: SaveContext, data, src: bytes, ctx: ChunkContext, memo: ChunkMemo | None,
+                 owner: Any) -> tuple[ChunkResult, ChunkMemo, ChunkResult | None]:
+    """Format 2 (reverse.py): the new chunk as a keyframe unless one is stored already, and the
+    position's previous chunk as a delta against it when that pays."""
+    assert sv.rev is not None
+    if sv.whole(src):
+        r = ChunkResult(src, len(data), None, 0, None, 0, 0.0, False)
+    else:
+        choice = encode_chunk(data, ctx)
+        head = EncodedObject(choice.encoding, len(data), dict(choice.encoded.params), b"").head()
+        r = ChunkResult(src, len(data), [head, choice.encoded.payload], choice.encoding, None, 0, 0.0, False)
+    back, winner = None, memo.winner if memo is not None else None
+    if memo is not None and memo.chunk_id != src:
+        enc = sv.rev.encode(memo, src, data, ctx, sv.present)
+        if enc is not None:
+            parts, winner = enc
+            back = ChunkResult(memo.chunk_id, len(memo.data), parts, winner, src, 1, 0.0, False)
+    return r, ChunkMemo(src, data, 0, src, winner=winner, owner=owner), back

@@ -1,0 +1,135 @@
+"""Bounds checks of the manifest parser: every malformed manifest gives a typed error before any
+allocation sized by the input (spec/FORMAT.md, "Threat model")."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from deltackpt.errors import CorruptObjectError, FormatVersionError, LimitExceededError
+from deltackpt.format import manifest as manifest_fmt
+from deltackpt.format.ids import hex_id
+from deltackpt.format.manifest import Blob, ChunkRef, Manifest, TensorEntry, TensorRef
+
+from ._parser_inputs import CID
+
+
+# manifests ------------------------------------------------------------------------------------
+def _manifest(**changes) -> Manifest:
+    fields = dict(parent=None, time=1.0, tree={"w": TensorRef(0)},
+                  tensors=[TensorEntry("w", ["w"], "float32", [2], [1], 0, 0)],
+                  blobs=[Blob(8, 4, 4, [ChunkRef(CID, 8)])])
+    fields.update(changes)
+    return Manifest(**fields)
+
+
+def _body(body: dict) -> bytes:
+    return manifest_fmt.MAGIC + msgpack.packb(body, use_bin_type=True)
+
+
+def test_manifest_valid_baseline():
+    """A well-formed manifest decodes and its id is the xxh3-128 of its bytes."""
+    data = _manifest().to_bytes()
+    assert manifest_fmt.decode(data, version_id=hex_id(data)).tensors[0].name == "w"
+
+
+def test_manifest_hash_mismatch():
+    """A manifest whose bytes do not hash to the id it was read under is corrupt."""
+    data = _manifest().to_bytes()
+    with pytest.raises(CorruptObjectError, match="hash"):
+        manifest_fmt.decode(data, version_id="0" * 32)
+
+
+def test_manifest_bad_magic_and_future_version():
+    """Missing magic is corruption; a newer manifest version byte is a FormatVersionError."""
+    data = _manifest().to_bytes()
+    with pytest.raises(CorruptObjectError):
+        manifest_fmt.decode(b"XXXXXXXX" + data[8:])
+    with pytest.raises(FormatVersionError):
+        manifest_fmt.decode(b"DCKMAN\x02\x00" + data[8:])
+
+
+def test_manifest_missing_keys():
+    """Each required top-level key (parent, time, tree, tensors, blobs) must be present."""
+    for key in ("parent", "time", "tree", "tensors", "blobs"):
+        body = {"parent": None, "time": 1.0, "tree": None, "tensors": [], "blobs": []}
+        del body[key]
+        with pytest.raises(CorruptObjectError, match=key):
+            manifest_fmt.decode(_body(body))
+
+
+def test_manifest_tensor_missing_keys():
+    """A tensor entry lacking a required key is corrupt."""
+    body = {"parent": None, "time": 1.0, "tree": None, "blobs": [], "tensors": [{"name": "w"}]}
+    with pytest.raises(CorruptObjectError, match="lacks"):
+        manifest_fmt.decode(_body(body))
+
+
+def test_manifest_view_outside_blob():
+    """A tensor view (offset + strided span) past its blob's end is refused."""
+    for entry in (TensorEntry("w", ["w"], "float32", [3], [1], 0, 0),
+                  TensorEntry("w", ["w"], "float32", [2], [1], 0, 4),
+                  TensorEntry("w", ["w"], "float32", [2], [2], 0, 0),
+                  TensorEntry("w", ["w"], "float32", [1], [1], 0, 2)):  # misaligned offset
+        with pytest.raises(CorruptObjectError, match="outside"):
+            manifest_fmt.decode(_manifest(tensors=[entry]).to_bytes())
+
+
+def test_manifest_terabyte_shape_is_refused_without_allocating():
+    """A 1 TiB float32 shape over an 8-byte blob is refused by arithmetic alone."""
+    entry = TensorEntry("w", ["w"], "float32", [1 << 38], [1], 0, 0)
+    with pytest.raises(CorruptObjectError, match="outside"):
+        manifest_fmt.decode(_manifest(tensors=[entry]).to_bytes())
+
+
+def test_manifest_element_count_over_limit():
+    """A shape whose product exceeds MAX_TENSOR_ELEMENTS is a LimitExceededError."""
+    entry = TensorEntry("w", ["w"], "float32", [1 << 25, 1 << 25], [1 << 25, 1], 0, 0)
+    with pytest.raises(LimitExceededError):
+        manifest_fmt.decode(_manifest(tensors=[entry]).to_bytes())
+
+
+def test_manifest_unknown_dtype_and_bad_blob_index():
+    """An unknown dtype name and a blob index past the blob list are corrupt."""
+    for entry in (TensorEntry("w", ["w"], "float128", [2], [1], 0, 0),
+                  TensorEntry("w", ["w"], "float32", [2], [1], 5, 0)):
+        with pytest.raises(CorruptObjectError):
+            manifest_fmt.decode(_manifest(tensors=[entry]).to_bytes())
+
+
+def test_manifest_chunk_lengths_must_sum_to_blob():
+    """A blob whose chunk lengths do not add up to nbytes is corrupt."""
+    with pytest.raises(CorruptObjectError, match="sum"):
+        manifest_fmt.decode(_manifest(blobs=[Blob(8, 4, 4, [ChunkRef(CID, 4)])]).to_bytes())
+
+
+def test_manifest_unknown_ext_type():
+    """A msgpack ext type other than 1 (tensor) and 2 (tuple) in the tree is refused."""
+    data = manifest_fmt.MAGIC + msgpack.packb({"parent": None, "time": 1.0, "tensors": [], "blobs": [],
+                                               "tree": msgpack.ExtType(7, b"\x00")}, use_bin_type=True)
+    with pytest.raises(CorruptObjectError, match="ext type 7"):
+        manifest_fmt.decode(data)
+
+
+def test_manifest_tree_refers_to_missing_tensor():
+    """A tensor reference (ext 1) past the tensors list is refused."""
+    data = _manifest(tree={"w": TensorRef(0), "x": TensorRef(3)}).to_bytes()
+    with pytest.raises(CorruptObjectError, match="refers to tensor 3"):
+        manifest_fmt.decode(data)
+
+
+def test_manifest_tree_too_deep():
+    """A tree nested deeper than MAX_MSGPACK_DEPTH is a LimitExceededError."""
+    tree: object = 0
+    for _ in range(600):
+        tree = [tree]
+    data = manifest_fmt.MAGIC + msgpack.packb({"parent": None, "time": 1.0, "tensors": [], "blobs": [],
+                                               "tree": tree}, use_bin_type=True)
+    with pytest.raises(LimitExceededError, match="deeper"):
+        manifest_fmt.decode(data)
+
+
+def test_manifest_bad_parent():
+    """A parent that is not a 32-hex version id is corrupt."""
+    with pytest.raises(CorruptObjectError):
+        manifest_fmt.decode(_manifest(parent="../../etc").to_bytes())
