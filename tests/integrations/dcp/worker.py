@@ -1,6 +1,6 @@
-"""One rank of a real gloo process group on CPU, for the DCP tests (run by tests/dcp/harness.py).
+"""One rank of a real gloo process group on CPU, for the DCP tests (run by tests/integrations/dcp/harness.py).
 
-usage: python -m tests.dcp.worker MODE KIND INIT_FILE RANK WORLD REPO OUT_JSON
+usage: python -m tests.integrations.dcp.worker MODE KIND INIT_FILE RANK WORLD REPO OUT_JSON
 MODE: ``save`` (save, load back, save an incremental version, load it) or ``load`` (load the
 latest version into this world size's sharding and compare with the expected values).
 KIND: ``plain`` (replicated model + per-rank tensors), ``dtensor`` (DTensor Shard(0) on a CPU mesh)

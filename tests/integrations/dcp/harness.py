@@ -1,4 +1,4 @@
-"""Spawns the ranks of tests/dcp/worker.py as real processes in one gloo group (file:// rendezvous)."""
+"""Spawns the ranks of tests/integrations/dcp/worker.py as real processes in one gloo group (file:// rendezvous)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def run_ranks(tmp_path, mode: str, kind: str, world: int, repo: str, *, env_for_
         out = tmp_path / f"out-{init.name}-{rank}.json"
         outs.append(out)
         env = {**os.environ, "OMP_NUM_THREADS": "1", **((env_for_rank or {}).get(rank, {}))}
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.dcp.worker", mode, kind, str(init), str(rank),
+        procs.append(subprocess.Popen([sys.executable, "-m", "tests.integrations.dcp.worker", mode, kind, str(init), str(rank),
                                        str(world), repo, str(out)], cwd=ROOT, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     codes, errs = [], []
