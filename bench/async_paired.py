@@ -86,11 +86,18 @@ def _cycle(m: _Cycles, mode: str, job: Job, every: int, warm: bool, repo: str, p
     handle = _start(mode, job, repo, path, step, burners)
     m.stalls[mode].append(time.perf_counter() - t0)
     steps: list[tuple[float, bool]] = []   # (seconds, ran while the background save did)
-    for _ in range(every):
-        busy = (handle is not None and not handle.done()) or (mode in burners and burners[mode].busy())
-        s0 = time.perf_counter()
-        job.step()
-        steps.append((time.perf_counter() - s0, busy))
+    try:
+        for _ in range(every):
+            busy = (handle is not None and not handle.done()) or (mode in burners and burners[mode].busy())
+            s0 = time.perf_counter()
+            job.step()
+            steps.append((time.perf_counter() - s0, busy))
+    except BaseException:   # failed or interrupted: nothing may go on writing into the work folder
+        if handle is not None:
+            handle.wait()
+        if mode in burners:
+            burners[mode].wait()
+        raise
     if handle is not None:   # a lazy save's stall also counts the step that waited for its copy
         m.stalls[mode][-1] += handle.step_wait_seconds
     clean = [d for d, busy in steps if not busy]

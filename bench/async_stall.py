@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -93,6 +94,14 @@ class ForkSaver:
             if status != 0:
                 raise RuntimeError(f"forked saver failed with status {status}")
 
+    def kill(self) -> None:
+        """SIGKILL and reap a child still saving (the run failed or was interrupted), so that it
+        writes nothing into a folder about to be removed."""
+        if self.child is not None:
+            os.kill(self.child, signal.SIGKILL)
+            os.waitpid(self.child, 0)
+            self.child = None
+
 
 def _set_save_thread_nice(value: int) -> None:
     """Set the save thread's nice value (root may lower it again): the A/B of the priority choice."""
@@ -109,6 +118,38 @@ def _cpu() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+def _save_point(mode: str, job: Job, i: int, repo: str, path: str, handles: list, forker, burner) -> None:
+    """Checkpoint (or start the burner) at step ``i`` in ``mode``; a background save's handle goes
+    into ``handles``."""
+    if mode == "torch.save":
+        torch_save(job.state(), path, fsync=False)
+    elif mode == "torch.save+fsync":
+        torch_save(job.state(), path, fsync=True)
+    elif mode in ("deltackpt-thread", "deltackpt-thread-nice10", "deltackpt-thread-normal"):
+        handles.append(deltackpt.save(job.state(), repo, step=i, blocking=False))
+    elif mode == "deltackpt-lazy":
+        handles.append(deltackpt.save(job.state(), repo, step=i, blocking=False, optimizer=job.opt))
+    elif mode == "deltackpt-blocking":
+        deltackpt.save(job.state(), repo, step=i)
+    elif mode == "deltackpt-fork":
+        forker.save(job.state(), i)
+    elif burner is not None:
+        burner.start()
+
+
+def _settle(handles: list, forker, burner) -> None:
+    """After a failed or interrupted run: nothing of it may go on writing into the work folder."""
+    if forker:
+        forker.kill()
+    if burner:
+        burner.wait()
+    for h in handles:
+        try:
+            h.wait()
+        except Exception:  # noqa: BLE001  (the run's own error is the one to report)
+            pass
+
+
 def run(job: Job, steps: int, every: int, mode: str, workdir: str, burn_s: float = 1.0) -> dict:
     """Run ``steps`` steps saving every ``every`` in ``mode``; returns wall time and stalls."""
     stalls: list[float] = []
@@ -119,34 +160,24 @@ def run(job: Job, steps: int, every: int, mode: str, workdir: str, burn_s: float
     burner = Burner(burn_s, mode.split("-")[0]) if mode.endswith("-burn") else None
     _set_save_thread_nice(10 if mode == "deltackpt-thread-nice10" else async_save.BACKGROUND_NICE or 0)
     async_save.BACKGROUND_IDLE = mode != "deltackpt-thread-normal"
-    handles = []
+    handles: list = []
     step_times: list[float] = []
     step_cpu: list[float] = []
     c0 = _cpu()
     t0 = time.perf_counter()
-    for i in range(1, steps + 1):
-        s_start, c_start = time.perf_counter(), time.thread_time()
-        job.step()
-        step_times.append(time.perf_counter() - s_start)
-        step_cpu.append(time.thread_time() - c_start)
-        if mode == "none" or i % every:
-            continue
-        s0 = time.perf_counter()
-        if mode == "torch.save":
-            torch_save(job.state(), path, fsync=False)
-        elif mode == "torch.save+fsync":
-            torch_save(job.state(), path, fsync=True)
-        elif mode in ("deltackpt-thread", "deltackpt-thread-nice10", "deltackpt-thread-normal"):
-            handles.append(deltackpt.save(job.state(), repo, step=i, blocking=False))
-        elif mode == "deltackpt-lazy":
-            handles.append(deltackpt.save(job.state(), repo, step=i, blocking=False, optimizer=job.opt))
-        elif mode == "deltackpt-blocking":
-            deltackpt.save(job.state(), repo, step=i)
-        elif mode == "deltackpt-fork":
-            forker.save(job.state(), i)
-        elif burner is not None:
-            burner.start()
-        stalls.append(time.perf_counter() - s0)
+    try:
+        for i in range(1, steps + 1):
+            s_start, c_start = time.perf_counter(), time.thread_time()
+            job.step()
+            step_times.append(time.perf_counter() - s_start)
+            step_cpu.append(time.thread_time() - c_start)
+            if mode != "none" and not i % every:
+                s0 = time.perf_counter()
+                _save_point(mode, job, i, repo, path, handles, forker, burner)
+                stalls.append(time.perf_counter() - s0)
+    except BaseException:
+        _settle(handles, forker, burner)
+        raise
     wall = time.perf_counter() - t0
     # the last background save finishes after the loop: report it, it is not loop time
     tail0 = time.perf_counter()
