@@ -301,7 +301,10 @@ def _measure(args: argparse.Namespace, workdir: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     with scratch("async-stall-", keep=args.dir) as workdir:
-        out = _measure(args, workdir)
+        try:
+            out = _measure(args, workdir)
+        finally:   # however the run ends, no background save may write into the folder after it goes
+            async_save.drain_all()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -65,7 +65,12 @@ def main(argv: list[str] | None = None) -> int:
             cpu, wall, faults, written = [], [], [], []
             for i, state in enumerate(states):
                 r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-                v = deltackpt.save(state, repo, step=i, blocking=False, background=args.background).wait()
+                h = deltackpt.save(state, repo, step=i, blocking=False, background=args.background)
+                try:
+                    v = h.wait()
+                except BaseException:   # interrupted: the save ends before its folder goes
+                    h.wait()
+                    raise
                 r1 = resource.getrusage(resource.RUSAGE_SELF)
                 written.append(v.written_bytes / 1e6)
                 if i:   # the encoder process's CPU is not this process's: use --background thread to count it
