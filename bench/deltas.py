@@ -1,10 +1,13 @@
 """How many bytes each new version costs, per codec, per tensor kind, lossy or not, by chunk size and
 keyframe interval, and how long restoring the deepest version of a chain takes.
 
-    PYTHONPATH=. python bench/deltas.py --workloads full,frozen,recsys --versions 7 --out bench/deltas.json
+    PYTHONPATH=. python bench/deltas.py --workloads full,frozen,recsys --versions 7 --out /tmp/deltas.json
+    PYTHONPATH=. python bench/deltas.py --workloads full --sections bases --record deltas_bases  # into results/deltas.json
 
-States come from the real training runs of bench/workloads.py
-and are cached as .npz under --cache, so the codec passes can be re-run without training again.
+States come from the real training runs of bench/workloads.py.  With --cache DIR they are kept there
+as .npz (one file per version: about --versions x the state's size per workload, ~2.7 GB for
+minilm-full at 10 versions; delete DIR when done), so the sections can be re-run without training
+again; without it they go to a temp folder removed at exit.
 Every ratio is bytes / torch.save bytes of the same state; "median" is over versions after the first.
 """
 
@@ -17,7 +20,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -29,6 +31,8 @@ from deltackpt.codecs.registry import BG_ZSTD, SCALED_DELTA, SPARSE, SUB_DELTA, 
 from bench.delta_sims import (chunks, ctx_of, distance_costs, entropy_pass, kind,  # noqa: E402
                               topology_table)
 from bench.topology import BASES_HEADER, bases_table, compare_bases, restore_times, tensors  # noqa: E402
+from bench import record  # noqa: E402
+from bench.scratch import scratch  # noqa: E402
 
 MIB = 1 << 20
 SETS = {"keyframe": (BG_ZSTD,), "xor": (XOR_DELTA,), "sub": (SUB_DELTA,), "scaled": (SCALED_DELTA,),
@@ -129,105 +133,137 @@ def median_after_first(xs: list[float]) -> float:
     return statistics.median(xs[1:]) if len(xs) > 1 else float("nan")
 
 
+def _codecs(files: list[str], rep: dict, keyframes: bool, w: str) -> None:
+    """Bytes per version by codec set and tensor kind; with ``keyframes``, amortized bytes by K."""
+    per = []
+    prev, _ = tensors(files[0])
+    for f in files[1:]:
+        cur, tsize = tensors(f)
+        r = lossless_pass(prev, cur, 2 * MIB)
+        per.append((r, tsize))
+        prev = cur
+    table = {}
+    for label in SETS:
+        for k in ("all", "weights", "exp_avg", "exp_avg_sq"):
+            denom = [(r["bytes"].get(("raw", k), 0) if k != "all" else t) for r, t in per]
+            if not denom[0]:
+                continue
+            vals = [r["bytes"].get((label, k), 0) / d for (r, _), d in zip(per, denom)]
+            table[f"{label}/{k}"] = statistics.median(vals)
+    raw_total = sum(per[0][0]["bytes"][("raw", "all")] for _ in [0])
+    table["encode_MBps"] = {label: raw_total / 1e6 / statistics.median(r["seconds"][label] for r, _ in per)
+                            for label in SETS}
+    table["torch_save_bytes"] = per[0][1]
+    table["per_version_pipeline"] = [r["bytes"][("pipeline", "all")] / t for r, t in per]
+    rep["codecs"] = table
+    print(w, json.dumps(table, indent=1), flush=True)
+    if keyframes:
+        # a cycle is one keyframe of the chunks that changed, then K deltas (depth <= K);
+        # unchanged chunks are reused whatever K is
+        delta = statistics.median(r["bytes"][("pipeline", "all")] for r, _ in per)
+        kf = statistics.median(r["bytes"][("keyframe", "all")] for r, _ in per)
+        tsize = per[0][1]
+        rep["keyframes_bytes"] = {K: (kf + K * delta) / (K + 1) / tsize for K in (4, 8, 16, 32)}
+        print(w, "amortized bytes by K", rep["keyframes_bytes"], flush=True)
+
+
+def _entropy(files: list[str]) -> dict:
+    a0, _ = tensors(files[-2])
+    a1, tsize = tensors(files[-1])
+    e = entropy_pass(a0, a1)
+    res = {f"{k}/{c}": v / tsize for (k, c), v in e.items()}
+    res["all/best"] = sum(v for (k, c), v in e.items() if c == "best") / tsize
+    res["all/changed_rows_best"] = sum(v for (k, c), v in e.items() if c == "changed_rows_best") / tsize
+    return res
+
+
+def _chunks(files: list[str]) -> dict:
+    res = {}
+    a0, _ = tensors(files[-2])
+    a1, tsize = tensors(files[-1])
+    for cb in (1, 2, 4):
+        r = lossless_pass(a0, a1, cb * MIB, {"pipeline": None})
+        res[f"{cb}MiB"] = {"ratio": r["bytes"][("pipeline", "all")] / tsize,
+                           "MBps": r["bytes"][("raw", "all")] / 1e6 / r["seconds"]["pipeline"]}
+    return res
+
+
+LOSSY = {"q8-optimizer": {"exp_avg": "q8-delta", "exp_avg_sq": "q8-delta"},
+         "q8-all": {"exp_avg": "q8-delta", "exp_avg_sq": "q8-delta", "weights": "q8-delta"},
+         "q4-optimizer": {"exp_avg": "q4-delta", "exp_avg_sq": "q4-delta"},
+         "q4-all": {"exp_avg": "q4-delta", "exp_avg_sq": "q4-delta", "weights": "q4-delta"},
+         "q8-weights-q4-optimizer": {"exp_avg": "q4-delta", "exp_avg_sq": "q4-delta", "weights": "q8-delta"}}
+
+
+def _lossy(files: list[str]) -> dict:
+    res = {}
+    for label, modes in LOSSY.items():
+        chain = lossy_chain(files, modes, 2 * MIB, 64)
+        res[label] = {"median": median_after_first([c["ratio"] for c in chain]),
+                      "max_abs_err": max(c["max_abs_err"] for c in chain)}
+    return res
+
+
+def _workload(w: str, files: list[str], secs: list[str], a: argparse.Namespace, bases: list[str] | None,
+              bases_rows: list[str]) -> dict:
+    """Every requested section for one workload's cached versions."""
+    rep: dict = {}
+    if "codecs" in secs or "keyframes" in secs:
+        _codecs(files, rep, "keyframes" in secs, w)
+    if "entropy" in secs:
+        rep["entropy"] = _entropy(files)
+        print(w, "entropy (fraction of torch.save)", json.dumps(rep["entropy"], indent=1), flush=True)
+    if "chunks" in secs:
+        rep["chunks"] = _chunks(files)
+        print(w, "chunk sizes", rep["chunks"], flush=True)
+    if "lossy" in secs:
+        rep["lossy"] = _lossy(files)
+        print(w, "lossy", rep["lossy"], flush=True)
+    if "topology" in secs:
+        kf, star, chain, tsize = distance_costs(files, 1, 2 * MIB)
+        rep["topology"] = topology_table(kf, star, chain, tsize)
+        print(w, "topology", json.dumps(rep["topology"], indent=1), flush=True)
+    if "restore" in secs:
+        from bench.topology import accepted_bases
+        rep["restore"] = {f"{base}/K={K}": restore_times(files, K, 2 * MIB, base, a.rounds)
+                          for base in (bases or accepted_bases()) if base in accepted_bases() for K in (4, 8)}
+        print(w, "restore", rep["restore"], flush=True)
+    if "bases" in secs:
+        rep["bases"] = compare_bases(files, bases, a.keyframe_interval, 2 * MIB)
+        bases_rows += bases_table(w, rep["bases"])
+        print("\n".join(BASES_HEADER + bases_rows), flush=True)
+    return rep
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="full,frozen,recsys")
     ap.add_argument("--versions", type=int, default=7)
-    ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "deltas_states"))
+    ap.add_argument("--cache", default=None,
+                    help="keep the trained versions here (.npz, about --versions x the state's size per workload) "
+                         "to re-run sections without training; default: a temp folder removed at exit")
     ap.add_argument("--sections", default="codecs,chunks,lossy,keyframes,restore")  # also: topology, entropy, bases
     ap.add_argument("--delta-bases", default=None,
                     help="config delta_base values for the bases and restore sections, comma-separated "
                          "(default: every value the library accepts; a refused one is skipped with a note)")
     ap.add_argument("--keyframe-interval", type=int, default=None, help="bases section: K (default: the library's)")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="write the figures to this file")
+    ap.add_argument("--record", default=None, metavar="KEY",
+                    help="store the figures as run KEY of bench/results/deltas.json (the data behind DELTAS.md)")
     ap.add_argument("--rounds", type=int, default=2, help="restore section: loads per version (median)")
     a = ap.parse_args()
     report: dict = {}
     bases = a.delta_bases.split(",") if a.delta_bases else None
     bases_rows: list[str] = []
-    for w in a.workloads.split(","):
-        files = generate(w, a.versions, a.cache)
-        rep = report[w] = {}
-        secs = a.sections.split(",")
-        if "codecs" in secs or "keyframes" in secs:
-            per = []
-            prev, _ = tensors(files[0])
-            for f in files[1:]:
-                cur, tsize = tensors(f)
-                r = lossless_pass(prev, cur, 2 * MIB)
-                per.append((r, tsize))
-                prev = cur
-            table = {}
-            for label in SETS:
-                for k in ("all", "weights", "exp_avg", "exp_avg_sq"):
-                    denom = [(r["bytes"].get(("raw", k), 0) if k != "all" else t) for r, t in per]
-                    if not denom[0]:
-                        continue
-                    vals = [r["bytes"].get((label, k), 0) / d for (r, _), d in zip(per, denom)]
-                    table[f"{label}/{k}"] = statistics.median(vals)
-            raw_total = sum(per[0][0]["bytes"][("raw", "all")] for _ in [0])
-            table["encode_MBps"] = {label: raw_total / 1e6 / statistics.median(r["seconds"][label] for r, _ in per)
-                                    for label in SETS}
-            table["torch_save_bytes"] = per[0][1]
-            table["per_version_pipeline"] = [r["bytes"][("pipeline", "all")] / t for r, t in per]
-            rep["codecs"] = table
-            print(w, json.dumps(table, indent=1), flush=True)
-            if "keyframes" in secs:
-                # a cycle is one keyframe of the chunks that changed, then K deltas (depth <= K);
-                # unchanged chunks are reused whatever K is
-                delta = statistics.median(r["bytes"][("pipeline", "all")] for r, _ in per)
-                kf = statistics.median(r["bytes"][("keyframe", "all")] for r, _ in per)
-                tsize = per[0][1]
-                rep["keyframes_bytes"] = {K: (kf + K * delta) / (K + 1) / tsize for K in (4, 8, 16, 32)}
-                print(w, "amortized bytes by K", rep["keyframes_bytes"], flush=True)
-        if "entropy" in secs:
-            a0, _ = tensors(files[-2])
-            a1, tsize = tensors(files[-1])
-            e = entropy_pass(a0, a1)
-            res = {f"{k}/{c}": v / tsize for (k, c), v in e.items()}
-            res["all/best"] = sum(v for (k, c), v in e.items() if c == "best") / tsize
-            res["all/changed_rows_best"] = sum(v for (k, c), v in e.items() if c == "changed_rows_best") / tsize
-            rep["entropy"] = res
-            print(w, "entropy (fraction of torch.save)", json.dumps(res, indent=1), flush=True)
-        if "chunks" in secs:
-            res = {}
-            a0, _ = tensors(files[-2])
-            a1, tsize = tensors(files[-1])
-            for cb in (1, 2, 4):
-                r = lossless_pass(a0, a1, cb * MIB, {"pipeline": None})
-                res[f"{cb}MiB"] = {"ratio": r["bytes"][("pipeline", "all")] / tsize,
-                                   "MBps": r["bytes"][("raw", "all")] / 1e6 / r["seconds"]["pipeline"]}
-            rep["chunks"] = res
-            print(w, "chunk sizes", res, flush=True)
-        if "lossy" in secs:
-            res = {}
-            for label, modes in {"q8-optimizer": {"exp_avg": "q8-delta", "exp_avg_sq": "q8-delta"},
-                                 "q8-all": {"exp_avg": "q8-delta", "exp_avg_sq": "q8-delta", "weights": "q8-delta"},
-                                 "q4-optimizer": {"exp_avg": "q4-delta", "exp_avg_sq": "q4-delta"},
-                                 "q4-all": {"exp_avg": "q4-delta", "exp_avg_sq": "q4-delta", "weights": "q4-delta"},
-                                 "q8-weights-q4-optimizer": {"exp_avg": "q4-delta", "exp_avg_sq": "q4-delta",
-                                                             "weights": "q8-delta"}}.items():
-                chain = lossy_chain(files, modes, 2 * MIB, 64)
-                res[label] = {"median": median_after_first([c["ratio"] for c in chain]),
-                              "max_abs_err": max(c["max_abs_err"] for c in chain)}
-            rep["lossy"] = res
-            print(w, "lossy", res, flush=True)
-        if "topology" in secs:
-            kf, star, chain, tsize = distance_costs(files, 1, 2 * MIB)
-            rep["topology"] = topology_table(kf, star, chain, tsize)
-            print(w, "topology", json.dumps(rep["topology"], indent=1), flush=True)
-        if "restore" in secs:
-            from bench.topology import accepted_bases
-            rep["restore"] = {f"{base}/K={K}": restore_times(files, K, 2 * MIB, base, a.rounds)
-                              for base in (bases or accepted_bases()) if base in accepted_bases() for K in (4, 8)}
-            print(w, "restore", rep["restore"], flush=True)
-        if "bases" in secs:
-            rep["bases"] = compare_bases(files, bases, a.keyframe_interval, 2 * MIB)
-            bases_rows += bases_table(w, rep["bases"])
-            print("\n".join(BASES_HEADER + bases_rows), flush=True)
+    with scratch("deltas-states-", keep=a.cache) as cache:
+        for w in a.workloads.split(","):
+            files = generate(w, a.versions, cache)
+            report[w] = _workload(w, files, a.sections.split(","), a, bases, bases_rows)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1, default=str)
+    if a.record:
+        print(f"recorded as {a.record} in {record.record('deltas', a.record, report)}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ torch.save+fsync:
 
     PYTHONPATH=. python bench/first_save.py                      # ~1 minute
     PYTHONPATH=. python bench/first_save.py --tensors 8 --rows 2048 --cols 4096 --saves 5 --json out.json
-    PYTHONPATH=. python bench/first_save.py --state recsys
+    PYTHONPATH=. python bench/first_save.py --state recsys --record first_save_i18_recsys_1   # into bench/results/async.json
 """
 
 from __future__ import annotations
@@ -27,30 +27,29 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import record  # noqa: E402
+from bench.scratch import scratch  # noqa: E402
 
-def _child(cfg: str, kind: str, tensors: int, rows: int, cols: int, saves: int, workdir: str) -> dict:
+
+def _state(kind: str, tensors: int, rows: int, cols: int):
+    """(state, job): the stall_jobs job's state after 3 steps, or ``tensors`` random rows x cols."""
     import torch
-
-    import deltackpt
-    from deltackpt.torchstate.flatten import flatten
-    from deltackpt.training import Checkpointer
-
-    job = None
     if kind != "large":
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         from bench.stall_jobs import make_job
         job = make_job(kind)
         for _ in range(3):   # the optimizer state exists, as in a loop's first save
             job.step()
-        state = job.state()
-    else:
-        g = torch.Generator().manual_seed(0)
-        state = {f"w{i}": torch.randn(rows, cols, generator=g) for i in range(tensors)}
-    nbytes = sum(leaf.tensor.numel() * leaf.tensor.element_size() for leaf in flatten(state)[1])
-    path = os.path.join(workdir, "torch.pt")
+        return job.state(), job
+    g = torch.Generator().manual_seed(0)
+    return {f"w{i}": torch.randn(rows, cols, generator=g) for i in range(tensors)}, None
+
+
+def _torch_save_fsync_s(state, path: str) -> float:
+    import torch
     ts = []
     for _ in range(3):
         t0 = time.perf_counter()
@@ -59,8 +58,15 @@ def _child(cfg: str, kind: str, tensors: int, rows: int, cols: int, saves: int, 
             f.flush()
             os.fsync(f.fileno())
         ts.append(time.perf_counter() - t0)
-    torch_save_s = statistics.median(ts)
-    repo = os.path.join(workdir, f"repo-{cfg}")
+    return statistics.median(ts)
+
+
+def _saves(cfg: str, state, job, saves: int, repo: str) -> tuple[list[float], list[float]]:
+    """(stalls, staging seconds) of ``saves`` background saves, each waited for before the next."""
+    import torch
+
+    import deltackpt
+    from deltackpt.training import Checkpointer
     ckpt = Checkpointer(repo, policy=1) if cfg == "prepare" else None
     if ckpt is not None:
         ckpt.prepare(state).result()
@@ -78,10 +84,13 @@ def _child(cfg: str, kind: str, tensors: int, rows: int, cols: int, saves: int, 
         stalls.append(time.perf_counter() - t0)
         staging_s.append(h.stall_seconds)
         h.wait()
-    # the floors, after the saves (not to lend them warm heap memory): copying the state's tensors
-    # (torch's parallel copy, every core) into fresh memory, as a first save must, and into memory
-    # already faulted in, as later saves can
-    live = [leaf.tensor for leaf in flatten(state)[1]]
+    return stalls, staging_s
+
+
+def _copy_floors(live: list) -> tuple[float, float]:
+    """Seconds to copy the state's tensors (torch's parallel copy, every core) into fresh memory, as
+    a first save must, and into memory already faulted in, as later saves can (medians of 3)."""
+    import torch
     fresh, warm = [], []
     for _ in range(3):
         t0 = time.perf_counter()
@@ -94,10 +103,35 @@ def _child(cfg: str, kind: str, tensors: int, rows: int, cols: int, saves: int, 
             d.copy_(t)
         warm.append(time.perf_counter() - t0)
         del dst
+    return statistics.median(fresh), statistics.median(warm)
+
+
+def _child(cfg: str, kind: str, tensors: int, rows: int, cols: int, saves: int, workdir: str) -> dict:
+    import torch
+
+    from deltackpt.torchstate.flatten import flatten
+    state, job = _state(kind, tensors, rows, cols)
+    nbytes = sum(leaf.tensor.numel() * leaf.tensor.element_size() for leaf in flatten(state)[1])
+    torch_save_s = _torch_save_fsync_s(state, os.path.join(workdir, "torch.pt"))
+    stalls, staging_s = _saves(cfg, state, job, saves, os.path.join(workdir, f"repo-{cfg}"))
+    # the floors after the saves, not to lend them warm heap memory
+    fresh, warm = _copy_floors([leaf.tensor for leaf in flatten(state)[1]])
     return {"config": cfg, "state": kind, "state_bytes": nbytes, "torch_threads": torch.get_num_threads(),
-            "torch_save_fsync_s": torch_save_s, "copy_fresh_s": statistics.median(fresh),
-            "copy_faulted_s": statistics.median(warm), "stalls_s": stalls, "staging_s": staging_s,
+            "torch_save_fsync_s": torch_save_s, "copy_fresh_s": fresh,
+            "copy_faulted_s": warm, "stalls_s": stalls, "staging_s": staging_s,
             "ratios": [s / torch_save_s for s in stalls]}
+
+
+def _print_table(results: list[dict], state: str, saves: int) -> None:
+    print(f"state {state}, {results[0]['state_bytes'] / 1e6:.0f} MB, {os.cpu_count()} cores")
+    print("| config | torch.save+fsync | copy into fresh / faulted memory | "
+          + " | ".join(f"save {i + 1}" for i in range(saves)) + " |")
+    print("|---|---|---|" + "---|" * saves)
+    for r in results:
+        cells = " | ".join(f"{s * 1e3:.0f} ms ({x:.2f}x)" for s, x in zip(r["stalls_s"], r["ratios"]))
+        ts = r["torch_save_fsync_s"]
+        print(f"| {r['config']} | {ts * 1e3:.0f} ms | {r['copy_fresh_s'] * 1e3:.0f} ms ({r['copy_fresh_s'] / ts:.2f}x) / "
+              f"{r['copy_faulted_s'] * 1e3:.0f} ms ({r['copy_faulted_s'] / ts:.2f}x) | {cells} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,33 +142,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cols", type=int, default=4096)
     ap.add_argument("--saves", type=int, default=5)
     ap.add_argument("--configs", default="plain,prepare")
-    ap.add_argument("--dir", default=None)
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--dir", default=None, help="working directory, kept (default: a temp dir, removed)")
+    ap.add_argument("--json", default=None, help="also write the figures to this file")
+    ap.add_argument("--record", default=None, metavar="KEY",
+                    help="store the figures as run KEY of bench/results/async.json (the data behind ASYNC.md)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    workdir = args.dir or tempfile.mkdtemp(prefix="first-save-")
-    if args.child:
-        print(json.dumps(_child(args.child, args.state, args.tensors, args.rows, args.cols, args.saves, workdir)))
+    if args.child:   # its files go under the parent's folder: the parent removes them, even after a SIGKILL
+        print(json.dumps(_child(args.child, args.state, args.tensors, args.rows, args.cols, args.saves, args.dir)))
         return 0
     results = []
-    for cfg in args.configs.split(","):
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", cfg, "--state", args.state,
-                              "--tensors", str(args.tensors),
-                              "--rows", str(args.rows), "--cols", str(args.cols), "--saves", str(args.saves),
-                              "--dir", workdir], check=True, capture_output=True, text=True)
-        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"state {args.state}, {results[0]['state_bytes'] / 1e6:.0f} MB, {os.cpu_count()} cores")
-    print("| config | torch.save+fsync | copy into fresh / faulted memory | "
-          + " | ".join(f"save {i + 1}" for i in range(args.saves)) + " |")
-    print("|---|---|---|" + "---|" * args.saves)
-    for r in results:
-        cells = " | ".join(f"{s * 1e3:.0f} ms ({x:.2f}x)" for s, x in zip(r["stalls_s"], r["ratios"]))
-        ts = r["torch_save_fsync_s"]
-        print(f"| {r['config']} | {ts * 1e3:.0f} ms | {r['copy_fresh_s'] * 1e3:.0f} ms ({r['copy_fresh_s'] / ts:.2f}x) / "
-              f"{r['copy_faulted_s'] * 1e3:.0f} ms ({r['copy_faulted_s'] / ts:.2f}x) | {cells} |")
+    with scratch("first-save-", keep=args.dir) as workdir:
+        for cfg in args.configs.split(","):
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", cfg, "--state", args.state,
+                                  "--tensors", str(args.tensors),
+                                  "--rows", str(args.rows), "--cols", str(args.cols), "--saves", str(args.saves),
+                                  "--dir", workdir], check=True, capture_output=True, text=True)
+            results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    _print_table(results, args.state, args.saves)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+    if args.record:
+        print(f"recorded as {args.record} in {record.record('async', args.record, results)}")
     return 0
 
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
 
@@ -26,6 +24,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench.scratch import scratch  # noqa: E402
 
 BLOCK = 64 << 20
 
@@ -114,11 +113,90 @@ def copy_anchor(files: list[tuple[str, int]], folder: str) -> float:
     return time.perf_counter() - t0
 
 
+def _file_state(files: list[tuple[str, int]]) -> dict:
+    """The state: one tensor memory-mapped (MAP_SHARED) from each file."""
+    import torch
+    state = {}
+    for i, (path, n) in enumerate(files):
+        cols = 1024 if n % 1024 == 0 else 1
+        state[f"layer{i:02d}.weight"] = torch.from_file(path, shared=True, size=n, dtype=torch.float32).view(-1, cols)
+    return state
+
+
+def _file_model(files: list[tuple[str, int]], state: dict):
+    """A model whose buffers are fresh sparse files, memory-mapped, named like the saved keys
+    (restore maps names through the model's state_dict)."""
+    import torch
+    named = torch.nn.Module()
+    for i, (path, n) in enumerate(files):
+        dpath = path + ".restored"
+        with open(dpath, "wb") as f:
+            f.truncate(n * 4)
+        sub = torch.nn.Module()
+        sub.register_buffer("weight", torch.from_file(dpath, shared=True, size=n, dtype=torch.float32)
+                            .view(state[f"layer{i:02d}.weight"].shape))
+        named.add_module(f"layer{i:02d}", sub)
+    return named
+
+
+def _measure(work: str, size: int, tensors: int, delta_cache: int, anchor: bool) -> dict:
+    import torch
+
+    import deltackpt
+    from deltackpt.repo.saver import WINDOW, default_workers
+    t0 = time.perf_counter()
+    files = make_files(work, size, tensors)
+    gen_s = time.perf_counter() - t0
+    anchor_s = copy_anchor(files, work) if anchor else None
+    state = _file_state(files)
+    repo_path = os.path.join(work, "repo")
+    repo = deltackpt.Repo(repo_path, create=True, delta_cache_bytes=delta_cache)
+    chunk = repo.core.config.chunk_bytes
+    with PeakAnon() as save_mem:
+        t0 = time.perf_counter()
+        v1 = repo.save(state, step=1)
+        save_s = time.perf_counter() - t0
+    w = state["layer00.weight"]   # an incremental step: 1% of the rows of one tensor change
+    with torch.no_grad():
+        w[: max(1, w.shape[0] // 100)] += 1e-3
+    with PeakAnon() as inc_mem:
+        t0 = time.perf_counter()
+        v2 = repo.save(state, step=2)
+        inc_s = time.perf_counter() - t0
+    named = _file_model(files, state)   # restore into file-backed destinations
+    deltackpt.api._OPEN.clear()
+    repo = deltackpt.Repo(repo_path)
+    with PeakAnon() as restore_mem:
+        t0 = time.perf_counter()
+        repo.restore(named, v2.id)
+        restore_s = time.perf_counter() - t0
+    same = all(torch.equal(state[k], named.state_dict()[k]) for k in state)
+    return {
+        "state_bytes": size, "tensors": len(files), "tensor_shape": list(state[f"layer{len(files) - 1:02d}.weight"].shape),
+        "chunk_bytes": chunk, "workers": default_workers(), "window": WINDOW,
+        "delta_cache_bytes": delta_cache,
+        "generate_s": round(gen_s, 2),
+        "anchor_copy_fsync_s": None if anchor_s is None else round(anchor_s, 2),
+        "save_s": round(save_s, 2), "save_MBps": round(size / save_s / 1e6, 1),
+        "save_vs_copy": None if anchor_s is None else round(save_s / anchor_s, 2),
+        "save_peak_extra_anon_MiB": round(save_mem.extra / 2**20, 1),
+        "incremental_save_s": round(inc_s, 2),
+        "incremental_written_bytes": v2.written_bytes,
+        "incremental_peak_extra_anon_MiB": round(inc_mem.extra / 2**20, 1),
+        "first_written_bytes": v1.written_bytes,
+        "restore_s": round(restore_s, 2), "restore_MBps": round(size / restore_s / 1e6, 1),
+        "restore_peak_extra_anon_MiB": round(restore_mem.extra / 2**20, 1),
+        "restored_bit_identical": same, "repo_stored_bytes": repo.du()["total"]["stored_bytes"],
+        "process_VmHWM_MiB": round(vm_hwm() / 2**20, 1),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="8G", help="state size (e.g. 8G, 256M)")
     ap.add_argument("--tensors", type=int, default=16)
-    ap.add_argument("--dir", default=None, help="work folder (state files + repository), removed after")
+    ap.add_argument("--dir", default=None, help="work folder (state files + repository), kept "
+                    "(default: a temp folder, removed however the run ends)")
     ap.add_argument("--delta-cache", default="256M", help="the repository's delta cache bound")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-anchor", action="store_true")
@@ -130,91 +208,15 @@ def main() -> None:
         raise SystemExit(f"only {avail / 2**30:.1f} GiB of memory available (< 12 GiB): refusing on a shared machine")
 
     import torch
-
-    import deltackpt
-    from deltackpt.repo.saver import WINDOW, default_workers
-
     torch.set_num_threads(1)
-    work = args.dir or tempfile.mkdtemp(prefix="dk-large-")
-    os.makedirs(work, exist_ok=True)
-    try:
-        t0 = time.perf_counter()
-        files = make_files(work, size, args.tensors)
-        gen_s = time.perf_counter() - t0
-        anchor_s = None if args.no_anchor else copy_anchor(files, work)
-        side = None
-        state = {}
-        for i, (path, n) in enumerate(files):
-            cols = 1024 if n % 1024 == 0 else 1
-            state[f"layer{i:02d}.weight"] = torch.from_file(path, shared=True, size=n, dtype=torch.float32).view(-1, cols)
-            side = state[f"layer{i:02d}.weight"].shape
-        repo_path = os.path.join(work, "repo")
-        repo = deltackpt.Repo(repo_path, create=True, delta_cache_bytes=parse_size(args.delta_cache))
-        chunk = repo.core.config.chunk_bytes
-
-        with PeakAnon() as save_mem:
-            t0 = time.perf_counter()
-            v1 = repo.save(state, step=1)
-            save_s = time.perf_counter() - t0
-        # an incremental step: 1% of the rows of one tensor change
-        w = state["layer00.weight"]
-        with torch.no_grad():
-            w[: max(1, w.shape[0] // 100)] += 1e-3
-        with PeakAnon() as inc_mem:
-            t0 = time.perf_counter()
-            v2 = repo.save(state, step=2)
-            inc_s = time.perf_counter() - t0
-
-        # restore into file-backed destinations (fresh sparse files, memory-mapped)
-        dest = torch.nn.Module()
-        for i, (path, n) in enumerate(files):
-            dpath = path + ".restored"
-            with open(dpath, "wb") as f:
-                f.truncate(n * 4)
-            dest.register_buffer(f"layer{i:02d}", torch.from_file(dpath, shared=True, size=n, dtype=torch.float32)
-                                 .view(state[f"layer{i:02d}.weight"].shape))
-        # restore maps names through the model's state_dict: name the buffers like the saved keys
-        named = torch.nn.Module()
-        for i in range(len(files)):
-            sub = torch.nn.Module()
-            sub.register_buffer("weight", getattr(dest, f"layer{i:02d}"))
-            named.add_module(f"layer{i:02d}", sub)
-        deltackpt.api._OPEN.clear()
-        repo = deltackpt.Repo(repo_path)
-        with PeakAnon() as restore_mem:
-            t0 = time.perf_counter()
-            repo.restore(named, v2.id)
-            restore_s = time.perf_counter() - t0
-        same = all(torch.equal(state[k], named.state_dict()[k]) for k in state)
-        du = repo.du()
-        stored = du["total"]["stored_bytes"]
-        out = {
-            "state_bytes": size, "tensors": len(files), "tensor_shape": list(side or []),
-            "chunk_bytes": chunk, "workers": default_workers(), "window": WINDOW,
-            "delta_cache_bytes": parse_size(args.delta_cache),
-            "generate_s": round(gen_s, 2),
-            "anchor_copy_fsync_s": None if anchor_s is None else round(anchor_s, 2),
-            "save_s": round(save_s, 2), "save_MBps": round(size / save_s / 1e6, 1),
-            "save_vs_copy": None if anchor_s is None else round(save_s / anchor_s, 2),
-            "save_peak_extra_anon_MiB": round(save_mem.extra / 2**20, 1),
-            "incremental_save_s": round(inc_s, 2),
-            "incremental_written_bytes": v2.written_bytes,
-            "incremental_peak_extra_anon_MiB": round(inc_mem.extra / 2**20, 1),
-            "first_written_bytes": v1.written_bytes,
-            "restore_s": round(restore_s, 2), "restore_MBps": round(size / restore_s / 1e6, 1),
-            "restore_peak_extra_anon_MiB": round(restore_mem.extra / 2**20, 1),
-            "restored_bit_identical": same, "repo_stored_bytes": stored,
-            "process_VmHWM_MiB": round(vm_hwm() / 2**20, 1),
-            "available_memory_at_start_GiB": round(avail / 2**30, 1),
-        }
-        text = json.dumps(out, indent=1)
-        print(text)
-        if args.json:
-            with open(args.json, "w") as f:
-                f.write(text)
-    finally:
-        if not args.dir:
-            shutil.rmtree(work, ignore_errors=True)
+    with scratch("dk-large-", keep=args.dir) as work:
+        out = _measure(work, size, args.tensors, parse_size(args.delta_cache), not args.no_anchor)
+    out["available_memory_at_start_GiB"] = round(avail / 2**30, 1)
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text)
 
 
 if __name__ == "__main__":

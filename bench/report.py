@@ -48,7 +48,7 @@ def issue2(r: dict) -> list[str]:
 def table(r: dict, limits: dict) -> list[str]:
     s = r["systems"]
     ts = s["torch.save"]
-    tsb, tsl = _med(ts["bytes"]), _med(ts["load"])
+    tsl = _med(ts["load"])
     tfs = _med((s.get("torch.save+fsync") or ts)["first_save"])
     logical = r["logical_bytes"]
     out = [f"### {r['workload']}: {r['versions']} versions, state {logical / MB:.1f} MiB of tensors, "
@@ -143,7 +143,8 @@ def write(out_dir: str, results: list[dict], meta: dict) -> None:
         "ratios within one run are the figures to read.",
         f"- machine limits measured in this run ({lim['probe_MB']:.0f} MiB probes): memcpy (numpy copyto) "
         f"{lim['memcpy_GBps']:.2f} GB/s, sequential write + fsync {lim['write_fsync_GBps']:.2f} GB/s",
-        f"- wall time {meta['wall_s']:.0f} s", "",
+        f"- wall time {meta['wall_s']:.0f} s",
+        "- the data behind every table and chart: `results.json` beside this file (the run writes both)", "",
         "Method: each workload is a real CPU training run; after each version is produced, every system saves it "
         "(order rotated per version, because write timings on this VM depend on what ran just before), then every "
         "system loads it fully and one layer of it, and the restore is checked bit-identical (xxh3-128 of every "

@@ -19,18 +19,17 @@ import argparse
 import copy
 import os
 import resource
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
 import deltackpt  # noqa: E402
-from async_stall import Job  # noqa: E402
+from bench.scratch import scratch  # noqa: E402
+from bench.stall_jobs import MiniLMJob  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.states:
         states = torch.load(args.states, weights_only=True)
     else:
-        job = Job(8, 64)
+        job = MiniLMJob(8, 64)
         states = []
         for k in range(args.versions):
             for _ in range(args.every if k else 3):
@@ -61,20 +60,24 @@ def main(argv: list[str] | None = None) -> int:
             torch.save(states, args.keep_states)
     medians = []
     for run in range(args.runs):
-        repo = tempfile.mkdtemp(prefix="save-cpu-")
-        deltackpt.Repo.init(repo, delta_base=args.delta_base)
-        cpu, wall, faults, written = [], [], [], []
-        for i, state in enumerate(states):
-            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-            v = deltackpt.save(state, repo, step=i, blocking=False, background=args.background).wait()
-            r1 = resource.getrusage(resource.RUSAGE_SELF)
-            written.append(v.written_bytes / 1e6)
-            if i:   # the encoder process's CPU is not this process's: use --background thread to count it
-                cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
-                wall.append(time.perf_counter() - t0)
-                faults.append(r1.ru_minflt - r0.ru_minflt)
-        deltackpt.Repo(repo).close()
-        shutil.rmtree(repo, ignore_errors=True)
+        with scratch("save-cpu-") as repo:
+            deltackpt.Repo.init(repo, delta_base=args.delta_base)
+            cpu, wall, faults, written = [], [], [], []
+            for i, state in enumerate(states):
+                r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+                h = deltackpt.save(state, repo, step=i, blocking=False, background=args.background)
+                try:
+                    v = h.wait()
+                except BaseException:   # interrupted: the save ends before its folder goes
+                    h.wait()
+                    raise
+                r1 = resource.getrusage(resource.RUSAGE_SELF)
+                written.append(v.written_bytes / 1e6)
+                if i:   # the encoder process's CPU is not this process's: use --background thread to count it
+                    cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+                    wall.append(time.perf_counter() - t0)
+                    faults.append(r1.ru_minflt - r0.ru_minflt)
+            deltackpt.Repo(repo).close()
         medians.append(statistics.median(cpu))
         print(f"run {run + 1}: CPU s per delta save median {statistics.median(cpu):.3f} "
               f"({' '.join(f'{c:.2f}' for c in cpu)}); page faults median {statistics.median(faults):.0f}; "
