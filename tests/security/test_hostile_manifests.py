@@ -19,7 +19,6 @@ from deltackpt.format import index as index_fmt
 from deltackpt.format import manifest as manifest_fmt
 from deltackpt.format.ids import hex_id
 
-from ._hostile_env import env, template  # noqa: F401 - fixtures the tests below request
 from ._hostile_env import _latest
 
 

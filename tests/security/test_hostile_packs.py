@@ -19,7 +19,6 @@ from deltackpt.format import pack as pack_fmt
 from deltackpt.format.ids import hex_id
 from deltackpt.repo.repository import Repository
 
-from ._hostile_env import env, template  # noqa: F401 - fixtures the tests below request
 from ._hostile_env import _keys, _latest, _replace, _rewrite_index
 
 

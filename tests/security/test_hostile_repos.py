@@ -16,7 +16,6 @@ import deltackpt
 from deltackpt.errors import DeltackptError, InvalidNameError, StoreError, UnknownVersionError
 from deltackpt.repo.repository import Repository
 
-from ._hostile_env import env, template  # noqa: F401 - fixtures the tests below request
 from ._hostile_env import _keys, _latest, _snapshot, _state
 
 
