@@ -48,7 +48,8 @@ def generate(name: str, versions: int, cache: str) -> list[str]:
     import torch
     from bench import workloads as wl
     states = {"full": lambda: wl.minilm(versions), "frozen": lambda: wl.minilm(versions, frozen=True),
-              "recsys": lambda: wl.recsys(versions), "gpt": lambda: wl.gpt_bf16(versions)}[name]()
+              "recsys": lambda: wl.recsys(versions), "gpt": lambda: wl.gpt_bf16(versions),
+              "cnn": lambda: wl.cnn(versions)}[name]()
     gen = ((state["step"], state) for state in states)
     os.makedirs(out, exist_ok=True)
 

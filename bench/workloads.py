@@ -116,6 +116,35 @@ def recsys(versions: int, every: int = 40, rows: int = 400_000, dim: int = 64, b
                "step": step}
 
 
+def cnn(versions: int, every: int = 20, batch: int = 32, width: int = 36, seed: int = 0,
+        live: dict | None = None) -> Iterator[dict]:
+    """A small CNN (conv + BatchNorm blocks, ~4 MB of state with its momentum) trained with SGD and
+    momentum on a synthetic 10-class image task: many small tensors, and BatchNorm buffers
+    (running stats, an int64 counter) that change at every step."""
+    torch.manual_seed(seed)
+    chans = [3, width, 2 * width, 4 * width, 8 * width]
+    layers: list[torch.nn.Module] = []
+    for cin, cout in zip(chans, chans[1:]):
+        layers += [torch.nn.Conv2d(cin, cout, 3, padding=1, bias=False), torch.nn.BatchNorm2d(cout),
+                   torch.nn.ReLU(), torch.nn.MaxPool2d(2)]
+    model = torch.nn.Sequential(*layers, torch.nn.Flatten(), torch.nn.Linear(chans[-1] * 2 * 2, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    _expose(live, model, opt)
+    g = torch.Generator().manual_seed(seed)
+    proto = torch.randn(10, 3, 32, 32, generator=g)
+    step = 0
+    for v in range(versions):
+        for _ in range(every if v else 1):
+            y = torch.randint(0, 10, (batch,), generator=g)
+            x = proto[y] + 0.5 * torch.randn(batch, 3, 32, 32, generator=g)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            step += 1
+        yield _state(model, opt, step)
+
+
 class _GPT(torch.nn.Module):
     def __init__(self, vocab: int, dim: int, layers: int, heads: int, seq: int):
         super().__init__()

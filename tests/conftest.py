@@ -19,6 +19,10 @@ settings.register_profile("nightly", max_examples=2000, deadline=None,
 settings.load_profile(os.environ.get("DELTACKPT_HYPOTHESIS", "ci" if os.environ.get("CI") else "default"))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# saves deltify older versions in a background thread; a test that counts packs, bytes or objects
+# must not race it, so the suite (and the processes it starts) turns it off and deltifies on purpose
+# (tests/repo/test_deltify.py runs the background thread itself)
+os.environ["DELTACKPT_DELTIFY"] = "off"
 
 
 @pytest.fixture

@@ -9,7 +9,10 @@ from typing import Any
 
 from ..errors import DeltackptError, InvalidArgumentError
 from ..progress import bar
+from ..codecs.base import is_int
 from ..repo import commit
+from ..repo.deltify import DEFAULT_LAG, DeltifyReport
+from ..repo.deltify import deltify as run_deltify
 from ..repo.gc import DEFAULT_GRACE_SECONDS, GcReport, run_gc
 from ..repo.retention import Retention, check_seconds
 from ..repo.verify import VerifyReport, run_verify
@@ -174,6 +177,22 @@ class Repo(Handle):
         """Same as :func:`deltackpt.gc` with this repository."""
         return gc(self, **kwargs)
 
+    def deltify(self, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None) -> DeltifyReport:
+        """Re-store what older versions hold whole as deltas against newer versions, now (saves do
+        it in the background, a bounded step at a time; gc does it for what it keeps).  The ``lag``
+        newest versions are left as saved; ``max_bytes`` bounds the keyframe bytes re-encoded.
+
+        Example::
+
+            report = deltackpt.Repo("ckpt").deltify()
+            print(report.chunks, report.freed_bytes)
+        """
+        if not is_int(lag) or lag < 1:
+            raise InvalidArgumentError(f"lag must be an integer >= 1, got {lag!r:.80}")
+        if max_bytes is not None and (not is_int(max_bytes) or max_bytes < 0):
+            raise InvalidArgumentError(f"max_bytes must be None or an integer >= 0, got {max_bytes!r:.80}")
+        return run_deltify(self.core, lag=lag, max_bytes=max_bytes)
+
 
 def open_repo(repo: "str | os.PathLike | Repo | Store", create: bool = False) -> Repo:
     """``repo`` itself when it is a Repo, else a Repo on that location: ``open_repo("ckpt").log()``."""
@@ -190,7 +209,8 @@ def gc(repo: "str | os.PathLike | Repo | Store", *, keep_last: int | None = None
 
     The union of the rules is kept, and ``latest`` always.  A kept version never loses a delta
     base: its chunk is rewritten as a keyframe (``rebase=True``, reported as ``chunks_rebased``)
-    or the base is kept (``bases_kept``).
+    or the base is kept (``bases_kept``).  What the kept versions older than the ``keep_last``
+    window still hold whole then becomes deltas against newer versions (``chunks_deltified``).
 
     Example::
 

@@ -153,6 +153,19 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_deltify(args: argparse.Namespace) -> int:
+    report = _repo(args).deltify(lag=args.lag, **({"max_bytes": args.max_bytes} if args.max_bytes is not None else {}))
+    if args.json:
+        emit_json(report.to_json())
+        return 0
+    print(f"stored {report.chunks} whole chunk(s) of older versions as deltas against newer ones: wrote "
+          f"{human_bytes(report.written_bytes)}, freed {human_bytes(report.freed_bytes)} "
+          f"({report.seconds:.1f} s; the {args.lag} newest version(s) left as saved)")
+    if report.remaining:
+        print(f"{report.remaining} more chunk(s) left for a later run (--max-bytes reached)")
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     report = _repo(args).verify(read_data=not args.quick)
     if args.json:
@@ -265,6 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--keep-bases", action="store_true", help="keep delta bases instead of rebasing chunks")
     sp.add_argument("--grace", type=float, default=600.0, help="seconds before unreferenced packs are deleted")
     sp.add_argument("--dry-run", action="store_true")
+    sp = command("deltify", cmd_deltify, "store what older versions hold whole as deltas against newer "
+                 "versions (saves do it in the background; gc too)")
+    sp.add_argument("--lag", type=int, default=2, help="newest versions left as saved (default 2)")
+    sp.add_argument("--max-bytes", type=int, help="re-encode at most this many bytes of whole chunks")
     sp = command("verify", cmd_verify, "re-hash every object; name every version a bad object belongs to")
     sp.add_argument("--quick", action="store_true", help="check structure only, do not decode chunks")
     command("du", cmd_du, "logical and stored bytes per version and in total")

@@ -132,6 +132,24 @@ def _encode_lossy(raw: bytes, ctx: ChunkContext, mode: str, base: BaseChunk | No
     return lossy
 
 
+def sample_fits(raw: bytes, ctx: ChunkContext, base: BaseChunk, ratio: float, prefer: int | None = None) -> bool:
+    """Whether a delta of ``raw`` against ``base`` looks no larger than ``ratio`` x ``len(raw)``,
+    judged on a sample (64 KiB, or a quarter of a smaller chunk) with the dense codec that won
+    here last time, else xor-delta.  Cheap enough to ask before every delta encode of a position
+    whose last change was dense; a sparse change passes (unchanged rows XOR to zeros)."""
+    if len(raw) < 4096:
+        return False
+    align = max(ctx.row_bytes if ctx.row_bytes and ctx.row_bytes <= _SAMPLE else 1, 16)
+    if len(raw) > 2 * _SAMPLE:
+        s = _sample(raw, align)
+    else:
+        start = (len(raw) // 2 // align) * align
+        s = slice(start, min(len(raw), start + max(align, (len(raw) // 4 // align) * align)))
+    codec = get(prefer if prefer in (XOR_DELTA, SUB_DELTA, SCALED_DELTA) else XOR_DELTA)
+    enc = codec.encode(raw[s], ctx, base.data[s])
+    return enc is None or len(enc.payload) <= 1.1 * ratio * (s.stop - s.start)
+
+
 def _sample_winner(raw: bytes, ctx: ChunkContext, base: BaseChunk | None, dense: list[int]) -> list[int]:
     """The dense codec whose payload is smallest on a sample of the chunk (none when none takes it)."""
     align = max(ctx.row_bytes if ctx.row_bytes and ctx.row_bytes <= _SAMPLE else 1, 16)

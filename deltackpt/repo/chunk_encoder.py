@@ -1,11 +1,10 @@
 """Encoding one chunk for a save: the copy of its bytes, dedup against what is stored, and the
-choice of keyframe or delta against the position's previous chunk (with reverse deltas, the new
-chunk as a keyframe and the previous one as a delta against it).  Runs on the saver's encoder
-threads; the saver packs the results in order."""
+choice of keyframe or delta against the position's previous chunk (``delta_base = "child"``: as
+head.py decides).  Runs on the saver's encoder threads; the saver packs the results in order."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -16,10 +15,10 @@ from ..codecs.pipeline import BaseChunk, encode_chunk
 from ..format.ids import digest
 from ..format.objects import EncodedObject
 from .delta_cache import ChunkMemo, next_star_base
+from .head import delta_budget, encode_changed
 from .packer import Packer
 from .presence import ChunkPresence
 from .repository import Repository
-from .reverse import ReverseDeltas
 
 
 @dataclass
@@ -40,9 +39,8 @@ class SaveContext:
 
     repo: Repository
     present: ChunkPresence      # dedup only against chunks whose packs exist (presence.py)
-    packer: Packer             # keyframes and forward deltas; with reverse deltas, the head keyframes
-    back: Packer | None = None  # reverse deltas of the previous head chunks (format 2, reverse.py)
-    rev: ReverseDeltas | None = None
+    packer: Packer             # the save's objects
+    head: bool = False         # delta_base "child": lossless chunks follow head.py
 
     def known(self, cid: bytes) -> bool:
         return cid in self.packer.pending or self.present.usable(cid)
@@ -61,7 +59,7 @@ class SaveContext:
 
 
 def encode_one(sv: SaveContext, raw: memoryview | bytes, ctx: ChunkContext, memo: ChunkMemo | None, mode: str,
-                copy_to: np.ndarray | None = None, owner: Any = None) -> tuple[ChunkResult, ChunkMemo, ChunkResult | None]:
+                copy_to: np.ndarray | None = None, owner: Any = None) -> tuple[ChunkResult, ChunkMemo]:
     # the one copy (into ``copy_to``, or a fresh bytes): the caller's tensor may change once save()
     # returns, and the id must be the hash of exactly the bytes encoded.  Lent bytes (``owner``)
     # stay as they are until the owner is dropped from the cache: no copy.
@@ -74,7 +72,7 @@ def encode_one(sv: SaveContext, raw: memoryview | bytes, ctx: ChunkContext, memo
         data = memoryview(copy_to)
     src = digest(data)
     repo, known, present = sv.repo, sv.known, sv.present
-    if sv.rev is not None and mode == "lossless":
+    if sv.head and mode == "lossless":
         return encode_head(sv, data, src, ctx, memo, owner)
     depth_of = lambda cid: sv.depth(cid, getattr(present.entry(cid), "depth", 0))  # noqa: E731 - 0 when written by this save
     # lossless deltas against the position's last keyframe (a star) rather than the parent
@@ -83,11 +81,11 @@ def encode_one(sv: SaveContext, raw: memoryview | bytes, ctx: ChunkContext, memo
         if known(src):
             r = ChunkResult(src, len(data), None, 0, None, depth_of(src), 0.0, False)
             stored = ChunkMemo(src, data, r.depth, src, owner=owner)
-            return r, next_star_base(memo, stored, None) if star else stored, None
+            return r, next_star_base(memo, stored, None) if star else stored
     elif memo is not None and memo.source_id == src and known(memo.chunk_id):
         # unchanged since the last lossy save: reuse what was stored (maybe the input itself), with its error
         err = max_abs_err(memo.data, data, ctx.dtype) if memo.chunk_id != src else 0.0
-        return ChunkResult(memo.chunk_id, len(data), None, 0, None, memo.depth, err, memo.chunk_id != src), memo, None
+        return ChunkResult(memo.chunk_id, len(data), None, 0, None, memo.depth, err, memo.chunk_id != src), memo
     base = None
     entry = present.entry(memo.chunk_id) if memo is not None else None  # never a base whose pack is gone
     if (memo is not None and entry is not None and len(memo.data) == len(data)
@@ -103,7 +101,7 @@ def encode_one(sv: SaveContext, raw: memoryview | bytes, ctx: ChunkContext, memo
     if known(cid):
         r = ChunkResult(cid, len(data), None, 0, None, depth_of(cid), choice.encoded.max_abs_err, lossy)
         stored = ChunkMemo(cid, kept, r.depth, src, owner=owner if recon is None else None)
-        return r, next_star_base(memo, stored, None) if star else stored, None
+        return r, next_star_base(memo, stored, None) if star else stored
     params = dict(choice.encoded.params)
     base_id = choice.base.chunk_id if choice.base else None
     if base_id is not None:
@@ -113,24 +111,51 @@ def encode_one(sv: SaveContext, raw: memoryview | bytes, ctx: ChunkContext, memo
                      choice.encoded.max_abs_err, lossy)
     winner = choice.encoding if choice.lossless and choice.base is not None else None
     stored = ChunkMemo(cid, kept, choice.depth, src, winner=winner, owner=owner if recon is None else None)
-    return r, next_star_base(memo, stored, base_id) if star else stored, None
+    return r, next_star_base(memo, stored, base_id) if star else stored
 
 
 def encode_head(sv: SaveContext, data, src: bytes, ctx: ChunkContext, memo: ChunkMemo | None,
-                 owner: Any) -> tuple[ChunkResult, ChunkMemo, ChunkResult | None]:
-    """Format 2 (reverse.py): the new chunk as a keyframe unless one is stored already, and the
-    position's previous chunk as a delta against it when that pays."""
-    assert sv.rev is not None
-    if sv.whole(src):
-        r = ChunkResult(src, len(data), None, 0, None, 0, 0.0, False)
-    else:
-        choice = encode_chunk(data, ctx)
-        head = EncodedObject(choice.encoding, len(data), dict(choice.encoded.params), b"").head()
-        r = ChunkResult(src, len(data), [head, choice.encoded.payload], choice.encoding, None, 0, 0.0, False)
-    back, winner = None, memo.winner if memo is not None else None
-    if memo is not None and memo.chunk_id != src:
-        enc = sv.rev.encode(memo, src, data, ctx, sv.present)
-        if enc is not None:
-            parts, winner = enc
-            back = ChunkResult(memo.chunk_id, len(memo.data), parts, winner, src, 1, 0.0, False)
-    return r, ChunkMemo(src, data, 0, src, winner=winner, owner=owner), back
+                owner: Any) -> tuple[ChunkResult, ChunkMemo]:
+    """A lossless chunk of the newest version (``delta_base = "child"``, head.py): reused when it is
+    stored whole (or unchanged at its position), else a forward delta when small next to the
+    position's keyframe, else a keyframe."""
+    unchanged = memo is not None and memo.chunk_id == src and len(memo.data) == len(data)
+    if unchanged and sv.known(src):
+        r = ChunkResult(src, len(data), None, 0, None, memo.depth, 0.0, False)
+        return r, replace(memo, data=data, owner=owner)
+    if sv.whole(src):  # stored whole already (a value that came back, a tied copy): one object to read
+        e = sv.present.entry(src)
+        size = e.length if e is not None else 0
+        return (ChunkResult(src, len(data), None, 0, None, 0, 0.0, False),
+                ChunkMemo(src, data, 0, src, owner=owner, anchor_bytes=size))
+    base, budget = _head_base(sv, memo, len(data))
+    overhead = 12 + 24  # object header and the base id in its parameters
+    choice, dense = encode_changed(data, ctx, base, budget, prefer=memo.winner if memo is not None else None,
+                                   probe=memo is not None and memo.dense, overhead=overhead)
+    params = dict(choice.encoded.params)
+    base_id = choice.base.chunk_id if choice.base is not None else None
+    if base_id is not None:
+        params["base"] = base_id
+    head = EncodedObject(choice.encoding, len(data), params, b"").head()
+    size = len(head) + len(choice.encoded.payload)
+    r = ChunkResult(src, len(data), [head, choice.encoded.payload], choice.encoding, base_id, choice.depth, 0.0, False)
+    if base_id is not None:
+        assert memo is not None
+        return r, ChunkMemo(src, data, choice.depth, src, winner=choice.encoding, owner=owner,
+                            anchor_bytes=memo.anchor_bytes, chain_bytes=memo.chain_bytes + size)
+    return r, ChunkMemo(src, data, 0, src, owner=owner, anchor_bytes=size, dense=dense,
+                        winner=memo.winner if memo is not None else None)
+
+
+def _head_base(sv: SaveContext, memo: ChunkMemo | None, n: int) -> tuple[BaseChunk | None, int]:
+    """The position's previous chunk as a forward delta's base, and the stored bytes the delta may
+    take (head.py's budget); (None, 0) when a keyframe must be written."""
+    if memo is None or len(memo.data) != n or memo.anchor_bytes <= 0:
+        return None, 0
+    entry = sv.present.entry(memo.chunk_id)  # never a base whose pack is gone
+    if entry is None:
+        return None, 0
+    depth = sv.depth(memo.chunk_id, entry.depth)
+    if depth + 1 > sv.repo.config.keyframe_interval:
+        return None, 0
+    return BaseChunk(memo.chunk_id, memo.data, depth, entry.length), delta_budget(memo.anchor_bytes, memo.chain_bytes)

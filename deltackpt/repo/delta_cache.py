@@ -2,10 +2,10 @@
 deltas without reading anything back from storage.  Bounded by bytes; when full, positions not
 held are saved as keyframes (correct, only larger).
 
-The memo is the last saved (for lossy chunks: decoded) version of the position.  With
-``delta_base = "child"`` (format 2's default) it is the chunk the next save stores again as a
-reverse delta against its successor (reverse.py); with ``"parent"`` the next save's chunk is a
-delta against it, so deltas chain forward.  With ``delta_base = "keyframe"`` in the config, lossless chunks form
+The memo is the last saved (for lossy chunks: decoded) version of the position, and the next save's
+chunk may be a delta against it.  With ``"parent"`` every change is such a delta (a forward chain);
+with ``delta_base = "child"`` (the default) only a change small next to the position's last keyframe
+is (head.py decides; the memo carries that keyframe's size and what the chain since it cost).  With ``delta_base = "keyframe"`` in the config, lossless chunks form
 a *star* instead: the memo is the position's last keyframe and every version until the next one is
 a delta against it (``age`` counts them), so a read decodes at most two objects per chunk.  Lossy
 chunks always chain on their decoded parent, so quantization error never accumulates."""
@@ -26,6 +26,9 @@ class ChunkMemo:
     age: int = 0         # star only: lossless deltas written against this chunk at this position so far
     winner: int | None = None  # the delta codec stored at this position last time (tried first next time)
     owner: Any = None    # set when ``data`` views memory the saver's caller lent (see BlobInput.owner)
+    anchor_bytes: int = 0  # "child": stored size of the position's last keyframe (0: unknown)
+    chain_bytes: int = 0   # "child": stored bytes of the forward deltas written since that keyframe
+    dense: bool = False    # "child": the last change here was too large for a delta (try a sample first)
 
 
 class DeltaCache:

@@ -194,7 +194,7 @@ class EncoderProcess:
         cfg = repo.config
         settings = {"repo_id": cfg.repo_id, "chunk_bytes": cfg.chunk_bytes, "keyframe_interval": cfg.keyframe_interval,
                     "delta_base": cfg.delta_base, "level": repo.level, "delta_cache_bytes": repo.delta_cache.max_bytes,
-                    "workers": workers}
+                    "workers": workers, "deltify_lag": repo.deltify_lag}
         job = _Job(repo.location, settings, segment.id, spans, tensors, tree, kwargs)
         with self.lock:
             try:
@@ -299,6 +299,7 @@ def _save(repos: dict[str, Repository], segments: dict[int, mmap.mmap], job: _Jo
     repo.config.delta_base = s["delta_base"]
     repo.level = s["level"]
     repo.delta_cache.max_bytes = s["delta_cache_bytes"]
+    repo.deltify_lag = s.get("deltify_lag", repo.deltify_lag)
     mem = memoryview(segments[job.segment])
     blobs = [replace(b, data=mem[off:off + n]) for b, (off, n) in ((b, b.data) for b in job.blobs)]
     return saver.write_version(repo, blobs, job.tensors, job.tree, workers=s["workers"], **job.kwargs)

@@ -8,7 +8,8 @@ Order (each step leaves every kept version restorable if the process dies right 
 3. rewrite packs that are mostly dead into new packs (live objects copied byte for byte, or
    re-encoded as keyframes where their delta base is no longer needed: "rebased");
 4. write one consolidated index, then delete the old index files;
-5. delete packs no index refers to, and temp files, older than the grace period.
+5. delete packs no index refers to, and temp files, older than the grace period;
+6. deltify what the kept versions still hold whole (deltify.py, its own crash-safe order).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..format.limits import MAX_INDEX_BYTES, PACK_MAX_OBJECTS, PACK_TARGET_BYTES
 from ..format.objects import EncodedObject
 from ..format.pack import PackBuilder, PackEntry
 from . import locks
+from .deltify import DEFAULT_LAG, deltify_locked
 from .gc_plan import GcPlan, plan_gc
 from .layout import INDEX, MANIFESTS, TAGS, pack_key
 from .repository import Repository
@@ -47,6 +49,8 @@ class GcReport:
     chunks_rebased: int = 0
     bases_kept: int = 0
     temps_deleted: int = 0
+    chunks_deltified: int = 0      # kept keyframes re-stored as deltas against newer chunks (deltify.py)
+    deltified_bytes: int = 0       # the bytes those deltas took
     tags_deleted: list[str] = field(default_factory=list)
     steps: dict[str, int | None] = field(default_factory=dict)  # version id -> step, for reports
 
@@ -55,6 +59,7 @@ class GcReport:
                 "reclaimed_bytes": self.reclaimed_bytes, "packs_deleted": self.packs_deleted,
                 "packs_rewritten": self.packs_rewritten, "chunks_rebased": self.chunks_rebased,
                 "bases_kept": self.bases_kept, "temps_deleted": self.temps_deleted,
+                "chunks_deltified": self.chunks_deltified, "deltified_bytes": self.deltified_bytes,
                 "tags_deleted": self.tags_deleted, "steps": self.steps}
 
 
@@ -63,7 +68,7 @@ PLAN_RETRIES = 8
 
 
 def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase: bool = True,
-           grace_seconds: float = DEFAULT_GRACE_SECONDS) -> GcReport:
+           grace_seconds: float = DEFAULT_GRACE_SECONDS, deltify: bool = True) -> GcReport:
     report = GcReport(dry_run=dry_run)
     if dry_run:
         return _estimate(repo, policy, report, rebase, grace_seconds)
@@ -92,6 +97,12 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
         repo.forget_index()
         repo.refresh_index()
         repo.decoded = type(repo.decoded)(repo.decoded.max_bytes)
+        if deltify:
+            # what the kept versions still hold whole becomes deltas, leaving the versions the
+            # policy keeps only for now (keep_last) as they are: they are next to go
+            d = deltify_locked(repo, lag=max(DEFAULT_LAG, policy.keep_last or 0))
+            report.chunks_deltified, report.deltified_bytes = d.chunks, d.written_bytes
+            report.reclaimed_bytes += d.freed_bytes - d.written_bytes
     return report
 
 

@@ -126,7 +126,11 @@ def _live_set(repo: Repository, kept: dict[str, list[str]], direct: set[bytes],
                                      f"(needed by {', '.join(users) or 'a delta chain'}) is in no pack; "
                                      "run `deltackpt verify`; after a lost index file, rebuild_index (`deltackpt rebuild-index`)")
         base = chosen[cid][1].base
-        if base is not None and base not in direct and base not in shared and rebase:
+        # a delta whose base only other deltas needed is re-encoded whole, so the base can go; not
+        # when that base is a keyframe: keeping it costs what the rebased keyframe would, and
+        # writes nothing (a chain's anchor whose version retention dropped)
+        if (base is not None and base not in direct and base not in shared and rebase
+                and base in chosen and chosen[base][1].base is not None):
             to_rebase.add(cid)
         elif base is not None:
             pending.append(base)

@@ -10,6 +10,7 @@ LATEST_REF = "refs/latest"
 TAGS = "refs/tags/"
 DEFAULT_DELTA_CACHE_BYTES = 4 << 30
 DEFAULT_DECODED_CACHE_BYTES = 256 << 20
+DEFAULT_DELTIFY_LAG = 2   # the newest versions deltification leaves as saved (deltify.py)
 
 
 def pack_key(pack_id: str) -> str:

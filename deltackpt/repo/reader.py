@@ -128,36 +128,39 @@ class ChunkReader:
             pid, e, obj = first if first is not None and cur == cid else self._fetch(cur)
             chain.append((cur, pid, e, obj))
             cur = e.base
-        # a keyframe and one delta (every version of a star, depth 1 of a chain) decode in place:
-        # the keyframe straight into ``out``, the delta over it (no chunk-sized temporary; the
-        # keyframe is not kept in the decoded cache, which only helps later reads of a chain)
-        in_place = out is not None and base_data is None and len(chain) == 2
-        for i, (c, pid, e, obj) in enumerate(reversed(chain)):
-            last = i == len(chain) - 1
-            codec = registry.get(obj.encoding)
-            what = f"chunk {c.hex()} in pack {pid}"
-            try:
-                if (last or in_place) and out is not None:
-                    if len(out) != e.raw_len:
-                        raise CorruptObjectError(f"index says {e.raw_len} bytes, the manifest {len(out)}")
-                    if in_place and last:
-                        codec.apply_into(out, obj.params, obj.payload)
-                    else:
-                        codec.decode_into(out, obj.params, obj.payload, base_data)
-                    result = out
-                else:
-                    result = codec.decode(obj.params, obj.payload, obj.raw_len, base_data)
-            except CorruptObjectError as exc:
-                raise CorruptObjectError(f"{what}: {exc}") from None
-            except (ValueError, TypeError, IndexError, OverflowError, MemoryError) as exc:
-                raise CorruptObjectError(f"{what}: undecodable ({type(exc).__name__}: {exc})") from None
-            if len(result) != e.raw_len or digest(result) != c:
-                raise CorruptObjectError(f"{what}: decoded bytes do not match the chunk id (data corrupted)")
-            if not last and not in_place:
+        links = chain[::-1]
+        if out is not None:
+            # the oldest link straight into ``out`` (a keyframe, or a delta over a cached base), then
+            # every delta above it applied in place: no chunk-sized temporary per link, and a chain of
+            # sparse deltas costs about its bytes (each link still hash-checked as it lands)
+            for i, (c, pid, e, obj) in enumerate(links):
+                if len(out) != e.raw_len:
+                    raise CorruptObjectError(f"chunk {c.hex()} in pack {pid}: index says {e.raw_len} bytes, "
+                                             f"the manifest {len(out)}")
+                self._decode_link(c, pid, e, obj, _into(out, obj, base_data, first=i == 0))
+            return out
+        for i, (c, pid, e, obj) in enumerate(links):
+            result = self._decode_link(c, pid, e, obj, lambda codec, o=obj, b=base_data: codec.decode(
+                o.params, o.payload, o.raw_len, b))
+            if i < len(links) - 1:
                 self.decoded.put(c, result)
             base_data = result
         assert base_data is not None
         return base_data
+
+    @staticmethod
+    def _decode_link(c: bytes, pid: str, e: PackEntry, obj: objects.EncodedObject, run) -> bytes | memoryview:
+        """Decode one link with ``run(codec)`` and check its bytes against the chunk id."""
+        what = f"chunk {c.hex()} in pack {pid}"
+        try:
+            result = run(registry.get(obj.encoding))
+        except CorruptObjectError as exc:
+            raise CorruptObjectError(f"{what}: {exc}") from None
+        except (ValueError, TypeError, IndexError, OverflowError, MemoryError) as exc:
+            raise CorruptObjectError(f"{what}: undecodable ({type(exc).__name__}: {exc})") from None
+        if len(result) != e.raw_len or digest(result) != c:
+            raise CorruptObjectError(f"{what}: decoded bytes do not match the chunk id (data corrupted)")
+        return result
 
     def check_blob(self, blob: Blob) -> None:
         """Refuse a blob whose chunks the index does not back with the same lengths, before anyone
@@ -271,6 +274,18 @@ class ChunkReader:
             tasks.append([(job, pid, e)])
             raw = e.raw_len
         return tasks
+
+
+def _into(out: memoryview, obj: objects.EncodedObject, base: bytes | None, *, first: bool):
+    """One link decoded in ``out``: the first over ``base`` (None for a keyframe), the next ones
+    applied over what ``out`` holds."""
+    def run(codec) -> memoryview:
+        if first:
+            codec.decode_into(out, obj.params, obj.payload, base)
+        else:
+            codec.apply_into(out, obj.params, obj.payload)
+        return out
+    return run
 
 
 def _chunk_jobs(targets: "list[tuple[Blob, memoryview]]",

@@ -35,8 +35,8 @@ from ..store.base import Store
 from ..store.local import LocalStore
 from .copies import Copy, Resolution
 from .delta_cache import DeltaCache
-from .layout import (CONFIG, DEFAULT_DECODED_CACHE_BYTES, DEFAULT_DELTA_CACHE_BYTES, LATEST_REF,
-                     MANIFESTS, TAGS)
+from .layout import (CONFIG, DEFAULT_DECODED_CACHE_BYTES, DEFAULT_DELTA_CACHE_BYTES, DEFAULT_DELTIFY_LAG,
+                     LATEST_REF, MANIFESTS, TAGS)
 from .index_state import IndexState
 from .reader import ChunkReader, DecodedCache
 from .versions import Version
@@ -108,6 +108,7 @@ class Repository(ChunkReader, IndexState):
         self.bad_index_files: dict[str, str] = {}  # index key -> why it was skipped
         self._manifests: dict[str, Manifest] = {}
         self._lock = threading.RLock()
+        self.deltify_lag = DEFAULT_DELTIFY_LAG  # newest versions background deltification leaves alone
         self.refresh_index()
 
     def _init(self, chunk_bytes: int | None, keyframe_interval: int | None, delta_base: str | None) -> None:

@@ -16,18 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..codecs.base import ChunkContext
-from ..errors import StoreError
 from ..codecs.registry import get as codec_of
 from ..format import refs
 from ..format.manifest import Blob, ChunkRef, Manifest, TensorEntry
-from . import commit, locks, supersede
+from . import background, commit, locks
 from .arena import CopyArena
 from .chunk_encoder import SaveContext, encode_one
 from .chunking import chunk_bounds
 from .packer import Packer
 from .presence import ChunkPresence
 from .repository import Repository
-from .reverse import ReverseDeltas
 
 WINDOW = 16  # chunks in flight per worker pool: bounds memory held by encoded results
 
@@ -59,9 +57,6 @@ class SaveStats:
     objects_bytes: int = 0
     packs: int = 0
     manifest_bytes: int = 0
-    chunks_restored: int = 0   # previous head chunks re-stored as reverse deltas (format 2)
-    restored_bytes: int = 0    # their objects' bytes: what the previous version costs from now on
-    superseded_bytes: int = 0  # head keyframe bytes those made redundant and removed
     encodings: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     manifest: Manifest | None = None  # the manifest committed (write_version)
@@ -87,7 +82,7 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
                                    metrics=dict(metrics or {}), meta=meta, extra=dict(extra or {})))
     stats = SaveStats()
     with locks.save_lock(repo.store):
-        manifest_blobs, sv = _store_locked(repo, blobs, stats, workers, progress, reverse=True)
+        manifest_blobs, _sv = _store_locked(repo, blobs, stats, workers, progress, head=True)
         for t in tensors:
             src = blobs[t.blob]
             t.exact, t.max_abs_err = src.exact, src.max_abs_err
@@ -99,15 +94,7 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
         vid = _commit(repo, Manifest(parent=None, time=time.time(), tree=tree, tensors=tensors,
                                      blobs=manifest_blobs, step=step, metrics=dict(metrics or {}), meta=meta,
                                      writer=commit.writer_name(), extra={**(extra or {}), "written": written}), stats, tag)
-        if sv.rev is not None and sv.rev.restored:
-            # the previous head keyframes now have reverse deltas: drop the packs they make redundant
-            try:
-                stats.superseded_bytes = supersede.drop_superseded(
-                    repo, sv.rev.restored, protected={c.chunk_id for b in manifest_blobs for c in b.chunks})
-            except StoreError as exc:
-                raise StoreError(exc.errno, f"{repo.location}: version {vid[:10]} is committed, but dropping the "
-                                 f"keyframes it made redundant failed ({exc.strerror or exc}); they stay until the "
-                                 "next save or gc") from None
+    background.after_commit(repo)  # older versions' keyframes become deltas later, off this path
     stats.seconds = time.perf_counter() - t0
     return vid, stats
 
@@ -126,9 +113,9 @@ def store_blobs(repo: Repository, blobs: list[BlobInput], *, workers: int | None
     t0 = time.perf_counter()
     stats = SaveStats()
     with locks.save_lock(repo.store):
-        # no reverse deltas here: only a commit may drop the keyframes they replace, and the commit
-        # happens elsewhere; these chunks chain forward on the parent (delta_base "parent")
-        manifest_blobs, _sv = _store_locked(repo, blobs, stats, workers, progress, reverse=False)
+        # these chunks chain forward on the parent (delta_base "parent"): a commit elsewhere names
+        # them, and head.py's bounds are the committing writer's
+        manifest_blobs, _sv = _store_locked(repo, blobs, stats, workers, progress, head=False)
     stats.seconds = time.perf_counter() - t0
     return manifest_blobs, stats
 
@@ -139,30 +126,26 @@ def commit_manifest(repo: Repository, manifest: Manifest, *, tag: str | None = N
     if tag is not None:
         refs.check_name(tag)
     manifest.writer = manifest.writer or commit.writer_name()
-    return _commit(repo, manifest, SaveStats(), tag)
+    vid = _commit(repo, manifest, SaveStats(), tag)
+    background.after_commit(repo)
+    return vid
 
 
 def _store_locked(repo: Repository, blobs: list[BlobInput], stats: SaveStats, workers: int | None,
-                  progress: Callable[[int, int], None] | None, *, reverse: bool) -> tuple[list[Blob], SaveContext]:
-    """Chunks -> packs -> one index file (two with reverse deltas: the head keyframes' packs are
-    dropped as a whole later), under a save lock the caller holds.  A failure leaves no pack under a
-    final name (the streaming writers are aborted)."""
+                  progress: Callable[[int, int], None] | None, *, head: bool) -> tuple[list[Blob], SaveContext]:
+    """Chunks -> packs -> one index file, under a save lock the caller holds.  A failure leaves no
+    pack under a final name (the streaming writer is aborted)."""
     repo.refresh_index()
     present = ChunkPresence(repo)
-    sv = SaveContext(repo, present, Packer(repo, stats))
-    if reverse and repo.config.delta_base == "child" and repo.config.keyframe_interval > 0:
-        sv.back, sv.rev = Packer(repo, stats), ReverseDeltas(repo.resolution, repo.config.keyframe_interval)
+    sv = SaveContext(repo, present, Packer(repo, stats),
+                     head=head and repo.config.delta_base == "child" and repo.config.keyframe_interval > 0)
     manifest_blobs: list[Blob] = []
     try:
         _write_blobs(sv, blobs, stats, manifest_blobs, workers, progress)
     except BaseException:
         sv.packer.abort()
-        if sv.back is not None:
-            sv.back.abort()
         raise
     sv.packer.finish()
-    if sv.back is not None:
-        sv.back.finish()
     if present.missing_packs:
         warnings.warn(f"{repo.location}: {len(present.missing_packs)} pack(s) the index names are missing "
                       f"({', '.join(sorted(present.missing_packs)[:3])}...); this save stored the chunks it needed "
@@ -248,21 +231,16 @@ class _Window:
 
 def _take(result: tuple, b: BlobInput, i: int, chunks: list[ChunkRef], sv: SaveContext, stats: SaveStats) -> None:
     """Record one encoded chunk (in order): its reference, the delta cache, and its objects."""
-    r, memo, back = result
+    r, memo = result
     chunks.append(ChunkRef(r.cid, r.raw_len))
     sv.repo.delta_cache.put((b.key, i), memo)
-    if back is not None and sv.back is not None and sv.rev is not None and back.cid not in sv.back.pending:
-        sv.back.add(back)
-        sv.rev.restored.add(back.cid)
-        stats.chunks_restored += 1
-        stats.restored_bytes += sum(len(p) for p in back.parts)
-        _count(stats, back.encoding)
     stats.chunks_total += 1
     if r.lossy:
         b.exact = False
         b.max_abs_err = max(b.max_abs_err, r.err)
-    head = sv.rev is not None and b.mode == "lossless"
-    if r.parts is None or (sv.whole(r.cid) if head else sv.known(r.cid)):
+    # encode_one wrote parts only for a chunk it found unstored (or, for the newest version, stored
+    # but not whole); another position of this save may have packed it since
+    if r.parts is None or r.cid in sv.packer.pending:
         stats.chunks_reused += 1
         return
     stats.chunks_new += 1

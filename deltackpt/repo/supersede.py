@@ -1,20 +1,20 @@
-"""Dropping the head keyframes that a save's reverse deltas made redundant (format 2, reverse.py).
+"""Dropping the keyframes that deltification re-stored as reverse deltas (deltify.py).
 
-After version N is committed, the previous head chunks it re-stored as deltas are decodable through
-N's keyframes, so the packs holding their old keyframes can go, with no full gc.  A pack is
-dropped only when every object in it is still readable another way without it: its chunk resolves
-through other copies (copies.py), and a chunk the new head version uses keeps a keyframe, so
-``latest`` stays one object per chunk.  A pack that is mostly redundant but still holds needed
-objects (the first version's pack, of which a fine-tune changes one layer) is rewritten: the
-needed objects are copied byte for byte into a new pack first.
+Once an older chunk has a delta copy, its keyframe is redundant, so the packs holding those
+keyframes can go, with no full gc.  A pack is dropped only when every object in it is still
+readable another way without it: its chunk resolves through other copies (copies.py) in packs that
+exist, and a chunk the newest versions use keeps its copy, so ``latest`` reads as saved.  A pack
+that is mostly redundant but still holds needed objects (the first version's pack, of which a
+fine-tune changes one layer) is rewritten: the needed objects are copied byte for byte into a new
+pack first.
 
 Order, each step durable before the next, so a crash anywhere leaves every committed version
 readable (at worst an unindexed pack, which gc removes after its grace period):
 1. write the new pack (if any), then the index files that replace those naming a dropped pack;
 2. delete the replaced index files, fsync ``index/``;
 3. delete the dropped packs.
-All of it runs under the refs lock, so two saves never drop packs on the strength of each other's
-copies, and inside the save lock, so gc is not running.
+All of it runs under the refs lock, so two writers never drop packs on the strength of each
+other's copies, and inside a save lock (or gc's), so gc is not running.
 """
 
 from __future__ import annotations
@@ -24,19 +24,22 @@ from ..format.ids import hex_id
 from ..format.limits import MAX_INDEX_BYTES
 from ..format.pack import PackBuilder, PackEntry
 from . import locks
-from .layout import INDEX, pack_key
+from .layout import INDEX, PACKS, pack_key
 from .repository import Repository
 
 REWRITE_DEAD_FRACTION = 0.2   # rewrite a pack once this much of it is redundant (gc uses the same)
 _NEW = "new"                   # the pack being built, while planning
 
 
-def _plan(repo: Repository, candidates: set[str], protected: set[bytes]) -> dict[str, list[PackEntry]]:
-    """For each candidate pack, the objects that must survive its removal (copied elsewhere)."""
+def _plan(repo: Repository, candidates: set[str], protected: set[bytes],
+          on_disk: set[str]) -> dict[str, list[PackEntry]]:
+    """For each candidate pack, the objects that must survive its removal (copied elsewhere).
+    Only copies in packs ``on_disk`` count: the index outlives a lost pack, and counting its copies
+    would drop the only readable one."""
     keep: dict[str, list[PackEntry]] = {pid: [] for pid in candidates}
     while True:  # keeping an object can only make more chunks resolve: this settles
         extra = [(e.chunk_id, (_NEW, e)) for kept in keep.values() for e in kept]
-        res = repo.resolve_copies(lambda pid: pid not in candidates, extra)
+        res = repo.resolve_copies(lambda pid: pid not in candidates and pid in on_disk, extra)
         grew = False
         for pid in candidates:
             kept = {e.chunk_id for e in keep[pid]}
@@ -54,15 +57,16 @@ def _plan(repo: Repository, candidates: set[str], protected: set[bytes]) -> dict
 
 def drop_superseded(repo: Repository, restored: set[bytes], protected: set[bytes]) -> int:
     """Remove the packs whose keyframes of ``restored`` chunks are now redundant; ``protected``:
-    chunks that must keep a keyframe (those of the version just committed).  Returns the bytes
+    chunks whose copy must stay as it is (those the newest versions read).  Returns the bytes
     removed (net of any rewritten pack)."""
     store = repo.store
     with locks.refs_lock(store):
         repo.refresh_index()
-        candidates = {pid for cid in restored for pid, e in repo.entries_for(cid) if e.base is None}
+        on_disk = {key.rsplit("/", 1)[-1] for key in store.list(PACKS)}
+        candidates = {pid for cid in restored for pid, e in repo.entries_for(cid) if e.base is None and pid in on_disk}
         if not candidates:
             return 0
-        keep = _plan(repo, candidates, protected)
+        keep = _plan(repo, candidates, protected, on_disk)
         files = {key: index_fmt.decode(store.get_bounded(key, MAX_INDEX_BYTES), what=key)
                  for key, named in repo.index_file_packs.items() if named & candidates}
         sizes = {pid: plen for body in files.values() for pid, (plen, _) in body.items()}

@@ -78,6 +78,10 @@ class Checkpointer:
         self.background = background
         self.policy = as_policy(policy)
         self.retention = retention
+        if retention is not None and retention.keep_last:
+            # versions the policy is about to drop never cost a background delta write
+            core = self.repo.core
+            core.deltify_lag = max(core.deltify_lag, retention.keep_last)
         self.blocking = blocking
         self.gc_every = max(1, int(gc_every))
         self.encoding = encoding

@@ -76,18 +76,20 @@ def test_after_gc_dies_deleting_old_index_files_readers_use_the_rebased_copy(rep
     """gc rebased a delta into a keyframe (new pack, new index) and died before deleting the old
     index file and pack that still name the delta, whose base is gone.  Of the two copies, readers
     and the next gc use the shallower one, so the kept version restores; before, the first copy
-    met (the delta) made it unreadable and gc refused to run.  (Forward chains: the second save's
-    index then names only its delta, the premise.)"""
+    met (the delta) made it unreadable and gc refused to run.  (Forward chains: the third save's
+    index then names only its delta, whose base is the second save's delta: gc rebases such a
+    chunk, where it keeps a keyframe base.)"""
     import shutil
     from deltackpt.format.index import decode
     deltackpt.Repo.init(repo_path, delta_base="parent")
     torch.manual_seed(0)
     w = torch.randn(256, 64)
     deltackpt.save({"w": w}, repo_path, step=0)
+    deltackpt.save({"w": w + 1e-3 * torch.randn(256, 64)}, repo_path, step=1)
     index_dir, packs_dir = os.path.join(repo_path, "index"), os.path.join(repo_path, "packs")
     before = set(os.listdir(index_dir))
-    state = {"w": w + 1e-3 * torch.randn(256, 64)}
-    deltackpt.save(state, repo_path, step=1)
+    state = {"w": w + 2e-3 * torch.randn(256, 64)}
+    deltackpt.save(state, repo_path, step=2)
     (second_index,) = set(os.listdir(index_dir)) - before
     saved = os.path.join(repo_path, "..", "second-save")
     os.makedirs(saved)

@@ -1,0 +1,52 @@
+"""What a save writes for a changed chunk of the newest version (``delta_base = "child"``, lossless).
+
+The newest version is what ``resume`` reads after a crash, so it must stay one keyframe plus a
+bounded amount of cheap delta per chunk; and a save must write no more than what changed.  Both
+hold when each changed chunk is written once, in its cheapest form that keeps the bound:
+
+* a **forward delta** against the position's previous chunk when the deltas written at this
+  position since its last keyframe, this one included, add up to at most ``HEAD_DELTA_BUDGET`` x
+  that keyframe's stored size (and the chain stays within the keyframe interval): sparse rows,
+  a few changed elements, small updates;
+* otherwise the chunk **whole** (a keyframe), which starts a new chain.
+
+A dense change (a full fine-tune's weights and moments: a delta is ~0.7 of a keyframe) is thus
+written once, whole, and the newest version reads it as one object; a sparse one (an embedding
+table: a delta is ~5 % of a keyframe) costs its delta.  Older versions become reverse deltas later,
+off the save's path, and only while retention keeps them (deltify.py).
+
+Why a budget relative to the keyframe (bench/WRITE_POLICY.md has the measurements): it bounds what
+reading the newest version costs, (1 + budget) x a keyframe per chunk, whatever the workload, and
+it is what decides between paying bytes at every save and paying them at restore.
+"""
+
+from __future__ import annotations
+
+from ..codecs.base import ChunkContext
+from ..codecs.pipeline import BaseChunk, ChunkEncoding, encode_chunk, sample_fits
+from ..codecs.registry import SCALED_DELTA, SPARSE, SUB_DELTA, XOR_DELTA
+
+#: forward deltas since a position's keyframe may add up to this fraction of the keyframe's stored size
+HEAD_DELTA_BUDGET = 0.5
+DELTA_CODECS = (XOR_DELTA, SUB_DELTA, SCALED_DELTA, SPARSE)
+
+
+def delta_budget(anchor_bytes: int, chain_bytes: int, budget: float = HEAD_DELTA_BUDGET) -> int:
+    """Stored bytes the next forward delta at a position may take (<= 0: write a keyframe)."""
+    return int(budget * anchor_bytes) - chain_bytes if anchor_bytes > 0 else 0
+
+
+def encode_changed(raw, ctx: ChunkContext, base: BaseChunk | None, max_bytes: int, *, prefer: int | None = None,
+                   probe: bool = False, overhead: int = 0) -> tuple[ChunkEncoding, bool]:
+    """A forward delta of ``raw`` against ``base`` whose stored size (payload + ``overhead``) fits
+    ``max_bytes``, else ``raw`` as a keyframe; returns (the encoding, whether a delta was tried and
+    did not fit).  ``probe``: the last change at this position did not fit, so a 64 KiB sample is
+    compared first and a dense change costs one keyframe encode, not a delta encode as well."""
+    if base is not None and max_bytes > overhead and len(base.data) == len(raw):
+        if probe and not sample_fits(raw, ctx, base, (max_bytes - overhead) / max(len(raw), 1), prefer):
+            return encode_chunk(raw, ctx), True
+        choice = encode_chunk(raw, ctx, base=base, candidates=DELTA_CODECS, prefer=prefer, keyframe_interval=1 << 30)
+        if choice.base is not None and len(choice.encoded.payload) + overhead <= max_bytes:
+            return choice, False
+        return encode_chunk(raw, ctx), True
+    return encode_chunk(raw, ctx), False
