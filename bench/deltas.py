@@ -206,7 +206,7 @@ def _lossy(files: list[str]) -> dict:
 
 
 def _workload(w: str, files: list[str], secs: list[str], a: argparse.Namespace, bases: list[str] | None,
-              bases_rows: list[str]) -> dict:
+              bases_rows: list[str], write_rows: list[str]) -> dict:
     """Every requested section for one workload's cached versions."""
     rep: dict = {}
     if "codecs" in secs or "keyframes" in secs:
@@ -229,6 +229,11 @@ def _workload(w: str, files: list[str], secs: list[str], a: argparse.Namespace, 
         rep["restore"] = {f"{base}/K={K}": restore_times(files, K, 2 * MIB, base, a.rounds)
                           for base in (bases or accepted_bases()) if base in accepted_bases() for K in (4, 8)}
         print(w, "restore", rep["restore"], flush=True)
+    if "write" in secs:
+        from bench import write_path
+        rep["write"] = write_path.measure(files)
+        write_rows.extend(write_path.rows(w, rep["write"]))
+        print("\n".join(write_path.HEADER + write_rows), flush=True)
     if "bases" in secs:
         rep["bases"] = compare_bases(files, bases, a.keyframe_interval, 2 * MIB)
         bases_rows += bases_table(w, rep["bases"])
@@ -243,7 +248,7 @@ def main() -> None:
     ap.add_argument("--cache", default=None,
                     help="keep the trained versions here (.npz, about --versions x the state's size per workload) "
                          "to re-run sections without training; default: a temp folder removed at exit")
-    ap.add_argument("--sections", default="codecs,chunks,lossy,keyframes,restore")  # also: topology, entropy, bases
+    ap.add_argument("--sections", default="codecs,chunks,lossy,keyframes,restore")  # also: topology, entropy, bases, write
     ap.add_argument("--delta-bases", default=None,
                     help="config delta_base values for the bases and restore sections, comma-separated "
                          "(default: every value the library accepts; a refused one is skipped with a note)")
@@ -256,10 +261,11 @@ def main() -> None:
     report: dict = {}
     bases = a.delta_bases.split(",") if a.delta_bases else None
     bases_rows: list[str] = []
+    write_rows: list[str] = []
     with scratch("deltas-states-", keep=a.cache) as cache:
         for w in a.workloads.split(","):
             files = generate(w, a.versions, cache)
-            report[w] = _workload(w, files, a.sections.split(","), a, bases, bases_rows)
+            report[w] = _workload(w, files, a.sections.split(","), a, bases, bases_rows, write_rows)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1, default=str)

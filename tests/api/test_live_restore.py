@@ -19,8 +19,8 @@ from tests.strategies import assert_bit_identical, clone_state
 
 @pytest.fixture(params=["child", "parent"])
 def topology(request) -> str:
-    """Format 2's reverse deltas (a rollback applies the target's deltas onto the live chunk) and
-    forward chains (it undoes the live chunk's own deltas)."""
+    """Reverse deltas, once deltified (a rollback applies the target's deltas onto the live chunk),
+    and forward chains (it undoes the live chunk's own deltas)."""
     return request.param
 
 
@@ -69,6 +69,8 @@ def _history(path: str, versions: int = 4, freeze: str | None = None):
         _train(model, opt, step)
         deltackpt.save(_state(model, opt), path, step=step)
         saved.append(clone_state(_state(model, opt)))
+    # every version but the newest as reverse deltas (saves leave that to background deltification)
+    deltackpt.Repo(path).deltify(lag=1)
     return model, opt, saved
 
 
@@ -268,6 +270,7 @@ def test_tied_weights_are_stepped_once(repo_path, topology):
             emb.weight.add_(torch.randn(100, 32, generator=torch.Generator().manual_seed(step)) * 1e-3)
         deltackpt.save(model, repo_path)
         saved.append(clone_state(model.state_dict()))
+    deltackpt.Repo(repo_path).deltify(lag=1)
     if "deltackpt.repo.live" in sys.modules:
         _stats().reset()
     deltackpt.restore(model, repo_path, "latest~1", threads=1)

@@ -1,0 +1,150 @@
+"""Issue 24's figures on real repositories: what each save writes, what deltification writes later,
+what the repository keeps per version once deltified, and what the newest version costs to read,
+with and without a ``keep_last=3`` retention.  Every ratio is against the ``torch.save`` bytes of
+the same version.
+
+    PYTHONPATH=. python bench/deltas.py --workloads full,frozen,recsys,gpt,cnn --versions 10 \\
+        --cache /work/cache --sections write --record write_path
+
+Each run saves the cached versions into a fresh repository with background deltification off (so a
+save's bytes are its own), then:
+
+* **as saved**: bytes written per later save (every file the save created or replaced), CPU per
+  save, and the newest version read cold from a fresh handle (bytes fetched, objects decoded per
+  chunk, seconds);
+* **deltified**: ``Repo.deltify()`` once (lag 2), its bytes written and CPU, then the repository's
+  size per version and the reads of latest … latest~K;
+* **keep_last=3**: a fresh repository where every save is followed by ``gc(keep_last=3)`` and a
+  deltify behind that window, as a Checkpointer with that retention runs them: bytes written by
+  saves, gc and deltify.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+
+from bench.topology import _files, _same, _written, tensors
+
+
+def _save_all(repo_path: str, files: list[str], *, after=None) -> tuple[list[dict], list[int]]:
+    import torch
+
+    import deltackpt
+    saves, tsizes = [], []
+    for f in files:
+        cur, tsize = tensors(f)
+        tsizes.append(tsize)
+        state = {n: torch.from_numpy(a) for n, a in cur.items()}
+        before = _files(repo_path)
+        c0, t0 = time.process_time(), time.perf_counter()
+        deltackpt.save(state, repo_path)
+        row = {"written": 0, "cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0}
+        row["written"] = _written(before, _files(repo_path))
+        if after is not None:
+            before = _files(repo_path)
+            c0 = time.process_time()
+            extra = after()
+            row.update(extra)
+            row["maintenance_written"] = _written(before, _files(repo_path))
+            row["maintenance_cpu_s"] = time.process_time() - c0
+        saves.append(row)
+    return saves, tsizes
+
+
+def _read(repo_path: str, rev: str, files: list[str], index: int) -> dict:
+    from bench import coldcache
+    from bench.rollback import objects_per_chunk, open_counted
+    cur, tsize = tensors(files[index])
+    holder: dict = {}
+
+    def go():
+        holder["r"], cs = open_counted(repo_path)
+        out = holder["r"].load(rev)
+        holder["read"] = cs.bytes_read
+        return out
+
+    dt, got, _io = coldcache.cold(go, coldcache.files_under(repo_path))
+    mean, mx = objects_per_chunk(holder["r"].core, holder["r"].core.resolve(rev))
+    holder["r"].close()
+    return {"rev": rev, "read_ratio": holder["read"] / tsize, "objects_mean": mean, "objects_max": mx,
+            "cold_s": dt, "ok": _same(got, cur)}
+
+
+def _du(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def measure(files: list[str]) -> dict:
+    """The three runs above for one workload's cached versions."""
+    import deltackpt
+    from deltackpt import api
+    from deltackpt.repo import background
+    background.AUTO = False
+    n = len(files)
+    out: dict = {}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("DELTAS_TMP")) as tmp:
+        path = os.path.join(tmp, "repo")
+        deltackpt.Repo.init(path)
+        saves, tsizes = _save_all(path, files)
+        api._OPEN.clear()
+        later = saves[1:] or saves
+        tlater = tsizes[1:] or tsizes
+        out["written_per_save"] = statistics.median(s["written"] / t for s, t in zip(later, tlater))
+        out["written_per_save_mean"] = statistics.mean(s["written"] / t for s, t in zip(later, tlater))
+        out["cpu_per_save_s"] = statistics.median(s["cpu_s"] for s in later)
+        out["wall_per_save_s"] = statistics.median(s["wall_s"] for s in later)
+        out["saves"] = saves
+        out["tsize_total"] = sum(tsizes)
+        out["latest_as_saved"] = _read(path, "latest", files, n - 1)
+        out["stored_as_saved"] = _du(path) / sum(tsizes)
+        before = _files(path)
+        c0 = time.process_time()
+        report = deltackpt.Repo(path).deltify()
+        out["deltify"] = {**report.to_json(), "cpu_s": time.process_time() - c0,
+                          "written": _written(before, _files(path))}
+        api._OPEN.clear()
+        out["stored_deltified"] = _du(path) / sum(tsizes)
+        out["total_written"] = (sum(s["written"] for s in saves) + out["deltify"]["written"]) / sum(tsizes)
+        k = deltackpt.Repo(path).core.config.keyframe_interval
+        out["reads"] = [_read(path, "latest" if b == 0 else f"latest~{b}", files, n - 1 - b)
+                        for b in range(min(k, n - 1) + 1)]
+        api._OPEN.clear()
+
+        kept = os.path.join(tmp, "keep3")
+        deltackpt.Repo.init(kept)
+
+        def maintain() -> dict:
+            g = deltackpt.gc(kept, keep_last=3, grace_seconds=0)
+            d = deltackpt.Repo(kept).deltify(lag=3)
+            return {"gc_rebased": g.chunks_rebased, "gc_deltified": g.chunks_deltified, "deltified": d.chunks}
+
+        ksaves, ktsizes = _save_all(kept, files, after=maintain)
+        api._OPEN.clear()
+        out["keep3"] = {"saves_written": sum(s["written"] for s in ksaves) / sum(ktsizes),
+                        "maintenance_written": sum(s["maintenance_written"] for s in ksaves) / sum(ktsizes),
+                        "deltified_chunks": sum(s["deltified"] + s["gc_deltified"] for s in ksaves),
+                        "rebased_chunks": sum(s["gc_rebased"] for s in ksaves),
+                        "latest": _read(kept, "latest", files, n - 1)}
+    return out
+
+
+HEADER = ["| workload | written / save, median (mean) | CPU s / save | latest as saved: read / objects per chunk / "
+          "cold s | deltify: written / all versions (chunks) | repository / all versions: as saved → deltified | "
+          "total written / all versions | latest~1 … ~K read (objects) | keep_last=3: saves / maintenance written, "
+          "chunks deltified | bit-identical |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def rows(name: str, x: dict) -> list[str]:
+    ls = x["latest_as_saved"]
+    older = " / ".join(f"{r['read_ratio']:.2f} ({r['objects_mean']:.2f})" for r in x["reads"][1:])
+    k3 = x["keep3"]
+    ok = all(r["ok"] for r in x["reads"]) and ls["ok"] and k3["latest"]["ok"]
+    return [f"| {name} | {x['written_per_save']:.3f} ({x['written_per_save_mean']:.3f}) | {x['cpu_per_save_s']:.2f} | "
+            f"{ls['read_ratio']:.2f} / {ls['objects_mean']:.2f} / {ls['cold_s']:.2f} | "
+            f"{x['deltify']['written'] / x['tsize_total']:.3f} ({x['deltify']['chunks']} chunks) | "
+            f"{x['stored_as_saved']:.3f} → {x['stored_deltified']:.3f} | {x['total_written']:.3f} | {older} | "
+            f"{k3['saves_written']:.3f} / {k3['maintenance_written']:.3f}, {k3['deltified_chunks']} | "
+            f"{'yes' if ok else 'NO'} |"]
