@@ -34,16 +34,16 @@ class Resolution:
     _heights: dict[bytes, int] = field(default_factory=dict)
 
     def order(self, copies: list[Copy]) -> list[Copy]:
-        """``copies`` of one chunk, the one giving the shortest chain first; copies whose base does
-        not resolve come last, in index order."""
+        """``copies`` of one chunk, the one giving the shortest chain first (ties by pack id and
+        offset); copies whose base does not resolve come last."""
         inf = 1 << 30
 
-        def rank(c: Copy) -> int:
+        def rank(c: Copy) -> tuple[int, str, int]:
             base = c[1].base
             if base is None:
-                return 0
+                return 0, *copy_key(c)
             d = self.depth.get(base)
-            return inf if d is None else d + 1
+            return (inf if d is None else d + 1), *copy_key(c)
         return sorted(copies, key=rank)
 
     def height(self, cid: bytes) -> int:
@@ -71,21 +71,26 @@ class Resolution:
         return self._heights[cid]
 
 
+def copy_key(copy: Copy) -> tuple[str, int]:
+    """How copies of equal real depth are ordered (spec §8): by pack id, then offset.  Neither the
+    order of index files nor the order of keys inside them decides which copy is read."""
+    return copy[0], copy[1].offset
+
+
 def resolve(copies: Mapping[bytes, Iterable[Copy]], usable: Callable[[str], bool] | None = None,
             extra: Iterable[tuple[bytes, Copy]] = ()) -> Resolution:
     """Shortest real chain and chosen copy of every chunk whose chain ends in a keyframe, using only
     copies in packs ``usable`` accepts (every pack when None) plus ``extra`` copies.  Among equally
-    short choices the first copy in index order wins, so the choice is stable."""
+    short choices the smallest by (pack id, offset) wins, so the choice is stable."""
     res = Resolution()
     users: dict[bytes, list[tuple[bytes, Copy]]] = {}
-    frontier: list[bytes] = []
+    level: dict[bytes, Copy] = {}
 
     def take(cid: bytes, copy: Copy) -> None:
         if copy[1].base is None:
-            if cid not in res.depth:
-                res.depth[cid] = 0
-                res.best[cid] = copy
-                frontier.append(cid)
+            cur = level.get(cid)
+            if cur is None or copy_key(copy) < copy_key(cur):
+                level[cid] = copy
         else:
             users.setdefault(copy[1].base, []).append((cid, copy))
 
@@ -95,14 +100,19 @@ def resolve(copies: Mapping[bytes, Iterable[Copy]], usable: Callable[[str], bool
                 take(cid, copy)
     for cid, copy in extra:
         take(cid, copy)
-    while frontier:
-        nxt: list[bytes] = []
-        for base in frontier:
-            d = res.depth[base] + 1
+    depth = 0
+    while level:
+        for cid, copy in level.items():
+            res.depth[cid] = depth
+            res.best[cid] = copy
+        depth += 1
+        nxt: dict[bytes, Copy] = {}
+        for base in level:
             for cid, copy in users.get(base, ()):
-                if cid not in res.depth:
-                    res.depth[cid] = d
-                    res.best[cid] = copy
-                    nxt.append(cid)
-        frontier = nxt
+                if cid in res.depth:
+                    continue
+                cur = nxt.get(cid)
+                if cur is None or copy_key(copy) < copy_key(cur):
+                    nxt[cid] = copy
+        level = nxt
     return res

@@ -23,6 +23,7 @@ from .live import rehydrate
 # objects are merged (READ_GAP = 0), so a layer restore reads no byte it does not need.
 READ_GAP = 0
 READ_SPAN = 8 * 1024 * 1024
+MAX_COPIES_TRIED = 8   # damaged copies of one chunk skipped before a read gives up
 
 
 class _PackGone(CorruptObjectError):
@@ -85,27 +86,49 @@ class ChunkReader:
     def read_chunk(self, cid: bytes, out: memoryview | None = None, first=None) -> bytes | memoryview:
         """Decoded bytes of a chunk, walking its delta chain; hash-checked against its id.
         With ``out``, the last link decodes straight into it (and ``out`` is returned).
-        ``first``: the chunk's own (pack id, entry, object), already read by the caller."""
-        try:
-            return self._read_chunk(cid, out, first)
-        except _PackGone:
-            # gc may have repacked (and rebased) this chunk since our index was loaded: look again
-            self.refresh_index()
-            return self._read_chunk(cid, out)
+        ``first``: the chunk's own (pack id, entry, object), already read by the caller.
+        A copy that fails its checks is skipped for the chunk's other copies (spec §8), and the
+        first failure is raised only when none of them decodes."""
+        avoid: set[tuple[str, int]] = set()
+        failure: CorruptObjectError | None = None
+        refreshed = False
+        while True:
+            try:
+                return self._read_chunk(cid, out, None if avoid else first, avoid)
+            except _PackGone:
+                if refreshed:
+                    raise
+                # gc may have repacked (and rebased) this chunk since our index was loaded: look again
+                refreshed = True
+                self.refresh_index()
+            except CorruptObjectError as exc:
+                bad = getattr(exc, "bad_copy", None)
+                if bad is None or bad in avoid or len(avoid) >= MAX_COPIES_TRIED:
+                    raise failure or exc
+                failure = failure or exc
+                avoid.add(bad)
 
-    def _fetch(self, cid: bytes) -> tuple[str, PackEntry, objects.EncodedObject]:
-        """Read one stored copy of a chunk's object, trying other copies when a pack is gone."""
-        copies = self.entries_for(cid)
+    def _fetch(self, cid: bytes, avoid: "set[tuple[str, int]] | frozenset" = frozenset(),
+               ) -> tuple[str, PackEntry, objects.EncodedObject]:
+        """Read one stored copy of a chunk's object (not one in ``avoid``), trying other copies
+        when a pack is gone or an object's header is damaged."""
+        copies = [(pid, e) for pid, e in self.entries_for(cid) if (pid, e.offset) not in avoid]
         if not copies:
             raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file)")
+        damaged: CorruptObjectError | None = None
         for pid, e in copies:
             try:
                 return pid, e, self.read_object(pid, e)
             except _PackGone:
                 continue
+            except CorruptObjectError as exc:
+                damaged = damaged or exc
+        if damaged is not None:
+            raise damaged
         raise _PackGone(f"chunk {cid.hex()}: every pack holding it ({', '.join(p for p, _ in copies)}) is missing")
 
-    def _read_chunk(self, cid: bytes, out: memoryview | None, first=None) -> bytes | memoryview:
+    def _read_chunk(self, cid: bytes, out: memoryview | None, first=None,
+                    avoid: "set[tuple[str, int]] | frozenset" = frozenset()) -> bytes | memoryview:
         cached = self.decoded.get(cid)
         if cached is not None:
             if out is None:
@@ -125,7 +148,7 @@ class ChunkReader:
                 base_data = self.decoded.get(cur)
                 if base_data is not None:
                     break
-            pid, e, obj = first if first is not None and cur == cid else self._fetch(cur)
+            pid, e, obj = first if first is not None and cur == cid else self._fetch(cur, avoid)
             chain.append((cur, pid, e, obj))
             cur = e.base
         links = chain[::-1]
@@ -155,11 +178,11 @@ class ChunkReader:
         try:
             result = run(registry.get(obj.encoding))
         except CorruptObjectError as exc:
-            raise CorruptObjectError(f"{what}: {exc}") from None
+            raise _damaged(f"{what}: {exc}", pid, e) from None
         except (ValueError, TypeError, IndexError, OverflowError, MemoryError) as exc:
-            raise CorruptObjectError(f"{what}: undecodable ({type(exc).__name__}: {exc})") from None
+            raise _damaged(f"{what}: undecodable ({type(exc).__name__}: {exc})", pid, e) from None
         if len(result) != e.raw_len or digest(result) != c:
-            raise CorruptObjectError(f"{what}: decoded bytes do not match the chunk id (data corrupted)")
+            raise _damaged(f"{what}: decoded bytes do not match the chunk id (data corrupted)", pid, e)
         return result
 
     def check_blob(self, blob: Blob) -> None:
@@ -242,9 +265,8 @@ class ChunkReader:
             if data is not None:
                 try:
                     first = (pid, e, self._check_object(pid, e, data[e.offset - start:e.offset - start + e.length]))
-                except DeltackptError as exc:
-                    exc.blob_index = job[0]  # type: ignore[attr-defined]
-                    raise
+                except CorruptObjectError:
+                    first = None  # a damaged header: read_chunk tries the chunk's other copies
             self._read_job(job, first)
 
     def _plan_reads(self, jobs: "list[tuple[int, bytes, memoryview]]") -> list[list]:
@@ -274,6 +296,13 @@ class ChunkReader:
             tasks.append([(job, pid, e)])
             raw = e.raw_len
         return tasks
+
+
+def _damaged(message: str, pid: str, e: PackEntry) -> CorruptObjectError:
+    """A damaged copy's error, naming the copy so that a read can try the chunk's others."""
+    exc = CorruptObjectError(message)
+    exc.bad_copy = (pid, e.offset)  # type: ignore[attr-defined]
+    return exc
 
 
 def _into(out: memoryview, obj: objects.EncodedObject, base: bytes | None, *, first: bool):

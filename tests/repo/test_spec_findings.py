@@ -207,3 +207,92 @@ def test_best_selects_a_metric_whose_name_contains_colons(repo_path):
     assert repo.resolve("best:x:max:max") == ids[0]
     with pytest.raises(deltackpt.UnknownVersionError):
         repo.resolve("best::max")
+
+
+def _twin_pack(repo_path: str) -> tuple[str, str, bytes]:
+    """Store the only chunk of a one-tensor version a second time, in a second pack (as two racing
+    saves would), with its own index file, such that the index files sort in the opposite order
+    of the pack ids; returns (first pack id, second pack id, chunk id)."""
+    from deltackpt.format.pack import PackBuilder
+    from deltackpt.repo.layout import INDEX, pack_key
+    repo = Repository(repo_path)
+    (pid, entries), = repo.pack_entries.items()
+    (first_index,) = repo.index_file_packs
+    e = entries[0]
+    obj = repo.store.get(pack_key(pid), e.offset, e.length)
+    for filler in range(256):
+        b = PackBuilder()
+        b.add(bytes([filler]) * 16, b"\x01\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00" + bytes([filler]),
+              encoding=0, raw_len=1, base=None, depth=0)
+        b.add(e.chunk_id, obj, encoding=e.encoding, raw_len=e.raw_len, base=e.base, depth=e.depth)
+        data = b.finish()
+        twin = hex_id(data)
+        body = index_fmt.encode({twin: (len(data), list(b.entries))})
+        if (INDEX + hex_id(body) < first_index) == (twin > pid):  # index order and id order disagree
+            break
+    repo.store.put_atomic(pack_key(twin), data)
+    repo.store.put_atomic(INDEX + hex_id(body), body)
+    return pid, twin, e.chunk_id
+
+
+def test_copies_of_equal_depth_are_chosen_by_pack_id_then_offset(repo_path):
+    """Two keyframe copies of one chunk: the one in the pack with the smaller id is read, whatever
+    order the index files (or their maps) list them in (spec §8)."""
+    deltackpt.save({"w": torch.randn(64, 64)}, repo_path)
+    first, twin, cid = _twin_pack(repo_path)
+    repo = Repository(repo_path)
+    assert repo.entry(cid)[0] == min(first, twin)
+    assert [p for p, _ in repo.entries_for(cid)] == sorted([first, twin])
+
+
+def test_a_damaged_chosen_copy_falls_back_to_an_intact_twin(repo_path):
+    """The copy a reader chooses fails its hash while another copy is intact: load returns the
+    right bytes through the twin, and verify still reports the damaged copy (spec §8)."""
+    from deltackpt.repo.layout import pack_key
+    w = torch.randn(64, 64)
+    deltackpt.save({"w": w}, repo_path)
+    first, twin, cid = _twin_pack(repo_path)
+    chosen = min(first, twin)
+    repo = Repository(repo_path)
+    e = next(e for e in repo.pack_entries[chosen] if e.chunk_id == cid)
+    path = os.path.join(repo_path, pack_key(chosen))
+    with open(path, "r+b") as f:
+        f.seek(e.offset + e.length - 1)
+        last = f.read(1)
+        f.seek(e.offset + e.length - 1)
+        f.write(bytes([last[0] ^ 0xFF]))
+    deltackpt.api._OPEN.clear()
+    assert torch.equal(deltackpt.load(repo_path)["w"], w)
+    report = deltackpt.Repo(repo_path).verify()
+    assert not report.ok and chosen in str(report.to_json())
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_no_chunk_is_ever_deeper_than_the_keyframe_interval(repo_path, k):
+    """Values that come back (old states restored and saved again), sparse and dense changes,
+    deltification and gc: every chunk any version names keeps a real depth <= K (spec §10; the
+    second reader found depth K + 1 at K = 1 with old states coming back)."""
+    deltackpt.Repo.init(repo_path, keyframe_interval=k)
+    g = torch.Generator().manual_seed(k)
+    states = [torch.randn(4096, 64, generator=g)]
+    for i in range(12):
+        if i % 4 == 3:
+            nxt = states[i // 2].clone()                     # an old state comes back
+        elif i % 2:
+            nxt = states[-1].clone()
+            nxt[torch.randint(0, 4096, (40,), generator=g)] += 1.0   # sparse rows
+        else:
+            nxt = states[-1] + 1e-3 * torch.randn(4096, 64, generator=g)  # dense
+        states.append(nxt)
+        deltackpt.save({"w": nxt}, repo_path, step=i)
+        if i % 3 == 2:
+            deltackpt.Repo(repo_path).deltify(lag=1)
+    deltackpt.gc(repo_path, keep_every=3, keep_last=2, grace_seconds=0)
+    deltackpt.Repo(repo_path).deltify(lag=1)
+    deltackpt.api._OPEN.clear()
+    repo = Repository(repo_path)
+    for vid in repo.version_ids():
+        for b in repo.manifest(vid).blobs:
+            for c in b.chunks:
+                assert repo.chain_depth(c.chunk_id) <= k, (vid[:8], repo.chain_depth(c.chunk_id))
+    assert deltackpt.Repo(repo_path).verify().ok
