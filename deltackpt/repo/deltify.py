@@ -33,13 +33,14 @@ from typing import Callable
 from ..codecs.base import ChunkContext
 from ..codecs.pipeline import BaseChunk, encode_chunk
 from ..codecs.registry import get as codec_of
-from ..errors import DeltackptError, UnknownVersionError
+from ..errors import DeltackptError
 from ..format.objects import EncodedObject
 from . import locks
 from .head import DELTA_CODECS
 from .layout import DEFAULT_DELTIFY_LAG
 from .packer import Packer
 from .repository import Repository
+from .retention import history_order
 from .supersede import drop_superseded
 
 #: the newest versions left as saved (latest and the one before it)
@@ -128,22 +129,6 @@ def deltify_locked(repo: Repository, *, lag: int = DEFAULT_LAG, max_bytes: int |
     return report
 
 
-def _history(repo: Repository) -> list[str]:
-    """The versions on ``latest``'s line, newest first, as far back as manifests exist."""
-    out: list[str] = []
-    vid = repo.latest()
-    seen: set[str] = set()
-    while vid is not None and vid not in seen:
-        seen.add(vid)
-        try:
-            m = repo.manifest(vid)
-        except UnknownVersionError:
-            break
-        out.append(vid)
-        vid = m.parent
-    return out
-
-
 def _positions(repo: Repository, vid: str) -> dict[tuple, tuple[bytes, int, int, int, str]]:
     """A version's chunks by position (its blob's first tensor's key path, chunk index)."""
     m = repo.manifest(vid)
@@ -163,7 +148,7 @@ def _positions(repo: Repository, vid: str) -> dict[tuple, tuple[bytes, int, int,
 def _plan(repo: Repository, lag: int) -> tuple[list[_Candidate], set[bytes]]:
     """Every chunk of the versions older than the ``lag`` newest that is a keyframe, with the chunks
     at its position in newer versions; and the chunks the newest versions' chains need (untouched)."""
-    history = _history(repo)
+    history = history_order(repo)  # newest first; past a removed ancestor, by time
     if len(history) <= lag:
         return [], set()
     by_version = [_positions(repo, v) for v in history]

@@ -186,6 +186,9 @@ def run_job(job: dict) -> None:
             rep = deltackpt.gc(repo, keep_last=int(job.get("keep_last", 2)),
                                grace_seconds=float(job.get("grace", 0.0)))
             out(f"GC {len(rep.removed)}")
+        elif kind == "deltify":
+            rep = deltackpt.Repo(repo).deltify(lag=int(job.get("lag", 1)))
+            out(f"DELTIFIED {rep.chunks}")
         elif kind == "powercut":
             power_cut_job(repo, job.get("cut"), int(job.get("seed", 0)), job.get("revert_only"))
         else:

@@ -1,5 +1,5 @@
-"""The four fault-site workloads (first save, incremental save, tag, gc): how to set each up, run it
-under a fault and judge the result with the oracle."""
+"""The fault-site workloads (first save, incremental save, tag, gc, deltify): how to set each up,
+run it under a fault and judge the result with the oracle."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class Template:
     tags: dict[str, str] = field(default_factory=dict)
 
 
-WORKLOADS = ("first", "incr", "tag", "gc")
+WORKLOADS = ("first", "incr", "tag", "gc", "deltify")
 
 
 def job_for(workload: str) -> tuple[str, dict]:
@@ -30,6 +30,8 @@ def job_for(workload: str) -> tuple[str, dict]:
         return "save", {"steps": 2, "arm_after": 1}
     if workload == "tag":
         return "tag", {"name": "t1"}
+    if workload == "deltify":
+        return "deltify", {"lag": 1}
     return "gc", {"keep_last": 2}
 
 
