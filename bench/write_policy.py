@@ -168,3 +168,48 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def budget_curve(positions: list[Position], tsizes: list[int], budgets=(0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0,
+                                                                       1.5, 2.0, 4.0), k: int = 8) -> list[dict]:
+    """The single knob the library has (head.py's HEAD_DELTA_BUDGET: deltas since a position's
+    keyframe <= budget x that keyframe) swept: per budget, mean bytes written per later save and
+    the newest version's bytes read and objects per chunk (both as chains and as cumulative deltas)."""
+    out = []
+    n = len(tsizes)
+    for f in budgets:
+        row = {"budget": f}
+        for kind in ("chain", "cumulative"):
+            r = replay(positions, n, kind if f > 0 else "keyframe", f, f, k)
+            row[kind] = {"written": statistics.mean(x / t for x, t in zip(r["written"], tsizes[1:])),
+                         "read": statistics.mean(x / t for x, t in zip(r["read"], tsizes[1:])),
+                         "objects": statistics.mean(r["objects"])}
+        out.append(row)
+    return out
+
+
+def plot_curve(rows: list[dict], path: str, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for kind, style in (("chain", "o-"), ("cumulative", "s--")):
+        xs = [r[kind]["written"] for r in rows]
+        ax1.plot(xs, [r[kind]["read"] for r in rows], style, label=kind)
+        ax2.plot(xs, [r[kind]["objects"] for r in rows], style, label=kind)
+        for r, x in zip(rows, xs):
+            if kind == "chain":
+                ax1.annotate(f"{r['budget']:g}", (x, r[kind]["read"]), fontsize=7, xytext=(3, 3),
+                             textcoords="offset points")
+                ax2.annotate(f"{r['budget']:g}", (x, r[kind]["objects"]), fontsize=7, xytext=(3, 3),
+                             textcoords="offset points")
+    ax1.set_xlabel("bytes written per save / torch.save")
+    ax1.set_ylabel("newest version: bytes read / torch.save")
+    ax2.set_xlabel("bytes written per save / torch.save")
+    ax2.set_ylabel("newest version: objects decoded per chunk")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -25,6 +25,7 @@ class SparseRows(Codec):
     encoding_id = 4
     name = "sparse"
     needs_base = True
+    invertible = True   # the stored rows are XORs: applying them twice gives the base back
 
     def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded | None:
         if base is None or len(base) != len(raw) or not raw:
@@ -49,8 +50,9 @@ class SparseRows(Codec):
         params.update({"rb": rb, "n": count, "bm": len(bitmap)})
         return Encoded(params, bitmap + values)
 
-    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
-        b = base_array(base, raw_len, self.name)
+    def _parse(self, params: dict[str, Any], payload: bytes, raw_len: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """(row bytes, changed-row mask, the changed rows' XOR as a (count, rb) array), all checked
+        against ``raw_len`` and the payload before anything chunk-sized is allocated."""
         rb, count, bm = params.get("rb"), params.get("n"), params.get("bm")
         if (not all(is_int(v) for v in (rb, count, bm)) or rb <= 0 or raw_len % rb
                 or bm < 0 or bm > len(payload)):
@@ -63,6 +65,20 @@ class SparseRows(Codec):
         if int(changed.sum()) != count:
             raise CorruptObjectError(f"{self.name}: bitmap marks {int(changed.sum())} rows, header says {count}")
         rows = decode_planes(params, payload[bm:], count * rb, what=self.name)
-        out = b.copy().reshape(nrows, rb)
-        out[changed] ^= rows.reshape(count, rb)
+        return rb, changed, rows.reshape(count, rb)
+
+    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+        # only the changed rows are touched: a chain of sparse deltas costs about its bytes
+        rb, changed, rows = self._parse(params, payload, len(out))
+        arr = np.frombuffer(out, dtype=np.uint8).reshape(-1, rb)
+        arr[changed] ^= rows
+
+    def unapply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+        self.apply_into(out, params, payload)  # XOR of the changed rows is its own inverse
+
+    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
+        b = base_array(base, raw_len, self.name)
+        rb, changed, rows = self._parse(params, payload, raw_len)
+        out = b.copy().reshape(-1, rb)
+        out[changed] ^= rows
         return out.tobytes()

@@ -111,7 +111,7 @@ def _expected_rollback_bytes(repo: deltackpt.Repo, live_rev: str, target_rev: st
             if cid == lid:
                 continue
             e, full = core.entries_for(lid)[0][1], core.stored_size(core.chunk_closure([cid]))
-            total += e.length if e.base == cid and e.encoding in (2, 3) and e.length < full else full
+            total += e.length if e.base == cid and e.encoding in (2, 3, 4) and e.length < full else full
     return total
 
 
