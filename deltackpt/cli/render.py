@@ -7,6 +7,15 @@ import sys
 import time
 from typing import Any, Sequence
 
+#: a CLI error is one line; a longer message (another library's) is cut here
+MAX_MESSAGE = 2000
+
+
+def one_line(text: str) -> str:
+    """Messages of other libraries (torch, safetensors) span lines; a CLI error is one."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + " ..."
+
 
 def human_bytes(n: float | None) -> str:
     if n is None:
