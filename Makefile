@@ -54,7 +54,7 @@ fuzz: $(VENV)/.test
 
 # --strict: a broken link, a missing page in the nav or a docstring mkdocstrings cannot read fails
 docs: $(VENV)/.docs
-	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
 # build the wheel and sdist, install each into a fresh venv (torch first, pinned) outside the source
 # tree, and smoke-test them there; the temp folder goes however the recipe ends

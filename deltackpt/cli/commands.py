@@ -181,7 +181,7 @@ def cmd_rebuild_index(args: argparse.Namespace) -> int:
 
 
 DU_LEGEND = """\
-size: the version's tensors and values as they are in memory (what torch.save would write)
+size: the version's tensors and values as they are in memory (about what torch.save would write)
 written: what its save added to the repository (its changed chunks whole, plus the previous
   version's replaced chunks stored again as deltas)
 needs: the stored bytes a load of it reads, shared ones included
