@@ -3,7 +3,8 @@
 ``blocks(path)`` finds every fenced block; ``runnable(...)`` keeps the ```python blocks and the
 ```sh / ```console blocks made of ``deltackpt`` commands; ``python tests/docs_snippets.py FILE.md``
 runs one file's blocks in order, in the current folder, in one Python namespace (a page's later
-blocks use what its earlier ones made), each ``deltackpt`` command through the real CLI.  A block
+blocks use what its earlier ones made), each ``deltackpt`` command through the CLI's ``main`` in the
+same process (its output captured at the file descriptors).  A block
 preceded by the line ``<!-- no-run -->`` is skipped (an s3:// URL, say).  A ```console block's
 output lines are compared with what the command prints: version ids and times are free, numbers
 may differ by 25% (a different CPU rounds, and compresses, a little differently), a line ``...``
@@ -16,8 +17,8 @@ import math
 import os
 import re
 import shlex
-import subprocess
 import sys
+import tempfile
 import traceback
 
 NO_RUN = "<!-- no-run -->"
@@ -134,15 +135,41 @@ def same_output(expected: list[str], got: list[str]) -> bool:
     return bool(got) and _same_line(expected[0], got[0]) and same_output(expected[1:], got[1:])
 
 
+def _cli(argv: list[str]) -> tuple[int, str, str]:
+    """Run the deltackpt command in this process (no interpreter and torch import per command):
+    its exit status, stdout and stderr, captured at the file descriptors."""
+    from deltackpt.cli.main import main
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            code = main(argv)
+        except SystemExit as exc:   # argparse's usage errors
+            code = exc.code if isinstance(exc.code, int) else 2
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+        out.seek(0)
+        err.seek(0)
+        return code, out.read(), err.read()
+
+
 def run_command(cmd: Command) -> str | None:
     """Run one deltackpt command; the failure as text, or None."""
-    proc = subprocess.run([sys.executable, "-m", "deltackpt.cli.main", *cmd.argv[1:]], capture_output=True,
-                          text=True, timeout=300)
+    code, stdout, stderr = _cli(cmd.argv[1:])
     shown = " ".join(cmd.argv)
-    if proc.returncode != 0:
-        return f"`{shown}` exited {proc.returncode}: {proc.stderr.strip()[-1500:]}"
-    if cmd.expected is not None and not same_output(cmd.expected, proc.stdout.splitlines()):
-        return f"`{shown}` printed:\n{proc.stdout}\nbut the page shows:\n" + "\n".join(cmd.expected)
+    if code != 0:
+        return f"`{shown}` exited {code}: {stderr.strip()[-1500:]}"
+    if cmd.expected is not None and not same_output(cmd.expected, stdout.splitlines()):
+        return f"`{shown}` printed:\n{stdout}\nbut the page shows:\n" + "\n".join(cmd.expected)
     return None
 
 

@@ -41,12 +41,9 @@ def test_a_wrong_block_fails_the_page(tmp_path):
     def page(text: str) -> int:
         path = tmp_path / "page.md"
         path.write_text(text)
-        cwd = os.getcwd()
-        os.chdir(tmp_path)
-        try:
-            return docs_snippets.run_page(str(path))
-        finally:
-            os.chdir(cwd)
+        return subprocess.run([sys.executable, os.path.join(ROOT, "tests", "docs_snippets.py"), str(path)],
+                              cwd=tmp_path, capture_output=True, env={**os.environ, "PYTHONPATH": ROOT},
+                              timeout=300).returncode
 
     assert page("```python\nraise ValueError('no')\n```\n") == 1
     assert page("<!-- no-run -->\n```python\nraise ValueError('no')\n```\n") == 0

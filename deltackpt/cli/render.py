@@ -35,7 +35,8 @@ def when(t: float) -> str:
         return "?"
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out=sys.stdout) -> None:
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: Any = None) -> None:
+    out = sys.stdout if out is None else out   # looked up per call: a caller may have redirected it
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     for j, r in enumerate(cells):
