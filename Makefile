@@ -61,7 +61,7 @@ docs: $(VENV)/.docs
 package: $(VENV)/.test
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(PY) -m build --outdir "$$tmp/dist" . >"$$tmp/build.log" 2>&1 || { tail -40 "$$tmp/build.log"; exit 1; }; \
-	! grep "SetuptoolsDeprecationWarning" "$$tmp/build.log" || { echo "make package: setuptools printed deprecation warnings"; exit 1; }; \
+	! grep -E "is deprecated|you need to update your project" "$$tmp/build.log" || { echo "make package: setuptools printed deprecation warnings"; exit 1; }; \
 	ls "$$tmp/dist"; \
 	$(PYTHON) -m venv "$$tmp/venv"; \
 	"$$tmp/venv/bin/python" -m pip install -q torch==2.13.0; \
