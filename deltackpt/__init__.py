@@ -17,6 +17,7 @@ from typing import Any
 from .errors import *  # noqa: F401,F403
 from .errors import DeltackptError
 
+# the one version number: pyproject.toml reads it (setuptools dynamic version), manifests record it
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -28,11 +29,18 @@ _LAZY = {
 }
 
 
+#: submodules reachable as attributes after a bare ``import deltackpt`` (``deltackpt.dcp.Writer``),
+#: imported at first use: each pulls in an optional framework
+_LAZY_MODULES = {"dcp"}
+
+
 def __getattr__(name: str) -> Any:
+    import importlib
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f".{name}", __name__)   # the import binds it as an attribute
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'deltackpt' has no attribute {name!r}")
-    import importlib
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value

@@ -17,8 +17,8 @@ from types import ModuleType
 from .errors import MissingDependencyError
 
 #: top-level module -> the extra that installs it
-EXTRAS = {"fsspec": "s3", "s3fs": "s3", "lightning_fabric": "adapters", "pytorch_lightning": "adapters",
-          "transformers": "adapters", "accelerate": "adapters"}
+EXTRAS = {"fsspec": "s3", "s3fs": "s3", "lightning_fabric": "lightning", "pytorch_lightning": "lightning",
+          "omegaconf": "lightning", "transformers": "hf", "accelerate": "hf"}
 #: top-level module -> its name on the package index, where the two differ
 PACKAGES = {"pytorch_lightning": "pytorch-lightning", "lightning_fabric": "pytorch-lightning"}
 

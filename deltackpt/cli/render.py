@@ -7,6 +7,15 @@ import sys
 import time
 from typing import Any, Sequence
 
+#: a CLI error is one line; a longer message (another library's) is cut here
+MAX_MESSAGE = 2000
+
+
+def one_line(text: str) -> str:
+    """Messages of other libraries (torch, safetensors) span lines; a CLI error is one."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + " ..."
+
 
 def human_bytes(n: float | None) -> str:
     if n is None:
@@ -26,7 +35,8 @@ def when(t: float) -> str:
         return "?"
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out=sys.stdout) -> None:
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: Any = None) -> None:
+    out = sys.stdout if out is None else out   # looked up per call: a caller may have redirected it
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     for j, r in enumerate(cells):

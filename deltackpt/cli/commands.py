@@ -1,0 +1,242 @@
+"""One function per ``deltackpt`` command: call the public API, print text or ``--json``.
+
+Each takes the parsed arguments and returns the exit status; failures propagate as exceptions
+for :mod:`deltackpt.cli.main` to turn into one line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import deltackpt
+
+from .render import emit_json, human_bytes, one_line, table, when
+
+#: `verify` found problems (the other statuses are main's: they come from exceptions)
+EXIT_PROBLEMS = 1
+
+
+def _repo(args: argparse.Namespace, create: bool = False) -> Any:
+    return deltackpt.Repo(args.repo, create=create)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    repo = deltackpt.Repo.init(args.repo, **({"chunk_bytes": args.chunk_bytes} if args.chunk_bytes else {}),
+                               **({"keyframe_interval": args.keyframe_interval} if args.keyframe_interval is not None else {}),
+                               **({"delta_base": args.delta_base} if args.delta_base else {}))
+    info = repo.core.info()
+    if args.json:
+        emit_json(info)
+    else:
+        print(f"initialized deltackpt repository at {info['location']} (format version {info['format_version']})")
+    return 0
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    versions = _repo(args).log()
+    if args.limit:
+        versions = versions[: args.limit]
+    if args.json:
+        emit_json([v.to_json() for v in versions])
+        return 0
+    if not versions:
+        print("no versions yet")
+        return 0
+    rows = []
+    for v in versions:
+        if v.error is not None:  # listed, not fatal: the other versions are still shown
+            rows.append([v.short_id, "?", "?", "?", "?", ",".join(v.tags), "?", f"DAMAGED: {one_line(v.error)}"])
+            continue
+        metrics = " ".join(f"{k}={val:.4g}" if isinstance(val, float) else f"{k}={val}" for k, val in v.metrics.items())
+        rows.append([v.short_id, when(v.time), v.step, human_bytes(v.logical_bytes),
+                     "?" if v.written_bytes is None else human_bytes(v.written_bytes),
+                     ",".join(v.tags), "" if v.exact else "lossy", metrics])
+    table(["version", "time", "step", "size", "written", "tags", "exact", "metrics"], rows)
+    damaged = sum(v.error is not None for v in versions)
+    if damaged:
+        print(f"deltackpt: {damaged} damaged version(s) listed; `deltackpt verify` names what is wrong",
+              file=sys.stderr)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    info = _repo(args).show(args.version)
+    if args.json:
+        emit_json(info)
+        return 0
+    v = info["version"]
+    print(f"version {v['id']}\nparent  {v['parent']}\ntime    {v['time_iso'] or '?'}\nstep    {v['step']}")
+    print(f"tags    {', '.join(v['tags']) or '-'}\nexact   {'yes' if info['exact'] else 'no (lossy encodings)'}")
+    if v["metrics"]:
+        print("metrics " + ", ".join(f"{k}={val}" for k, val in v["metrics"].items()))
+    logical = sum(t["logical_bytes"] for t in info["tensors"])
+    stored = sum(t["stored_bytes"] for t in info["tensors"])
+    print(f"tensors {len(info['tensors'])}, size {human_bytes(logical)}, stored {human_bytes(stored)} "
+          "(the chunk objects it reads)\n")
+    table(["tensor", "dtype", "shape", "size", "stored", "encoding", "max_abs_err"],
+          [[t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "()", human_bytes(t["logical_bytes"]),
+            human_bytes(t["stored_bytes"]), t["encoding"], "" if t["exact"] else f"{t['max_abs_err']:.3g}"]
+           for t in info["tensors"]])
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from deltackpt.integrations.files import check_output, export_file
+    check_output(args.output)  # a missing folder is named before the version is loaded
+    repo = _repo(args)
+    state, version = repo.load(args.version, layers=args.layer or None, return_version=True)
+    count = export_file(state, args.output, version_id=version.id)
+    info = {"version": version.id, "output": args.output, "tensors": count, "bytes": os.path.getsize(args.output),
+            "layers": args.layer or None}
+    if args.json:
+        emit_json(info)
+    else:
+        print(f"restored {count} tensors of version {version.short_id} to {args.output} ({human_bytes(info['bytes'])})")
+    return 0
+
+
+def cmd_tag(args: argparse.Namespace) -> int:
+    repo = _repo(args)
+    if args.delete:
+        repo.untag(args.name)
+        info: dict[str, Any] = {"deleted": args.name}
+    else:
+        v = repo.tag(args.name, args.version, force=args.force)
+        info = {"tag": args.name, "version": v.id}
+    if args.json:
+        emit_json(info)
+    else:
+        print(f"deleted tag {args.name}" if args.delete else f"tagged {info['version'][:10]} as {args.name}")
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    report = deltackpt.gc(_repo(args), keep_last=args.keep_last, keep_tags=not args.no_keep_tags,
+                          dry_run=args.dry_run, keep_best=args.keep_best, keep_every=args.keep_every,
+                          keep_within=args.keep_within, rebase=not args.keep_bases,
+                          grace_seconds=args.grace)
+    if args.json:
+        emit_json(report.to_json())
+        return 0
+    for line in gc_lines(report):
+        print(line)
+    return 0
+
+
+def gc_lines(report: Any) -> list[str]:
+    """gc's report in plain words: what went, what stayed and why, what happened to the files."""
+    verb = "would remove" if report.dry_run else "removed"
+    if report.reclaimed_bytes >= 0:
+        change = f"{'freeing' if report.dry_run else 'freed'} {human_bytes(report.reclaimed_bytes)}"
+    else:  # deltas built on a removed version become whole copies, which can be larger
+        change = (f"the repository {'would grow' if report.dry_run else 'grew'} by "
+                  f"{human_bytes(-report.reclaimed_bytes)} (kept chunks stored as deltas against removed "
+                  "versions are stored whole again)")
+    steps = report.steps or {}
+    at = lambda vid: f"  step {steps[vid]}" if steps.get(vid) is not None else ""  # noqa: E731
+    lines = [f"{verb} {len(report.removed)} version(s), {change}"]
+    lines += [f"  - {vid[:10]}{at(vid)}" for vid in report.removed]
+    lines.append(f"kept {len(report.kept)} version(s):")
+    lines += [f"  + {vid[:10]}{at(vid)}  ({', '.join(why)})" for vid, why in report.kept.items()]
+    if report.dry_run:
+        return lines
+    lines.append(f"pack files: {report.packs_deleted} deleted, {report.packs_rewritten} rewritten without "
+                 "the removed versions' data")
+    if report.chunks_rebased:
+        lines.append(f"{report.chunks_rebased} chunk(s) of kept versions were stored as deltas against a "
+                     "removed version: now stored whole")
+    if report.bases_kept:
+        lines.append(f"{report.bases_kept} chunk(s) of removed versions stay: kept versions' deltas are "
+                     "built on them")
+    return lines
+
+
+def cmd_deltify(args: argparse.Namespace) -> int:
+    report = _repo(args).deltify(lag=args.lag, **({"max_bytes": args.max_bytes} if args.max_bytes is not None else {}))
+    if args.json:
+        emit_json(report.to_json())
+        return 0
+    print(f"stored {report.chunks} whole chunk(s) of older versions as deltas against newer ones: wrote "
+          f"{human_bytes(report.written_bytes)}, freed {human_bytes(report.freed_bytes)} "
+          f"({report.seconds:.1f} s; the {args.lag} newest version(s) left as saved)")
+    if report.remaining:
+        print(f"{report.remaining} more chunk(s) left for a later run (--max-bytes reached)")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    report = _repo(args).verify(read_data=not args.quick)
+    if args.json:
+        emit_json(report.to_json())
+    else:
+        for p in report.errors:
+            print(f"ERROR {p.object}: {p.problem}" + (f" (versions {', '.join(v[:10] for v in p.versions)})"
+                                                      if p.versions else ""))
+        for p in report.warnings:
+            print(f"warning {p.object}: {p.problem}")
+        print(f"{'ok' if report.ok else 'FAILED'}: {report.versions_checked} versions, {report.packs_checked} packs, "
+              f"{report.chunks_checked} chunks checked" + (f"; bad versions: {', '.join(v[:10] for v in report.bad_versions)}"
+                                                          if report.bad_versions else ""))
+    return 0 if report.ok else EXIT_PROBLEMS
+
+
+def cmd_rebuild_index(args: argparse.Namespace) -> int:
+    report = _repo(args).rebuild_index()
+    info = report.to_json() if hasattr(report, "to_json") else vars(report)
+    if args.json:
+        emit_json(info)
+    else:
+        print("rebuilt the index from the packs: " + ", ".join(f"{k} {v if not isinstance(v, (list, dict)) else len(v)}"
+                                                            for k, v in info.items()))
+    return 0
+
+
+DU_LEGEND = """\
+size: the version's tensors and values as they are in memory (about what torch.save would write)
+written: what its save added to the repository (its changed chunks whole, plus the previous
+  version's replaced chunks stored again as deltas)
+needs: the stored bytes a load of it reads, shared ones included
+only its own: the stored bytes no other version uses (about what removing it alone frees)"""
+
+
+def cmd_du(args: argparse.Namespace) -> int:
+    info = _repo(args).du()
+    if args.json:
+        emit_json(info)
+        return 0
+    table(["version", "step", "size", "written", "needs", "only its own"],
+          [[r["short_id"], r["step"], human_bytes(r["logical_bytes"]), human_bytes(r["written_bytes"]),
+            human_bytes(r["referenced_bytes"]), human_bytes(r["unique_bytes"])] for r in info["versions"]])
+    t = info["total"]
+    ratio = t["stored_bytes"] / t["logical_bytes"] if t["logical_bytes"] else 0
+    print(f"\n{DU_LEGEND}\n\ntotal: {t['versions']} versions holding {human_bytes(t['logical_bytes'])} of state "
+          f"take {human_bytes(t['stored_bytes'])} on disk ({ratio:.3f}x)")
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    rows = _repo(args).diff(args.a, args.b)
+    if args.json:
+        emit_json(rows)
+        return 0
+    fmt = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
+    table(["tensor", "changed", "max_abs", "rel_l2", "stored_a", "stored_b"],
+          [[r["name"], r.get("status") or f"{100 * r['changed_fraction']:.1f}%", fmt(r.get("max_abs")),
+            fmt(r.get("rel_l2")), human_bytes(r.get("stored_bytes_a")), human_bytes(r.get("stored_bytes_b"))]
+           for r in rows])
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from deltackpt.integrations.files import import_file
+    state = import_file(args.file)
+    v = deltackpt.save(state, _repo(args, create=True), step=args.step, tag=args.tag,
+                       meta={"imported_from": os.path.basename(args.file)})
+    if args.json:
+        emit_json(v.to_json())
+    else:
+        print(f"imported {args.file} as version {v.short_id} ({human_bytes(v.logical_bytes)} of state, "
+              f"{human_bytes(v.written_bytes)} written)")
+    return 0
