@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..codecs.base import ChunkContext
+from ..errors import DeltackptError
 from ..codecs.registry import get as codec_of
 from ..format import refs
 from ..format.manifest import Blob, ChunkRef, Manifest, TensorEntry
 from . import background, commit, locks
+from .consolidate import consolidate
 from .arena import CopyArena
 from .chunk_encoder import SaveContext, encode_one
 from .chunking import chunk_bounds
@@ -94,6 +96,7 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
         vid = _commit(repo, Manifest(parent=None, time=time.time(), tree=tree, tensors=tensors,
                                      blobs=manifest_blobs, step=step, metrics=dict(metrics or {}), meta=meta,
                                      writer=commit.writer_name(), extra={**(extra or {}), "written": written}), stats, tag)
+        _tidy_index(repo)
     background.after_commit(repo)  # older versions' keyframes become deltas later, off this path
     stats.seconds = time.perf_counter() - t0
     return vid, stats
@@ -246,6 +249,17 @@ def _take(result: tuple, b: BlobInput, i: int, chunks: list[ChunkRef], sv: SaveC
     stats.chunks_new += 1
     _count(stats, r.encoding)
     sv.packer.add(r)
+
+
+def _tidy_index(repo: Repository) -> None:
+    """Merge small index files once there are many (consolidate.py), so a new process opens the
+    repository with a few reads.  The version is committed already: a failure here (a full disk)
+    is left for the next save or gc, with a warning."""
+    try:
+        consolidate(repo)
+    except (DeltackptError, OSError) as exc:
+        warnings.warn(f"{repo.location}: merging index files failed ({exc}); the next save or gc tries again",
+                      RuntimeWarning, stacklevel=3)
 
 
 def _count(stats: SaveStats, encoding: int) -> None:
