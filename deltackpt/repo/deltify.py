@@ -41,7 +41,7 @@ from .layout import DEFAULT_DELTIFY_LAG
 from .packer import Packer
 from .repository import Repository
 from .retention import history_order
-from .supersede import drop_superseded
+from .supersede import REWRITE_DEAD_FRACTION, drop_superseded
 
 #: the newest versions left as saved (latest and the one before it)
 DEFAULT_LAG = DEFAULT_DELTIFY_LAG
@@ -102,6 +102,7 @@ def deltify_locked(repo: Repository, *, lag: int = DEFAULT_LAG, max_bytes: int |
         return report  # forward chains and stars are already deltas; format 1 readers follow no reverse delta
     repo.refresh_index()
     candidates, head = _plan(repo, max(1, lag))
+    candidates = _worth_it(repo, candidates)
     stats = _PackCounts()
     packer = Packer(repo, stats)
     restored: set[bytes] = set()
@@ -174,6 +175,29 @@ def _plan(repo: Repository, lag: int) -> tuple[list[_Candidate], set[bytes]]:
             if succ:
                 out.append(_Candidate(cid, raw_len, itemsize, row, dtype, tuple(succ)))
     return out, head
+
+
+def _worth_it(repo: Repository, candidates: list[_Candidate]) -> list[_Candidate]:
+    """The candidates whose keyframes' packs deltification would actually free: a pack holding
+    them is dropped or rewritten only once enough of it is redundant (supersede.py's threshold),
+    and a delta written for a keyframe that stays beside it makes the repository larger.  Those
+    keyframes wait until more of their pack is superseded (or for gc)."""
+    res = repo.resolution
+    by_pack: dict[str, list[_Candidate]] = {}
+    for cand in candidates:
+        best = res.best.get(cand.chunk_id)
+        if best is not None:
+            by_pack.setdefault(best[0], []).append(cand)
+    out: list[_Candidate] = []
+    for pid, cands in by_pack.items():
+        entries = repo.pack_entries.get(pid, [])
+        total = sum(e.length for e in entries)
+        going = {c.chunk_id for c in cands}
+        dead = sum(e.length for e in entries if e.chunk_id in going or res.best.get(e.chunk_id, (None,))[0] != pid)
+        if total and dead >= REWRITE_DEAD_FRACTION * total:
+            out.extend(cands)
+    order = {c.chunk_id: i for i, c in enumerate(candidates)}
+    return sorted(out, key=lambda c: order[c.chunk_id])
 
 
 def _chain(repo: Repository, cid: bytes, overlay: dict[bytes, tuple[bytes, int]]) -> list[bytes]:
