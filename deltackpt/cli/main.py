@@ -1,5 +1,5 @@
 """deltackpt command line.  Every command takes --json for scripts.  Exit status (EXIT_CODES):
-0 success, 1 verify found problems, 2 usage (argparse), 3 the command failed (one line on stderr
+0 success, 1 verify found problems (or a drill failed), 2 usage (argparse), 3 the command failed (one line on stderr
 naming the version, tensor, file or object), 4 an internal error (a bug: one line, the traceback
 with DELTACKPT_DEBUG=1), 130 interrupted."""
 
@@ -14,13 +14,15 @@ from typing import Any
 import deltackpt
 from deltackpt.errors import DeltackptError, InvalidArgumentError
 
+from . import events
 from .render import emit_json, human_bytes, table, when
 
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_ERROR, EXIT_BUG, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_CODES = f"""exit status:
   {EXIT_OK}    success
-  {EXIT_PROBLEMS}    verify found problems (the repository is damaged; the report names them)
+  {EXIT_PROBLEMS}    verify found problems (the repository is damaged; the report names them), or a
+       drill failed (the version does not restore; the report names the chunk)
   {EXIT_USAGE}    usage error (unknown command or option, an option's value out of range)
   {EXIT_ERROR}    the command failed: one line on stderr, `deltackpt: error: ...`, names the version,
        tensor, file or object (with --json also {{"error": {{"type", "message"}}}} on stdout)
@@ -71,6 +73,7 @@ def cmd_log(args: argparse.Namespace) -> int:
                      "?" if v.written_bytes is None else human_bytes(v.written_bytes),
                      ",".join(v.tags), "" if v.exact else "lossy", metrics])
     table(["version", "time", "step", "logical", "written", "tags", "exact", "metrics"], rows)
+    events.print_recent([e.to_json() for e in _repo(args).events()])
     damaged = sum(v.error is not None for v in versions)
     if damaged:
         print(f"deltackpt: {damaged} damaged version(s) listed; `deltackpt verify` names what is wrong",
@@ -88,6 +91,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"tags    {', '.join(v['tags']) or '-'}\nexact   {'yes' if info['exact'] else 'no (lossy encodings)'}")
     if v["metrics"]:
         print("metrics " + ", ".join(f"{k}={val}" for k, val in v["metrics"].items()))
+    if info.get("last_drill"):
+        print("drill   " + events.describe_drill(info["last_drill"]))
     logical = sum(t["logical_bytes"] for t in info["tensors"])
     stored = sum(t["stored_bytes"] for t in info["tensors"])
     print(f"tensors {len(info['tensors'])}, logical {human_bytes(logical)}, stored (chunk objects) {human_bytes(stored)}\n")
@@ -221,6 +226,14 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_drill(args: argparse.Namespace) -> int:
+    return events.cmd_drill(args, _repo(args))
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    return events.cmd_events(args, _repo(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deltackpt", description="Incremental, compressed PyTorch checkpoints.",
                                 epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -272,11 +285,28 @@ def build_parser() -> argparse.ArgumentParser:
     sp = command("diff", cmd_diff, "per-tensor differences between two versions")
     sp.add_argument("a")
     sp.add_argument("b", nargs="?", default="latest")
+    sp = command("drill", cmd_drill, "restore a version into fresh memory, check it against its hashes, "
+                                      "measure and record the time and bytes read (exit 1 when it fails)")
+    sp.add_argument("version", nargs="?", default="latest", help="revision to drill (default latest; latest~1, ...)")
+    sp.add_argument("--threads", type=_positive_int, help="decode threads (default: every core)")
+    sp.add_argument("--no-record", action="store_true", help="do not record the drill in the repository")
+    sp = command("events", cmd_events, "a divergence guard's rollbacks and the rollback drills, newest first")
+    sp.add_argument("-n", "--limit", type=int)
     sp = command("import", cmd_import, "import a .pt (weights only) or .safetensors file as a version")
     sp.add_argument("file")
     sp.add_argument("--step", type=int)
     sp.add_argument("--tag")
     return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {n}")
+    return n
 
 
 def _message(exc: BaseException) -> tuple[str, int]:
