@@ -154,7 +154,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         print(f"  + {vid[:10]}{step}  ({', '.join(why)})")
     if not report.dry_run:
         print(f"packs deleted {report.packs_deleted}, rewritten {report.packs_rewritten}; chunks rebased to "
-              f"keyframes {report.chunks_rebased}; delta bases kept {report.bases_kept}")
+              f"keyframes {report.chunks_rebased}; delta bases kept {report.bases_kept}"
+              + (f"; old drill records deleted {report.events_deleted}" if report.events_deleted else ""))
     return 0
 
 

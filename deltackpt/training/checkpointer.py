@@ -48,6 +48,12 @@ class Checkpointer:
     ``self.last.wait_snapshot()`` for what is not).  ``snapshot="eager"`` (default) copies every
     tensor before :meth:`step` returns.
 
+    ``guard``: a :class:`~deltackpt.training.Guard` judging the ``metrics`` of every step; when
+    it rolls the run back, :meth:`step` saves nothing, sets :attr:`rollback` and the loop carries
+    on from ``rollback.step`` with a new data iterator.  ``drill_every``: a rollback drill of
+    ``drill_revision`` after every that many saves, in the background at idle priority; its
+    measured restore time goes to the policy (``YoungDaly``).
+
     :meth:`prepare` allocates and faults in the staging memory the background saves of a state
     will hold, in a background thread, so the first save costs what the later ones do.  The first
     :meth:`step` given a state (not a callable) calls it; with a callable, call it yourself.

@@ -122,6 +122,9 @@ class Guard:
     is not trusted either).  ``start_step``: the step a resumed run resumed from (older versions
     of the repository at or before it are this run's).  ``commit``: save the restored state as a
     new version (True), not (False), or a function ``commit(rollback) -> Version``.
+    ``skip_ahead``: with ``data="skip"``, items skipped beyond the position where the guard fired
+    (a bad shard usually goes on past the batch that showed it; PaLM's authors skipped a few
+    hundred batches around each spike), within the epoch.
     """
 
     def __init__(self, repo: "str | os.PathLike | Repo | None" = None, *, model: Any = None, optimizer: Any = None,
@@ -130,7 +133,7 @@ class Guard:
                  patience: int = 1, margin: int = 1, target: str | None = None, data: str = "skip",
                  lr_scale: float | None = None, max_rollbacks: int = 3, window: int = 1000,
                  restore_rng: bool = True, commit: "bool | Callable[[Rollback], Version | None]" = True,
-                 start_step: int | None = None, seed: int = 0) -> None:
+                 start_step: int | None = None, seed: int = 0, skip_ahead: int = 0) -> None:
         self.parts = Parts(model, optimizer, scheduler, scaler, sampler, restore_rng)
         self.parts.check(data)
         self.rules = _rules(watch, rule)
@@ -142,6 +145,7 @@ class Guard:
         if target is not None and not isinstance(target, str):
             raise InvalidArgumentError(f"target must be a revision string such as 'best:val_loss', got {target!r:.60}")
         self.target, self.data, self.lr_scale, self.commit, self.seed = target, data, lr_scale, commit, int(seed)
+        self.skip_ahead = _count("skip_ahead", skip_ahead, 0)
         self.start_step = start_step
         self.run_id = secrets.token_hex(8)
         self.rollbacks: list[Rollback] = []
@@ -303,7 +307,7 @@ class Guard:
             tried.append(c.id)
             try:
                 done = roll_back(self.repo.core, c.id, self.parts, data=self.data, lr_scale=self.lr_scale,
-                                 seed=self.seed * 1_000_003 + step)
+                                 seed=self.seed * 1_000_003 + step, skip_ahead=self.skip_ahead)
                 return done, c, tried
             except DeltackptError as exc:   # nothing applied (all or nothing): try an older one
                 last = exc

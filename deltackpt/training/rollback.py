@@ -1,10 +1,16 @@
 """Rolling a live training state back to a version, in place, reading only what differs.
 
 :func:`roll_back` opens the repository afresh over a byte-counting view of its store (so the
-bytes a rollback reads are measured, not guessed) and restores through :func:`deltackpt.resume`:
-the model's and optimizer's own tensors seed the load, so a chunk they already hold is not read
-and one a few stored deltas away is stepped there; nothing live changes until the whole version
-has loaded.  Then the data position and learning rate are set as the guard was asked.
+bytes a rollback reads are measured, not guessed) and restores through the live-rollback path of
+:func:`deltackpt.restore`: each chunk of the model's and optimizer's own tensors is hashed where it
+lies; one they already hold is neither read nor written, one a few stored deltas away is stepped
+there in place, the rest is read.  No second copy of the state is made.  The small parts
+(scheduler, GradScaler, sampler, RNG, step, ``extra``) are then loaded and applied, and the data
+position and learning rate set as the guard was asked.
+
+A model or optimizer that does not match the version is refused before anything is written.  A
+damaged chunk met half way leaves that tensor partly overwritten (in place means no spare copy):
+the guard then restores an older version over it, which reads whatever the damage left behind.
 
 Example::
 
@@ -18,13 +24,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..api import Repo
+from ..api import Repo, load, restore
 from ..api.handles import forget
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, StateMismatchError
 from ..repo.repository import Repository
 from ..repo.versions import Version
 from ..store.counting import ReadMeter
-from .resume import resume
+from . import rng
 
 DATA_MODES = ("skip", "reseed", "replay")
 
@@ -71,31 +77,57 @@ class Restored:
 
 
 def roll_back(core: Repository, vid: str, parts: Parts, *, data: str = "skip", lr_scale: float | None = None,
-              seed: int = 0) -> Restored:
+              seed: int = 0, skip_ahead: int = 0) -> Restored:
     """Restore version ``vid`` into ``parts`` (all or nothing), then move the data on (``skip``:
-    past everything consumed since that version; ``reseed``: the rest of the epoch reshuffled
-    with ``seed``; ``replay``: as it was) and scale the learning rate by ``lr_scale``."""
+    past everything consumed since that version, and ``skip_ahead`` items further within the
+    epoch; ``reseed``: the rest of the epoch reshuffled with ``seed``; ``replay``: as it was)
+    and scale the learning rate by ``lr_scale``."""
     before = parts.sampler.state_dict() if parts.sampler is not None else None
     meter = ReadMeter(core.store)
     t0 = time.perf_counter()
     handle = Repo(meter)     # a fresh handle: what it reads is what this rollback costs
     try:
-        info = resume(handle, version=vid, model=parts.model, optimizer=parts.optimizer, scheduler=parts.scheduler,
-                      scaler=parts.scaler, sampler=parts.sampler, restore_rng=parts.restore_rng)
+        version, rest = _restore_parts(handle, vid, parts)
     finally:
         forget(handle.core)
     seconds = time.perf_counter() - t0
-    assert info is not None   # a named version either restores or raises
     packs = meter.bytes_read_under("packs/")
-    done = Restored(info.version, info.step, info.extra, packs, meter.bytes_read - packs, seconds)
+    step = rest.get("step", version.step)
+    done = Restored(version, step if isinstance(step, int) else version.step, rest.get("extra"), packs,
+                    meter.bytes_read - packs, seconds)
     if parts.sampler is not None:
-        done.skipped = _move_data(parts.sampler, before, data, seed)
+        done.skipped = _move_data(parts.sampler, before, data, seed, skip_ahead)
     if lr_scale is not None:
         scale_lr(parts.optimizer, parts.scheduler, lr_scale)
     return done
 
 
-def _move_data(sampler: Any, before: dict, data: str, seed: int) -> list | None:
+SMALL_PARTS = ("scheduler", "scaler", "sampler", "rng", "step", "extra")
+
+
+def _restore_parts(handle: Repo, vid: str, parts: Parts) -> tuple[Version, dict]:
+    """Model and optimizer in place, then the small parts; returns the Version and the version's
+    tree without the model's and optimizer's tensors."""
+    tree = handle.core.manifest(vid).tree
+    wanted = {"model": parts.model, "optimizer": parts.optimizer, "scheduler": parts.scheduler,
+              "scaler": parts.scaler, "sampler": parts.sampler}
+    missing = [k for k, v in wanted.items() if v is not None and not (isinstance(tree, dict) and k in tree)]
+    if missing:   # refused before anything is written
+        raise StateMismatchError(f"version {vid[:10]} holds no {', '.join(map(repr, missing))} entry to restore")
+    if parts.model is not None:
+        version = restore(parts.model, handle, vid, optimizer=parts.optimizer)
+    else:
+        version = handle.core.version(vid)
+    rest = load(handle, vid, layers=list(SMALL_PARTS))
+    for name in ("scheduler", "scaler", "sampler"):
+        if wanted[name] is not None:
+            wanted[name].load_state_dict(rest[name])
+    if parts.restore_rng and "rng" in rest:
+        rng.restore(rest["rng"])
+    return version, rest
+
+
+def _move_data(sampler: Any, before: dict, data: str, seed: int, skip_ahead: int) -> list | None:
     """Apply ``data`` to the restored sampler; the window skipped, when the sampler says where it is."""
     if data == "reseed":
         sampler.reshuffle(seed)
@@ -103,6 +135,8 @@ def _move_data(sampler: Any, before: dict, data: str, seed: int) -> list | None:
     if data == "replay":
         return None
     restored = sampler.state_dict()
+    if skip_ahead and isinstance(before.get("consumed"), int) and isinstance(before.get("n"), int):
+        before = {**before, "consumed": min(before["n"], before["consumed"] + skip_ahead)}
     sampler.load_state_dict(before)
     try:
         return [[int(restored["epoch"]), int(restored["consumed"])], [int(before["epoch"]), int(before["consumed"])]]
