@@ -23,6 +23,7 @@ the run (``tr_loss -= tr_loss`` stays NaN).  When it fires, the model, optimizer
 RNG roll back in place to the newest sound version of this repository; the Trainer's step counter
 and dataloader go on (the batches since that version are skipped, the schedule resumes from the
 version's position), and the restored state is saved as a version at the current step.
+Single-process training only: under DDP every rank would have to roll back together.
 
 Resuming: :func:`checkout` writes a version back as a Trainer checkpoint directory
 (``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``trainer_state.json``,

@@ -26,7 +26,8 @@ optimizer, scheduler, GradScaler and RNG as a training state every 50 steps (thr
 :class:`~deltackpt.Checkpointer`) and judges each batch's loss (and the values given in
 ``watch``, read from ``trainer.callback_metrics``).  When the guard fires, they roll back in place
 to the newest sound version; Lightning's step counter and dataloader go on (the batches since
-that version are skipped).
+that version are skipped).  Single-process training only: under DDP every rank would have to roll
+back together.
 
 Example::
 
