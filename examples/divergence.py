@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     scratch = tempfile.mkdtemp(prefix="deltackpt-divergence-") if args.repo is None else None
     try:
         clean = train(None, args.steps, None, args.every)
-        guarded = train(args.repo or os.path.join(scratch, "repo"), args.steps, window, args.every)  # type: ignore[arg-type]
+        repo = args.repo or os.path.join(scratch, "repo")  # type: ignore[arg-type]
+        guarded = train(repo, args.steps, window, args.every)
         unguarded = train(None, args.steps, window, args.every)
     finally:
         if scratch is not None:

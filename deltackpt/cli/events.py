@@ -62,5 +62,6 @@ def cmd_drill(args: argparse.Namespace, repo: Any) -> int:
     if args.json:
         emit_json(report.to_json())
     else:
-        print(describe_drill(report.to_json()) + ("" if report.event is None else f" (recorded as {report.event[:10]})"))
+        recorded = "" if report.event is None else f" (recorded as {report.event[:10]})"
+        print(describe_drill(report.to_json()) + recorded)
     return 0 if report.ok else 1

@@ -82,7 +82,8 @@ class DeltackptCallback(TrainerCallback):
         self.lazy = lazy
         self.handles: list = []
         if guard is not None and guard.data != "skip":
-            raise StateMismatchError("the Trainer's dataloader goes on after a rollback: the guard's data must be 'skip'")
+            raise StateMismatchError("the Trainer's dataloader goes on after a rollback: "
+                                     "the guard's data must be 'skip'")
         self.guard = guard
         self._parts: dict[str, Any] = {}
 

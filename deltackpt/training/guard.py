@@ -257,7 +257,8 @@ class Guard:
             self._trusted = newest
             self._update_hold()
 
-    def _update_hold(self, first: list[str] = ()) -> list[str]:  # type: ignore[assignment]
+    def _update_hold(self, first: Iterable[str] = ()) -> list[str]:
+        """Hold ``first``, the versions rolled back to and the newest trusted ones; returns what is held."""
         assert self._hold is not None
         wanted = list(dict.fromkeys([*first, *self._targets, *self._trusted]))[:MAX_HELD]
         return self._hold.set(wanted)
@@ -297,7 +298,8 @@ class Guard:
         self._flags, self._bad_since = 0, None
         return rb
 
-    def _restore(self, order: list[targets.Candidate], step: int, where: str) -> tuple[Restored, targets.Candidate, list[str]]:
+    def _restore(self, order: list[targets.Candidate], step: int,
+                 where: str) -> tuple[Restored, targets.Candidate, list[str]]:
         assert self.repo is not None
         tried: list[str] = []
         last: DeltackptError | None = None

@@ -13,7 +13,7 @@ import deltackpt
 from deltackpt import faults
 from deltackpt.errors import DivergenceError, InvalidArgumentError
 from deltackpt.repo import events
-from deltackpt.training import Guard, Ratio, Spike, rng
+from deltackpt.training import Guard, Ratio, Spike, rng, targets
 from tests.strategies import assert_bit_identical
 from tests.training._guarded import make_run, train
 
@@ -166,9 +166,9 @@ def test_versions_of_the_bad_stretch_are_never_targets(repo_path):
     assert len(bad) == 1 and bad <= set(rb.abandoned)
     fresh = Guard(repo_path, model=run.model, optimizer=run.opt, start_step=60)
     assert bad <= fresh._abandoned
-    assert not any(c.id in bad for c in __import__("deltackpt.training.targets", fromlist=["x"]).candidates(
-        deltackpt.Repo(repo_path).core, before=100, excluded=fresh._abandoned, preexisting=fresh._preexisting,
-        start_step=60, needs=("model",)))
+    found = targets.candidates(deltackpt.Repo(repo_path).core, before=100, excluded=fresh._abandoned,
+                               preexisting=fresh._preexisting, start_step=60, needs=("model",))
+    assert found and not any(c.id in bad for c in found)
 
 
 def test_named_target_best_metric_among_candidates(repo_path):
@@ -178,7 +178,8 @@ def test_named_target_best_metric_among_candidates(repo_path):
     orig = run.ckpt.step
 
     def step_with_val(state, *, step, metrics=None, **kw):
-        return orig(state, step=step, metrics={**(metrics or {}), **({"val": vals[step]} if step in vals else {})}, **kw)
+        val = {"val": vals[step]} if step in vals else {}
+        return orig(state, step=step, metrics={**(metrics or {}), **val}, **kw)
     run.ckpt.step = step_with_val
     train(run, 40, _nan_once(NAN_AT))
     (rb,) = run.rollbacks
