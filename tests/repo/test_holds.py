@@ -80,7 +80,7 @@ def test_a_dead_holders_hold_keeps_nothing(repo_path):
         child.stdout.close()
     store = deltackpt.Repo(repo_path).core.store
     assert holds.held(store) == {}
-    assert deltackpt.gc(repo_path, keep_last=1, dry_run=True).removed == vids[:2]
+    assert sorted(deltackpt.gc(repo_path, keep_last=1, dry_run=True).removed) == sorted(vids[:2])
     assert [k for k in store.list("locks/") if k.startswith(holds.HOLDS)]
     deltackpt.gc(repo_path, keep_last=1)
     assert _ids(repo_path) == {vids[2]}

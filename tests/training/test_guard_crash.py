@@ -40,7 +40,7 @@ def _kill_after_marker(repo: str, marker: str, k: int) -> dict:
         return json.load(f)
 
 
-@pytest.mark.parametrize("k", [0, 7])
+@pytest.mark.parametrize("k", [0, pytest.param(7, marks=pytest.mark.slow)])
 def test_skipped_window_stays_skipped_after_sigkill_and_resume(tmp_path, repo_path, k):
     """K=0: killed right after the rollback (resumes from the version the rollback committed);
     K=7: killed after the next save.  Either way the resumed run starts at or past the end of the
