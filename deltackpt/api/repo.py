@@ -4,12 +4,15 @@ without it."""
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 from ..errors import DeltackptError, InvalidArgumentError
 from ..progress import bar
-from ..repo import commit
+from ..format.events import DRILL, Event
+from ..repo import commit, events
+from ..repo.drill import DrillReport, run_drill
 from ..repo.gc import DEFAULT_GRACE_SECONDS, GcReport, run_gc
 from ..repo.retention import Retention, check_seconds
 from ..repo.verify import VerifyReport, run_verify
@@ -99,8 +102,9 @@ class Repo(Handle):
                             "stored_bytes": self.core.stored_size(c.chunk_id for c in blob.chunks),
                             "chunks": len(blob.chunks), "encoding": t.encoding, "exact": t.exact,
                             "max_abs_err": t.max_abs_err, "shared_blob": blob.nbytes != t.nbytes})
+        drill = next((e.to_json() for e in events.usable(self.core, DRILL) if e.data.get("version") == vid), None)
         return {"version": self.core.version(vid).to_json(), "exact": m.exact, "tensors": tensors,
-                "written": m.extra.get("written", {})}
+                "written": m.extra.get("written", {}), "last_drill": drill}
 
     def tag(self, name: str, version: "str | Version" = "latest", *, force: bool = False) -> Version:
         """Name a version: ``repo.tag("best", "latest~3")``.  Tags are kept by gc."""
@@ -114,6 +118,25 @@ class Repo(Handle):
 
     def tags(self) -> dict[str, str]:
         return self.core.tags()
+
+    def events(self) -> list[Event]:
+        """The repository's event records (a guard's rollbacks, drills), newest first; a record
+        that does not parse is listed as kind ``"damaged"`` with ``data["error"]`` saying why.
+
+        ``[e.kind for e in repo.events()]``"""
+        return [e if isinstance(e, Event) else Event(eid, "damaged", math.nan, {"error": str(e)})
+                for eid, e in events.scan(self.core)]
+
+    def drill(self, version: "str | Version" = "latest", *, threads: int | None = None,
+              record: bool = True) -> DrillReport:
+        """Restore ``version`` into fresh memory as a restarted process would, check every chunk
+        against its hash, measure the time and bytes read, and record it (``deltackpt log`` shows
+        the last drill; ``YoungDaly`` uses the restore time).  ``threads``: decode threads
+        (default: every core).  A version that does not restore gives ``ok`` False, not an error.
+
+        ``report = repo.drill("latest~1"); assert report.ok``"""
+        revision = version.id if isinstance(version, Version) else version
+        return run_drill(self.core, revision, threads=threads or os.cpu_count() or 1, record=record)
 
     def verify(self, *, read_data: bool = True) -> VerifyReport:
         """Re-read and re-hash everything: ``assert repo.verify().ok``."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import deltackpt
 
+from . import events
 from .render import emit_json, human_bytes, one_line, table, when
 
 #: `verify` found problems (the other statuses are main's: they come from exceptions)
@@ -54,6 +55,7 @@ def cmd_log(args: argparse.Namespace) -> int:
                      "?" if v.written_bytes is None else human_bytes(v.written_bytes),
                      ",".join(v.tags), "" if v.exact else "lossy", metrics])
     table(["version", "time", "step", "size", "written", "tags", "exact", "metrics"], rows)
+    events.print_recent([e.to_json() for e in _repo(args).events()])
     damaged = sum(v.error is not None for v in versions)
     if damaged:
         print(f"deltackpt: {damaged} damaged version(s) listed; `deltackpt verify` names what is wrong",
@@ -71,6 +73,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"tags    {', '.join(v['tags']) or '-'}\nexact   {'yes' if info['exact'] else 'no (lossy encodings)'}")
     if v["metrics"]:
         print("metrics " + ", ".join(f"{k}={val}" for k, val in v["metrics"].items()))
+    if info.get("last_drill"):
+        print("drill   " + events.describe_drill(info["last_drill"]))
     logical = sum(t["logical_bytes"] for t in info["tensors"])
     stored = sum(t["stored_bytes"] for t in info["tensors"])
     print(f"tensors {len(info['tensors'])}, size {human_bytes(logical)}, stored {human_bytes(stored)} "
@@ -147,6 +151,8 @@ def gc_lines(report: Any) -> list[str]:
     if report.chunks_rebased:
         lines.append(f"{report.chunks_rebased} chunk(s) of kept versions were stored as deltas against a "
                      "removed version: now stored whole")
+    if getattr(report, "events_deleted", 0):
+        lines.append(f"old drill records deleted: {report.events_deleted}")
     if report.bases_kept:
         lines.append(f"{report.bases_kept} chunk(s) of removed versions stay: kept versions' deltas are "
                      "built on them")
@@ -227,3 +233,11 @@ def cmd_import(args: argparse.Namespace) -> int:
         print(f"imported {args.file} as version {v.short_id} ({human_bytes(v.logical_bytes)} of state, "
               f"{human_bytes(v.written_bytes)} written)")
     return 0
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    return events.cmd_drill(args, _repo(args))
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    return events.cmd_events(args, _repo(args))

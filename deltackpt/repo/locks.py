@@ -62,10 +62,11 @@ def _start_time(pid: int) -> int | None:
 _BOOT = _boot_id()
 
 
-def _body(kind: str, token: str = "") -> bytes:
+def _body(kind: str, token: str = "", **extra: object) -> bytes:
+    """A lock body naming this process; ``extra`` fields follow the common ones (a hold's versions)."""
     pid = os.getpid()
     return msgpack_io.pack({"host": HOST, "pid": pid, "time": time.time(), "kind": kind, "token": token,
-                            "pidns": _pid_ns(), "boot": _BOOT, "start": _start_time(pid)})
+                            "pidns": _pid_ns(), "boot": _BOOT, "start": _start_time(pid), **extra})
 
 
 def _holder(store: Store, key: str) -> dict | None:

@@ -9,7 +9,8 @@ Layout (keys in the store)::
     manifests/<version id>     one per version; version id = xxh3-128 of the manifest's bytes
     refs/latest                the newest version (branch head)
     refs/tags/<name>           tags
-    locks/                     save (shared), gc (exclusive), refs (mutex)
+    locks/                     save (shared), gc (exclusive), refs (mutex), holds (versions gc keeps)
+    events/<event id>          optional records of rollbacks and drills (events.py)
     tmp/                       temp files of writes in flight (local stores)
 """
 

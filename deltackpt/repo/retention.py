@@ -1,6 +1,7 @@
 """Which versions to keep: one declarative policy shared by ``gc`` and the Checkpointer.
 
-The union of every rule is kept; ``latest`` is always kept.
+The union of every rule is kept; ``latest`` is always kept, and so is every version a live
+process holds (:mod:`.holds`: a divergence guard's rollback target), whatever the rules say.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError
+from .holds import held
 from .repository import Repository
 
 
@@ -100,6 +102,10 @@ class Retention:
         if self.keep_tags:
             for name, vid in repo.tags().items():
                 keep(vid, f"tag {name}")
+        present = set(history)
+        for vid, why in held(repo.store).items():  # a live run's rollback target (holds.py)
+            if vid in present:
+                keep(vid, why)
         return kept
 
 
