@@ -140,6 +140,20 @@ class Repository(ChunkReader, IndexState):
             self._manifests[vid] = m
         return m
 
+    def require_present(self) -> None:
+        """Raise NotARepositoryError when the repository this handle opened is no longer there (its
+        folder deleted or moved, or another repository created in its place) since the handle read
+        its config.  Writers call it before writing anything: a handle outlives its files, and a save
+        into a folder without a config returns an id no one can read back."""
+        try:
+            raw = self.store.get_bounded(CONFIG, MAX_CONFIG_BYTES)
+        except (ObjectNotFoundError, FileNotFoundError):
+            raise NotARepositoryError(f"{self.location}: the repository is gone (no config): it was deleted or "
+                                      "moved after this handle opened it; nothing was written") from None
+        if config_fmt.decode(raw, where=self.location).repo_id != self.config.repo_id:
+            raise NotARepositoryError(f"{self.location}: another repository replaced the one this handle opened "
+                                      "(its repo_id differs); nothing was written: open it again")
+
     def forget_manifest(self, vid: str) -> None:
         self._manifests.pop(vid, None)
 
