@@ -202,10 +202,17 @@ def cmd_diff(args: argparse.Namespace) -> int:
         return 0
     fmt = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
     table(["tensor", "changed", "max_abs", "rel_l2", "stored_a", "stored_b"],
-          [[r["name"], r.get("status") or f"{100 * r['changed_fraction']:.1f}%", fmt(r.get("max_abs")),
+          [[r["name"], r.get("status") or _changed(r), fmt(r.get("max_abs")),
             fmt(r.get("rel_l2")), human_bytes(r.get("stored_bytes_a")), human_bytes(r.get("stored_bytes_b"))]
            for r in rows])
     return 0
+
+
+def _changed(row: dict[str, Any]) -> str:
+    """The "changed" cell of a diff row: a percentage, or why there is none."""
+    if row.get("changed_fraction") is None:
+        return row.get("note") or "?"
+    return f"{100 * row['changed_fraction']:.1f}%"
 
 
 def cmd_import(args: argparse.Namespace) -> int:

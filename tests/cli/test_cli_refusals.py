@@ -1,0 +1,81 @@
+"""Issue 23, items 9, 11 and 13, through the real ``deltackpt`` command (subprocesses): inputs that
+reached exit 4 (an internal error) or did nothing while exiting 0 now get one typed line, or a
+figure, before anything is written."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import deltackpt
+from deltackpt.cli import main as cli
+from tests.cli.test_cli_errors import _one_line_error
+from tests.conftest import file_digests, run_cli
+
+
+# item 11: diff of stride-0 views ------------------------------------------------------------------
+def test_diff_of_stride0_views_of_2_to_the_36_elements_compares_without_expanding(tmp_path):
+    """A stride-0 view of 2^36 float32 elements (256 GiB expanded) diffs as one element: exit 0 and
+    the right figures; two views broadcast along different dimensions (2^36 real comparisons) are
+    reported as not compared, with the reason, instead of exiting 4."""
+    repo = str(tmp_path / "r")
+    n = 1 << 36
+    deltackpt.save({"w": torch.zeros(1).expand(n), "m": torch.zeros(1 << 18, 1).expand(1 << 18, 1 << 18),
+                    "same": torch.full((1,), 2.0).expand(n)}, repo)
+    deltackpt.save({"w": torch.full((1,), 0.5).expand(n), "m": torch.ones(1, 1 << 18).expand(1 << 18, 1 << 18),
+                    "same": torch.full((1,), 2.0).expand(n)}, repo)
+    proc = run_cli("diff", "latest~1", "latest", "--repo", repo, "--json", check=False)
+    assert proc.returncode == cli.EXIT_OK, proc.stderr
+    rows = {r["name"]: r for r in json.loads(proc.stdout)}
+    assert (rows["w"]["changed_fraction"], rows["w"]["max_abs"], rows["w"]["rel_l2"]) == (1.0, 0.5, float("inf"))
+    assert rows["same"]["changed_fraction"] == 0.0
+    assert rows["m"]["changed_fraction"] is None and rows["m"]["note"].startswith("not compared")
+    text = run_cli("diff", "latest~1", "latest", "--repo", repo).stdout
+    assert "not compared" in text and "100.0%" in text
+
+
+def test_diff_figures_of_an_ordinary_tensor_are_unchanged_by_piecewise_comparison(tmp_path):
+    """A tensor larger than one comparison piece (2^22 elements) gives the figures computed whole."""
+    repo = str(tmp_path / "r")
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(3000, 2000, generator=g)
+    b = a.clone()
+    b[::7] += 0.25
+    b[5, 5] = float("nan")
+    deltackpt.save({"t": a}, repo)
+    deltackpt.save({"t": b}, repo)
+    row = json.loads(run_cli("diff", "latest~1", "latest", "--repo", repo, "--json").stdout)[0]
+    d = (b.double() - a.double()).abs()
+    fin = d[torch.isfinite(d)]
+    assert row["changed_fraction"] == pytest.approx(((a != b) | b.isnan()).double().mean().item())
+    assert row["max_abs"] == pytest.approx(fin.max().item())
+    assert row["rel_l2"] == pytest.approx(fin.pow(2).sum().sqrt().item() / a.double().norm().item())
+
+
+# item 11: dtypes safetensors cannot hold ---------------------------------------------------------
+UNHELD = {"complex128": lambda: torch.randn(3, dtype=torch.complex128),
+          "complex32": lambda: torch.randn(3, dtype=torch.complex64).to(torch.complex32),
+          "bits8": lambda: torch.arange(4, dtype=torch.uint8).view(torch.bits8)}
+
+
+@pytest.mark.parametrize("dtype", sorted(UNHELD))
+def test_restore_to_safetensors_of_a_dtype_it_cannot_hold_is_one_line_and_writes_nothing(tmp_path, dtype):
+    """restore -o x.safetensors of a complex128 / complex32 / bits8 tensor exits 3 naming the tensor and
+    its dtype, leaves an existing file as it was and no temporary beside it; .pt holds it bit for bit."""
+    repo = str(tmp_path / "r")
+    t = UNHELD[dtype]()
+    deltackpt.save({"ok": torch.ones(2), "odd": t}, repo)
+    out = tmp_path / "x.safetensors"
+    out.write_bytes(b"the user's earlier file")
+    proc = run_cli("restore", "latest", "--repo", repo, "-o", str(out), "--json", check=False)
+    _one_line_error(proc, cli.EXIT_ERROR, str(out), "tensor odd", dtype, "safetensors cannot hold", ".pt")
+    assert json.loads(proc.stdout)["error"]["type"] == "UnsupportedLeafError"
+    assert out.read_bytes() == b"the user's earlier file"
+    assert sorted(os.listdir(tmp_path)) == ["r", "x.safetensors"]
+    pt = str(tmp_path / "x.pt")
+    run_cli("restore", "latest", "--repo", repo, "-o", pt)
+    back = torch.load(pt, weights_only=True)["odd"]
+    assert back.dtype == t.dtype and torch.equal(back.view(torch.uint8), t.view(torch.uint8))
