@@ -40,14 +40,34 @@ def _repo(args: argparse.Namespace, create: bool = False) -> Any:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    repo = deltackpt.Repo.init(args.repo, **({"chunk_bytes": args.chunk_bytes} if args.chunk_bytes else {}),
-                               **({"keyframe_interval": args.keyframe_interval} if args.keyframe_interval is not None else {}),
-                               **({"delta_base": args.delta_base} if args.delta_base else {}))
-    info = repo.core.info()
+    """Create a repository; on an existing one change nothing and say so (exit 0, as a second
+    `git init` does, so setup scripts may run it again), unless an option asks for a setting it
+    does not have: a repository's settings are fixed at creation, so that is an error (exit 3)."""
+    from deltackpt.errors import ConflictError, NotARepositoryError
+    from deltackpt.format.config import check_chunk_bytes, check_delta_base, check_keyframe_interval
+    options = {k: v for k, v in (("chunk_bytes", args.chunk_bytes), ("keyframe_interval", args.keyframe_interval),
+                                 ("delta_base", args.delta_base)) if v is not None}
+    for name, check in (("chunk_bytes", check_chunk_bytes), ("keyframe_interval", check_keyframe_interval),
+                        ("delta_base", check_delta_base)):
+        if name in options:
+            check(options[name])   # a value no config can hold is a usage error, even for an existing repository
+    try:
+        repo, created = deltackpt.Repo(args.repo), False
+    except NotARepositoryError:
+        repo, created = deltackpt.Repo.init(args.repo, **options), True
+    info = {**repo.core.info(), "delta_base": repo.core.config.delta_base, "created": created}
+    if not created:
+        differ = [f"{k} {info[k]!r} (asked: {v!r})" for k, v in options.items() if info[k] != v]
+        if differ:
+            raise ConflictError(f"{info['location']}: a repository already exists here with {', '.join(differ)}; "
+                                "its settings are fixed at creation: nothing changed (init another folder)")
     if args.json:
         emit_json(info)
-    else:
+    elif created:
         print(f"initialized deltackpt repository at {info['location']} (format version {info['format_version']})")
+    else:
+        print(f"a deltackpt repository already exists at {info['location']} (format version "
+              f"{info['format_version']}); nothing changed")
     return 0
 
 
@@ -242,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=func)
         return sp
 
-    sp = command("init", cmd_init, "create a repository")
+    sp = command("init", cmd_init, "create a repository (on an existing one: change nothing, say so, exit 0; "
+                 "exit 3 if an option asks for another setting than it has)")
     sp.add_argument("--chunk-bytes", type=int)
     sp.add_argument("--keyframe-interval", type=int)
     sp.add_argument("--delta-base", choices=["child", "parent", "keyframe"],

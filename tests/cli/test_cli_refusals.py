@@ -79,3 +79,34 @@ def test_restore_to_safetensors_of_a_dtype_it_cannot_hold_is_one_line_and_writes
     run_cli("restore", "latest", "--repo", repo, "-o", pt)
     back = torch.load(pt, weights_only=True)["odd"]
     assert back.dtype == t.dtype and torch.equal(back.view(torch.uint8), t.view(torch.uint8))
+
+
+# item 9: settings no config can hold -------------------------------------------------------------
+@pytest.mark.parametrize("option", [("--chunk-bytes", "-1"), ("--chunk-bytes", "0"), ("--chunk-bytes", str(1 << 40)),
+                                    ("--keyframe-interval", "5000"), ("--keyframe-interval", "-1")],
+                         ids=lambda o: " ".join(o))
+def test_init_with_a_setting_no_config_can_hold_is_a_usage_error_and_creates_nothing(tmp_path, option):
+    """init --chunk-bytes -1 (or 0, 2^40; --keyframe-interval 5000 or -1) exits 2 with one line naming
+    the option and its range, and creates no folder; it used to write a config no command could read."""
+    repo = str(tmp_path / "r")
+    proc = run_cli("init", "--repo", repo, *option, check=False)
+    _one_line_error(proc, cli.EXIT_USAGE, option[0], option[1])
+    assert not os.path.exists(repo)
+
+
+# item 13: init of an existing repository -----------------------------------------------------------
+def test_init_of_an_existing_repository_says_so_and_changes_nothing(tmp_path):
+    """A second init exits 0 saying the repository already exists (--json: "created": false) and
+    writes nothing; an option asking for another setting than the repository has exits 3 naming it."""
+    repo = str(tmp_path / "r")
+    assert json.loads(run_cli("init", "--repo", repo, "--json").stdout)["created"] is True
+    deltackpt.save({"w": torch.ones(3)}, repo)
+    before = file_digests(repo)
+    again = run_cli("init", "--repo", repo)
+    assert "already exists" in again.stdout and "nothing changed" in again.stdout
+    assert "initialized" not in again.stdout
+    assert json.loads(run_cli("init", "--repo", repo, "--json").stdout)["created"] is False
+    assert run_cli("init", "--repo", repo, "--keyframe-interval", "8", "--delta-base", "child").returncode == 0
+    proc = run_cli("init", "--repo", repo, "--chunk-bytes", "4096", check=False)
+    _one_line_error(proc, cli.EXIT_ERROR, "already exists", "chunk_bytes 2097152", "4096")
+    assert file_digests(repo) == before
