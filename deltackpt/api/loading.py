@@ -54,7 +54,7 @@ def load(repo: "str | os.PathLike | Handle | Store", version: "str | Version" = 
     vid = core.resolve(version)
     m = core.manifest(vid)
     core.refresh_index()
-    chosen = selected_tensors(m, layers)
+    chosen = selected_tensors(m, layers, f"version {vid[:10]}")
     with bar("load", sum(m.blobs[b].nbytes for b in {m.tensors[i].blob for i in chosen})):
         buffers = read_blobs(core, vid, m, (m.tensors[i].blob for i in chosen), threads=threads)
     tensors = build_tensors(m, chosen, buffers, map_location)

@@ -110,3 +110,63 @@ def test_init_of_an_existing_repository_says_so_and_changes_nothing(tmp_path):
     proc = run_cli("init", "--repo", repo, "--chunk-bytes", "4096", check=False)
     _one_line_error(proc, cli.EXIT_ERROR, "already exists", "chunk_bytes 2097152", "4096")
     assert file_digests(repo) == before
+
+
+# item 13: silent no-ops -----------------------------------------------------------------------------
+@pytest.fixture
+def model_repo(tmp_path):
+    repo = str(tmp_path / "r")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    for step in range(3):
+        deltackpt.save({"model": model.state_dict(), "step": step}, repo, step=step, metrics={"loss": 1.0 / (step + 1)})
+    return repo
+
+
+@pytest.mark.parametrize("layers,needles", [
+    (["nope"], ["layer 'nope' selects no tensor", "top-level layers: model"]),
+    (["model.0", "modl.1"], ["layer 'modl.1'", "did you mean 'model.1'"]),
+], ids=["unknown", "one-typo-among-two"])
+def test_restore_of_a_layer_the_version_lacks_fails_before_writing(model_repo, tmp_path, layers, needles):
+    """restore --layer nope used to write an empty .pt and exit 0: now exit 3, one line naming the
+    layer and the layers there are, and no file (an existing one is left as it was)."""
+    out = tmp_path / "x.pt"
+    args = [a for layer in layers for a in ("--layer", layer)]
+    proc = run_cli("restore", "latest", "--repo", model_repo, "-o", str(out), *args, "--json", check=False)
+    _one_line_error(proc, cli.EXIT_ERROR, *needles)
+    assert json.loads(proc.stdout)["error"]["type"] == "StateMismatchError"
+    assert not out.exists()
+    ok = run_cli("restore", "latest", "--repo", model_repo, "-o", str(out), "--layer", "0")
+    assert "restored 2 tensors" in ok.stdout and out.exists()
+
+
+def test_load_of_a_layer_the_version_lacks_raises(model_repo):
+    with pytest.raises(deltackpt.errors.StateMismatchError, match="layer 'decoder' selects no tensor"):
+        deltackpt.load(model_repo, layers=["decoder"])
+
+
+@pytest.mark.parametrize("dry", [False, True], ids=["run", "dry-run"])
+def test_gc_keep_best_on_a_metric_no_version_records_is_refused(model_repo, dry):
+    """gc --keep-best val_loss:2 on a repository recording only 'loss' used to keep nothing for that
+    rule and remove the rest silently: now one line naming the metric and those recorded (--json
+    carries it), and nothing is removed."""
+    before = file_digests(model_repo)
+    proc = run_cli("gc", "--repo", model_repo, "--keep-last", "1", "--keep-best", "val_loss:2", "--grace", "0",
+                   "--json", *(["--dry-run"] if dry else []), check=False)
+    _one_line_error(proc, cli.EXIT_USAGE, "'val_loss'", "metrics recorded: loss", "nothing was removed")
+    assert json.loads(proc.stdout)["error"]["type"] == "InvalidArgumentError"
+    assert file_digests(model_repo) == before
+    kept = json.loads(run_cli("gc", "--repo", model_repo, "--keep-last", "1", "--keep-best", "loss:1:max",
+                              "--json", "--dry-run").stdout)["kept"]
+    assert len(kept) == 2   # latest, and the best by a metric that is recorded
+
+
+def test_a_checkpointer_whose_metric_is_not_recorded_yet_keeps_training(repo_path):
+    """The Checkpointer's own gc does not refuse: its first versions may precede the first evaluation."""
+    ckpt = deltackpt.Checkpointer(repo_path, retention=deltackpt.Retention(keep_last=1, keep_best=("val", 1, "min")),
+                                  blocking=True, grace_seconds=0)
+    model = torch.nn.Linear(2, 2)
+    for step in range(3):
+        ckpt.step({"model": model.state_dict()}, step=step, force=True)
+    ckpt.close()
+    assert len(deltackpt.Repo(repo_path).log()) == 1
