@@ -47,7 +47,7 @@ def test_diff_figures_of_an_ordinary_tensor_are_unchanged_by_piecewise_compariso
     b[5, 5] = float("nan")
     deltackpt.save({"t": a}, repo)
     deltackpt.save({"t": b}, repo)
-    row = json.loads(run_cli("diff", "latest~1", "latest", "--repo", repo, "--json").stdout)[0]
+    row = deltackpt.Repo(repo).diff("latest~1", "latest")[0]
     d = (b.double() - a.double()).abs()
     fin = d[torch.isfinite(d)]
     assert row["changed_fraction"] == pytest.approx(((a != b) | b.isnan()).double().mean().item())
@@ -61,24 +61,27 @@ UNHELD = {"complex128": lambda: torch.randn(3, dtype=torch.complex128),
           "bits8": lambda: torch.arange(4, dtype=torch.uint8).view(torch.bits8)}
 
 
-@pytest.mark.parametrize("dtype", sorted(UNHELD))
-def test_restore_to_safetensors_of_a_dtype_it_cannot_hold_is_one_line_and_writes_nothing(tmp_path, dtype):
-    """restore -o x.safetensors of a complex128 / complex32 / bits8 tensor exits 3 naming the tensor and
-    its dtype, leaves an existing file as it was and no temporary beside it; .pt holds it bit for bit."""
+def test_restore_to_safetensors_of_a_dtype_it_cannot_hold_is_one_line_and_writes_nothing(tmp_path):
+    """restore -o x.safetensors of a complex128 / complex32 / bits8 tensor (exit 4 before: safetensors'
+    KeyError) exits 3 naming the tensor and its dtype, leaves an existing file as it was and no
+    temporary beside it; .pt holds all three bit for bit."""
     repo = str(tmp_path / "r")
-    t = UNHELD[dtype]()
-    deltackpt.save({"ok": torch.ones(2), "odd": t}, repo)
+    state = {"ok": torch.ones(2), **{name: make() for name, make in UNHELD.items()}}
+    deltackpt.save(state, repo)
     out = tmp_path / "x.safetensors"
     out.write_bytes(b"the user's earlier file")
-    proc = run_cli("restore", "latest", "--repo", repo, "-o", str(out), "--json", check=False)
-    _one_line_error(proc, cli.EXIT_ERROR, str(out), "tensor odd", dtype, "safetensors cannot hold", ".pt")
-    assert json.loads(proc.stdout)["error"]["type"] == "UnsupportedLeafError"
-    assert out.read_bytes() == b"the user's earlier file"
-    assert sorted(os.listdir(tmp_path)) == ["r", "x.safetensors"]
+    for dtype in sorted(UNHELD):
+        proc = run_cli("restore", "latest", "--repo", repo, "-o", str(out), "--layer", "ok", "--layer", dtype,
+                       "--json", check=False)
+        _one_line_error(proc, cli.EXIT_ERROR, str(out), f"tensor {dtype} is {dtype}", "safetensors cannot hold", ".pt")
+        assert json.loads(proc.stdout)["error"]["type"] == "UnsupportedLeafError"
+        assert out.read_bytes() == b"the user's earlier file"
+        assert sorted(os.listdir(tmp_path)) == ["r", "x.safetensors"]
     pt = str(tmp_path / "x.pt")
     run_cli("restore", "latest", "--repo", repo, "-o", pt)
-    back = torch.load(pt, weights_only=True)["odd"]
-    assert back.dtype == t.dtype and torch.equal(back.view(torch.uint8), t.view(torch.uint8))
+    back = torch.load(pt, weights_only=True)
+    for name, t in state.items():
+        assert back[name].dtype == t.dtype and torch.equal(back[name].view(torch.uint8), t.view(torch.uint8)), name
 
 
 # item 9: settings no config can hold -------------------------------------------------------------
@@ -136,8 +139,6 @@ def test_restore_of_a_layer_the_version_lacks_fails_before_writing(model_repo, t
     _one_line_error(proc, cli.EXIT_ERROR, *needles)
     assert json.loads(proc.stdout)["error"]["type"] == "StateMismatchError"
     assert not out.exists()
-    ok = run_cli("restore", "latest", "--repo", model_repo, "-o", str(out), "--layer", "0")
-    assert "restored 2 tensors" in ok.stdout and out.exists()
 
 
 def test_load_of_a_layer_the_version_lacks_raises(model_repo):
