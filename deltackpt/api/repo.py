@@ -14,7 +14,7 @@ from ..format.events import DRILL, Event
 from ..repo import commit, events
 from ..repo.drill import DrillReport, run_drill
 from ..repo.gc import DEFAULT_GRACE_SECONDS, GcReport, run_gc
-from ..repo.retention import Retention, check_seconds
+from ..repo.retention import Retention, check_metric_recorded, check_seconds
 from ..repo.verify import VerifyReport, run_verify
 from ..repo.versions import Version
 from ..store.base import Store
@@ -211,9 +211,10 @@ def gc(repo: "str | os.PathLike | Repo | Store", *, keep_last: int | None = None
        grace_seconds: float = DEFAULT_GRACE_SECONDS) -> GcReport:
     """Remove versions outside the retention rules, and the bytes only they held.
 
-    The union of the rules is kept, and ``latest`` always.  A kept version never loses a delta
-    base: its chunk is rewritten as a keyframe (``rebase=True``, reported as ``chunks_rebased``)
-    or the base is kept (``bases_kept``).
+    The union of the rules is kept, and ``latest`` always.  ``keep_best`` on a metric no version
+    records is refused (InvalidArgumentError, nothing removed): it would keep nothing.  A kept
+    version never loses a delta base: its chunk is rewritten as a keyframe (``rebase=True``,
+    reported as ``chunks_rebased``) or the base is kept (``bases_kept``).
 
     Example::
 
@@ -228,4 +229,7 @@ def gc(repo: "str | os.PathLike | Repo | Store", *, keep_last: int | None = None
     for name, flag in (("dry_run", dry_run), ("rebase", rebase)):
         if not isinstance(flag, bool):
             raise InvalidArgumentError(f"{name} must be True or False, got {flag!r:.80}")
-    return run_gc(open_core(repo), policy, dry_run=dry_run, rebase=rebase, grace_seconds=grace_seconds)
+    core = open_core(repo)
+    if policy.keep_best is not None:
+        check_metric_recorded(core, policy.keep_best[0])
+    return run_gc(core, policy, dry_run=dry_run, rebase=rebase, grace_seconds=grace_seconds)

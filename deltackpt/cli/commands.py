@@ -24,16 +24,35 @@ def _repo(args: argparse.Namespace, create: bool = False) -> Any:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    repo = deltackpt.Repo.init(args.repo, **({"chunk_bytes": args.chunk_bytes} if args.chunk_bytes else {}),
-                               **({"keyframe_interval": args.keyframe_interval} if args.keyframe_interval is not None else {}),
-                               **({"delta_base": args.delta_base} if args.delta_base else {}))
-    info = repo.core.info()
+    """Create a repository; on an existing one change nothing and say so (exit 0, as a second
+    `git init` does, so setup scripts may run it again), unless an option asks for a setting it
+    does not have: a repository's settings are fixed at creation, so that is an error (exit 3)."""
+    from deltackpt.errors import ConflictError, NotARepositoryError
+    from deltackpt.format.config import check_chunk_bytes, check_delta_base, check_keyframe_interval
+    options = {k: v for k, v in (("chunk_bytes", args.chunk_bytes), ("keyframe_interval", args.keyframe_interval),
+                                 ("delta_base", args.delta_base)) if v is not None}
+    for name, check in (("chunk_bytes", check_chunk_bytes), ("keyframe_interval", check_keyframe_interval),
+                        ("delta_base", check_delta_base)):
+        if name in options:
+            check(options[name])   # a value no config can hold is a usage error, even for an existing repository
+    try:
+        repo, created = deltackpt.Repo(args.repo), False
+    except NotARepositoryError:
+        repo, created = deltackpt.Repo.init(args.repo, **options), True
+    info = {**repo.core.info(), "delta_base": repo.core.config.delta_base, "created": created}
+    if not created:
+        differ = [f"{k} {info[k]!r} (asked: {v!r})" for k, v in options.items() if info[k] != v]
+        if differ:
+            raise ConflictError(f"{info['location']}: a repository already exists here with {', '.join(differ)}; "
+                                "its settings are fixed at creation: nothing changed (init another folder)")
     if args.json:
         emit_json(info)
-    else:
+    elif created:
         print(f"initialized deltackpt repository at {info['location']} (format version {info['format_version']})")
+    else:
+        print(f"a deltackpt repository already exists at {info['location']} (format version "
+              f"{info['format_version']}); nothing changed")
     return 0
-
 
 def cmd_log(args: argparse.Namespace) -> int:
     versions = _repo(args).log()
@@ -216,10 +235,17 @@ def cmd_diff(args: argparse.Namespace) -> int:
         return 0
     fmt = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
     table(["tensor", "changed", "max_abs", "rel_l2", "stored_a", "stored_b"],
-          [[r["name"], r.get("status") or f"{100 * r['changed_fraction']:.1f}%", fmt(r.get("max_abs")),
+          [[r["name"], r.get("status") or _changed(r), fmt(r.get("max_abs")),
             fmt(r.get("rel_l2")), human_bytes(r.get("stored_bytes_a")), human_bytes(r.get("stored_bytes_b"))]
            for r in rows])
     return 0
+
+
+def _changed(row: dict[str, Any]) -> str:
+    """The "changed" cell of a diff row: a percentage, or why there is none."""
+    if row.get("changed_fraction") is None:
+        return row.get("note") or "?"
+    return f"{100 * row['changed_fraction']:.1f}%"
 
 
 def cmd_import(args: argparse.Namespace) -> int:

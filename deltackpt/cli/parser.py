@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=func)
         return sp
 
-    _init(command("init", commands.cmd_init, "create a repository"))
+    _init(command("init", commands.cmd_init, "create a repository (on an existing one: change nothing, say so, "
+                  "exit 0; exit 3 if an option asks for another setting than it has)"))
     sp = command("log", commands.cmd_log, "list versions, newest first")
     sp.add_argument("-n", "--limit", type=int, metavar="N", help="list only the newest N")
     sp = command("show", commands.cmd_show, "a version's metadata and tensors")

@@ -82,3 +82,6 @@ MAX_NAME_LENGTH = 128
 
 DEFAULT_KEYFRAME_INTERVAL = 8
 """At most this many deltas between keyframes of a chunk (restoring decodes <= K+1 objects)."""
+
+MAX_KEYFRAME_INTERVAL = 1024
+"""The largest keyframe interval a config may hold: a chain stays within MAX_CHAIN_DEPTH."""

@@ -48,7 +48,7 @@ import torch
 from ..api import Repo, load, portable_location, save
 from ..training import Checkpointer, Guard, training_state
 from ..deps import require
-from ..errors import CheckpointNotFoundError, DeltackptError, UnknownVersionError
+from ..errors import CheckpointNotFoundError, CorruptObjectError, DeltackptError, UnknownVersionError
 from .plain import from_plain, to_plain
 
 __all__ = ["DeltackptGuard", "DeltackptIO", "to_plain", "from_plain"]
@@ -161,7 +161,10 @@ class DeltackptIO(CheckpointIO):
         self.teardown()
         vid = self._resolve(os.fspath(path))
         location = map_location if isinstance(map_location, (str, torch.device)) else "cpu"
-        return from_plain(load(self.repo, vid, map_location=location))
+        try:
+            return from_plain(load(self.repo, vid, map_location=location))
+        except CorruptObjectError as exc:   # a malformed tagged value names its entry; say which version
+            raise CorruptObjectError(f"{self.repo.location}, version {vid[:10]}: {exc}") from None
 
     def remove_checkpoint(self, path: Any) -> None:
         path = os.fspath(path)

@@ -68,6 +68,7 @@ PLAN_RETRIES = 8
 def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase: bool = True,
            grace_seconds: float = DEFAULT_GRACE_SECONDS) -> GcReport:
     report = GcReport(dry_run=dry_run)
+    repo.require_present()
     if dry_run:
         return _estimate(repo, policy, report, rebase, grace_seconds)
 

@@ -3,7 +3,7 @@
 After version N is committed, the previous head chunks it re-stored as deltas are decodable through
 N's keyframes, so the packs holding their old keyframes can go, with no full gc.  A pack is
 dropped only when every object in it is still readable another way without it: its chunk resolves
-through other copies (copies.py), and a chunk the new head version uses keeps a keyframe, so
+through other copies (copies.py) in packs that exist, and a chunk the new head version uses keeps a keyframe, so
 ``latest`` stays one object per chunk.  A pack that is mostly redundant but still holds needed
 objects (the first version's pack, of which a fine-tune changes one layer) is rewritten: the
 needed objects are copied byte for byte into a new pack first.
@@ -24,19 +24,26 @@ from ..format.ids import hex_id
 from ..format.limits import MAX_INDEX_BYTES
 from ..format.pack import PackBuilder, PackEntry
 from . import locks
-from .layout import INDEX, pack_key
+from .layout import INDEX, PACKS, pack_key
 from .repository import Repository
 
 REWRITE_DEAD_FRACTION = 0.2   # rewrite a pack once this much of it is redundant (gc uses the same)
 _NEW = "new"                   # the pack being built, while planning
 
 
+def _packs_on_disk(repo: Repository) -> set[str]:
+    """The pack ids whose files exist.  Why: the index outlives a lost pack (a deleted file, a
+    failed disk), and a copy in a lost pack must not count as the other way to read a chunk."""
+    return {key.rsplit("/", 1)[-1] for key in repo.store.list(PACKS)}
+
+
 def _plan(repo: Repository, candidates: set[str], protected: set[bytes]) -> dict[str, list[PackEntry]]:
     """For each candidate pack, the objects that must survive its removal (copied elsewhere)."""
     keep: dict[str, list[PackEntry]] = {pid: [] for pid in candidates}
+    on_disk = _packs_on_disk(repo)   # listed under the save lock: gc cannot delete one meanwhile
     while True:  # keeping an object can only make more chunks resolve: this settles
         extra = [(e.chunk_id, (_NEW, e)) for kept in keep.values() for e in kept]
-        res = repo.resolve_copies(lambda pid: pid not in candidates, extra)
+        res = repo.resolve_copies(lambda pid: pid not in candidates and pid in on_disk, extra)
         grew = False
         for pid in candidates:
             kept = {e.chunk_id for e in keep[pid]}
