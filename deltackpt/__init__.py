@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "save": "api", "load": "api", "restore": "api", "gc": "api", "Repo": "api",
     "Version": "repo.versions", "GcReport": "repo.gc", "VerifyReport": "repo.verify", "Retention": "repo.retention",
-    "resume": "training", "Checkpointer": "training", "SaveHandle": "snapshot.async_save",
+    "resume": "training", "Checkpointer": "training", "Guard": "training", "SaveHandle": "snapshot.async_save",
     "EveryN": "training.policies", "EveryT": "training.policies", "YoungDaly": "training.policies",
     "DenseEarly": "training.policies", "OnImprovement": "training.policies", "AnyOf": "training.policies",
 }

@@ -93,6 +93,11 @@ class MissingDependencyError(DeltackptError, ImportError):
     """An optional package a feature needs is not installed; the message says what to pip install."""
 
 
+class DivergenceError(DeltackptError, RuntimeError):
+    """Training kept diverging: a divergence guard rolled back as often as it may within its window,
+    or found no version older than the bad stretch to roll back to."""
+
+
 class CheckpointNotFoundError(UnknownVersionError, FileNotFoundError):
     """A checkpoint path names neither a pointer file nor a revision (Lightning's contract is FileNotFoundError)."""
 

@@ -49,7 +49,14 @@ def open_core(location: "str | os.PathLike | Store | Handle", *, create: bool = 
                           else delta_cache_bytes, level=level or 1, delta_base=delta_base)
         _OPEN[key] = core
     else:
-        if chunk_bytes:
+        from ..codecs.base import check_level
+        from ..format.config import check_chunk_bytes, check_delta_base, check_keyframe_interval
+        # every option checked before any is applied: a refused one leaves the handle as it was
+        for value, check in ((chunk_bytes, check_chunk_bytes), (keyframe_interval, check_keyframe_interval),
+                             (level, check_level), (delta_base, lambda b: check_delta_base(b, core.config.version))):
+            if value is not None:
+                check(value)
+        if chunk_bytes is not None:
             core.config.chunk_bytes = chunk_bytes
         if keyframe_interval is not None:
             core.config.keyframe_interval = keyframe_interval
@@ -58,8 +65,7 @@ def open_core(location: "str | os.PathLike | Store | Handle", *, create: bool = 
         if level is not None:
             core.level = level
         if delta_base is not None:
-            from ..format.config import check_delta_base
-            core.config.delta_base = check_delta_base(delta_base, core.config.version)
+            core.config.delta_base = delta_base
     return core
 
 

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from ..errors import StateMismatchError
-from ..format.manifest import TensorRef
 from ..progress import bar
 from ..repo.repository import Repository
 from ..repo.versions import Version
@@ -55,7 +54,7 @@ def load(repo: "str | os.PathLike | Handle | Store", version: "str | Version" = 
     vid = core.resolve(version)
     m = core.manifest(vid)
     core.refresh_index()
-    chosen = selected_tensors(m, layers)
+    chosen = selected_tensors(m, layers, f"version {vid[:10]}")
     with bar("load", sum(m.blobs[b].nbytes for b in {m.tensors[i].blob for i in chosen})):
         buffers = read_blobs(core, vid, m, (m.tensors[i].blob for i in chosen), threads=threads)
     tensors = build_tensors(m, chosen, buffers, map_location)
@@ -219,31 +218,22 @@ def _load_subtree(core: Repository, vid: str, m: Any, subtree: Any, live: "dict[
                   threads: int | None = None) -> Any:
     """The saved ``subtree`` with its tensors read; a tensor whose path in ``live`` names a tensor
     of the same shape and dtype is decoded into that one, in place, and stands for itself."""
-    from ..torchstate.flatten import unflatten
+    from ..torchstate.flatten import tensor_refs, unflatten
     from ..torchstate.materialize import build_tensors, is_own_blob, read_blobs, read_into
     from ..torchstate.tensor_bytes import writable_bytes
 
     indices: list[int] = []
     direct: list = []
 
-    def collect(v: Any, path: tuple) -> None:
-        if isinstance(v, TensorRef):
-            e, dst = m.tensors[v.index], (live or {}).get(path)
-            out = None
-            if dst is not None and list(dst.shape) == e.shape and str(dst.dtype).removeprefix("torch.") == e.dtype:
-                out = writable_bytes(dst)
-            if out is not None and is_own_blob(m, e):
-                direct.append((e.blob, memoryview(out), (dst, v.index)))
-            else:
-                indices.append(v.index)
-        elif isinstance(v, dict):
-            for k, x in v.items():
-                collect(x, path + (k,))
-        elif isinstance(v, (list, tuple)):
-            for n, x in enumerate(v):
-                collect(x, path + (n,))
-
-    collect(subtree, ())
+    for path, v in tensor_refs(subtree):
+        e, dst = m.tensors[v.index], (live or {}).get(path)
+        out = None
+        if dst is not None and list(dst.shape) == e.shape and str(dst.dtype).removeprefix("torch.") == e.dtype:
+            out = writable_bytes(dst)
+        if out is not None and is_own_blob(m, e):
+            direct.append((e.blob, memoryview(out), (dst, v.index)))
+        else:
+            indices.append(v.index)
     direct, shared = _disjoint(direct)
     indices += [i for _, i in shared]
     if direct:

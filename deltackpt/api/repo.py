@@ -4,17 +4,20 @@ without it."""
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 from ..errors import DeltackptError, InvalidArgumentError
 from ..progress import bar
 from ..codecs.base import is_int
-from ..repo import commit
+from ..format.events import DRILL, Event
+from ..repo import commit, events
 from ..repo.deltify import DEFAULT_LAG, DeltifyReport
 from ..repo.deltify import deltify as run_deltify
+from ..repo.drill import DrillReport, run_drill
 from ..repo.gc import DEFAULT_GRACE_SECONDS, GcReport, run_gc
-from ..repo.retention import Retention, check_seconds
+from ..repo.retention import Retention, check_metric_recorded, check_seconds
 from ..repo.verify import VerifyReport, run_verify
 from ..repo.versions import Version
 from ..store.base import Store
@@ -102,8 +105,9 @@ class Repo(Handle):
                             "stored_bytes": self.core.stored_size(c.chunk_id for c in blob.chunks),
                             "chunks": len(blob.chunks), "encoding": t.encoding, "exact": t.exact,
                             "max_abs_err": t.max_abs_err, "shared_blob": blob.nbytes != t.nbytes})
+        drill = next((e.to_json() for e in events.usable(self.core, DRILL) if e.data.get("version") == vid), None)
         return {"version": self.core.version(vid).to_json(), "exact": m.exact, "tensors": tensors,
-                "written": m.extra.get("written", {})}
+                "written": m.extra.get("written", {}), "last_drill": drill}
 
     def tag(self, name: str, version: "str | Version" = "latest", *, force: bool = False) -> Version:
         """Name a version: ``repo.tag("best", "latest~3")``.  Tags are kept by gc."""
@@ -117,6 +121,25 @@ class Repo(Handle):
 
     def tags(self) -> dict[str, str]:
         return self.core.tags()
+
+    def events(self) -> list[Event]:
+        """The repository's event records (a guard's rollbacks, drills), newest first; a record
+        that does not parse is listed as kind ``"damaged"`` with ``data["error"]`` saying why.
+
+        ``[e.kind for e in repo.events()]``"""
+        return [e if isinstance(e, Event) else Event(eid, "damaged", math.nan, {"error": str(e)})
+                for eid, e in events.scan(self.core)]
+
+    def drill(self, version: "str | Version" = "latest", *, threads: int | None = None,
+              record: bool = True) -> DrillReport:
+        """Restore ``version`` into fresh memory as a restarted process would, check every chunk
+        against its hash, measure the time and bytes read, and record it (``deltackpt log`` shows
+        the last drill; ``YoungDaly`` uses the restore time).  ``threads``: decode threads
+        (default: every core).  A version that does not restore gives ``ok`` False, not an error.
+
+        ``report = repo.drill("latest~1"); assert report.ok``"""
+        revision = version.id if isinstance(version, Version) else version
+        return run_drill(self.core, revision, threads=threads or os.cpu_count() or 1, record=record)
 
     def verify(self, *, read_data: bool = True) -> VerifyReport:
         """Re-read and re-hash everything: ``assert repo.verify().ok``."""
@@ -207,10 +230,12 @@ def gc(repo: "str | os.PathLike | Repo | Store", *, keep_last: int | None = None
        grace_seconds: float = DEFAULT_GRACE_SECONDS) -> GcReport:
     """Remove versions outside the retention rules, and the bytes only they held.
 
-    The union of the rules is kept, and ``latest`` always.  A kept version never loses a delta
-    base: its chunk is rewritten as a keyframe (``rebase=True``, reported as ``chunks_rebased``)
-    or the base is kept (``bases_kept``).  What the kept versions older than the ``keep_last``
-    window still hold whole then becomes deltas against newer versions (``chunks_deltified``).
+    The union of the rules is kept, and ``latest`` always.  ``keep_best`` on a metric no version
+    records is refused (InvalidArgumentError, nothing removed): it would keep nothing.  A kept
+    version never loses a delta base: its chunk is rewritten as a keyframe (``rebase=True``,
+    reported as ``chunks_rebased``) or the base is kept (``bases_kept``).  What the kept versions
+    older than the ``keep_last`` window still hold whole then becomes deltas against newer
+    versions (``chunks_deltified``).
 
     Example::
 
@@ -225,4 +250,7 @@ def gc(repo: "str | os.PathLike | Repo | Store", *, keep_last: int | None = None
     for name, flag in (("dry_run", dry_run), ("rebase", rebase)):
         if not isinstance(flag, bool):
             raise InvalidArgumentError(f"{name} must be True or False, got {flag!r:.80}")
-    return run_gc(open_core(repo), policy, dry_run=dry_run, rebase=rebase, grace_seconds=grace_seconds)
+    core = open_core(repo)
+    if policy.keep_best is not None:
+        check_metric_recorded(core, policy.keep_best[0])
+    return run_gc(core, policy, dry_run=dry_run, rebase=rebase, grace_seconds=grace_seconds)

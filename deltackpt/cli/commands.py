@@ -12,6 +12,7 @@ from typing import Any
 
 import deltackpt
 
+from . import events
 from .render import emit_json, human_bytes, one_line, table, when
 
 #: `verify` found problems (the other statuses are main's: they come from exceptions)
@@ -23,16 +24,35 @@ def _repo(args: argparse.Namespace, create: bool = False) -> Any:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    repo = deltackpt.Repo.init(args.repo, **({"chunk_bytes": args.chunk_bytes} if args.chunk_bytes else {}),
-                               **({"keyframe_interval": args.keyframe_interval} if args.keyframe_interval is not None else {}),
-                               **({"delta_base": args.delta_base} if args.delta_base else {}))
-    info = repo.core.info()
+    """Create a repository; on an existing one change nothing and say so (exit 0, as a second
+    `git init` does, so setup scripts may run it again), unless an option asks for a setting it
+    does not have: a repository's settings are fixed at creation, so that is an error (exit 3)."""
+    from deltackpt.errors import ConflictError, NotARepositoryError
+    from deltackpt.format.config import check_chunk_bytes, check_delta_base, check_keyframe_interval
+    options = {k: v for k, v in (("chunk_bytes", args.chunk_bytes), ("keyframe_interval", args.keyframe_interval),
+                                 ("delta_base", args.delta_base)) if v is not None}
+    for name, check in (("chunk_bytes", check_chunk_bytes), ("keyframe_interval", check_keyframe_interval),
+                        ("delta_base", check_delta_base)):
+        if name in options:
+            check(options[name])   # a value no config can hold is a usage error, even for an existing repository
+    try:
+        repo, created = deltackpt.Repo(args.repo), False
+    except NotARepositoryError:
+        repo, created = deltackpt.Repo.init(args.repo, **options), True
+    info = {**repo.core.info(), "delta_base": repo.core.config.delta_base, "created": created}
+    if not created:
+        differ = [f"{k} {info[k]!r} (asked: {v!r})" for k, v in options.items() if info[k] != v]
+        if differ:
+            raise ConflictError(f"{info['location']}: a repository already exists here with {', '.join(differ)}; "
+                                "its settings are fixed at creation: nothing changed (init another folder)")
     if args.json:
         emit_json(info)
-    else:
+    elif created:
         print(f"initialized deltackpt repository at {info['location']} (format version {info['format_version']})")
+    else:
+        print(f"a deltackpt repository already exists at {info['location']} (format version "
+              f"{info['format_version']}); nothing changed")
     return 0
-
 
 def cmd_log(args: argparse.Namespace) -> int:
     versions = _repo(args).log()
@@ -54,6 +74,7 @@ def cmd_log(args: argparse.Namespace) -> int:
                      "?" if v.written_bytes is None else human_bytes(v.written_bytes),
                      ",".join(v.tags), "" if v.exact else "lossy", metrics])
     table(["version", "time", "step", "size", "written", "tags", "exact", "metrics"], rows)
+    events.print_recent([e.to_json() for e in _repo(args).events()])
     damaged = sum(v.error is not None for v in versions)
     if damaged:
         print(f"deltackpt: {damaged} damaged version(s) listed; `deltackpt verify` names what is wrong",
@@ -71,6 +92,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"tags    {', '.join(v['tags']) or '-'}\nexact   {'yes' if info['exact'] else 'no (lossy encodings)'}")
     if v["metrics"]:
         print("metrics " + ", ".join(f"{k}={val}" for k, val in v["metrics"].items()))
+    if info.get("last_drill"):
+        print("drill   " + events.describe_drill(info["last_drill"]))
     logical = sum(t["logical_bytes"] for t in info["tensors"])
     stored = sum(t["stored_bytes"] for t in info["tensors"])
     print(f"tensors {len(info['tensors'])}, size {human_bytes(logical)}, stored {human_bytes(stored)} "
@@ -147,6 +170,8 @@ def gc_lines(report: Any) -> list[str]:
     if report.chunks_rebased:
         lines.append(f"{report.chunks_rebased} chunk(s) of kept versions were stored as deltas against a "
                      "removed version: now stored whole")
+    if getattr(report, "events_deleted", 0):
+        lines.append(f"old drill records deleted: {report.events_deleted}")
     if report.bases_kept:
         lines.append(f"{report.bases_kept} chunk(s) of removed versions stay: kept versions' deltas are "
                      "built on them")
@@ -223,10 +248,17 @@ def cmd_diff(args: argparse.Namespace) -> int:
         return 0
     fmt = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
     table(["tensor", "changed", "max_abs", "rel_l2", "stored_a", "stored_b"],
-          [[r["name"], r.get("status") or f"{100 * r['changed_fraction']:.1f}%", fmt(r.get("max_abs")),
+          [[r["name"], r.get("status") or _changed(r), fmt(r.get("max_abs")),
             fmt(r.get("rel_l2")), human_bytes(r.get("stored_bytes_a")), human_bytes(r.get("stored_bytes_b"))]
            for r in rows])
     return 0
+
+
+def _changed(row: dict[str, Any]) -> str:
+    """The "changed" cell of a diff row: a percentage, or why there is none."""
+    if row.get("changed_fraction") is None:
+        return row.get("note") or "?"
+    return f"{100 * row['changed_fraction']:.1f}%"
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -240,3 +272,11 @@ def cmd_import(args: argparse.Namespace) -> int:
         print(f"imported {args.file} as version {v.short_id} ({human_bytes(v.logical_bytes)} of state, "
               f"{human_bytes(v.written_bytes)} written)")
     return 0
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    return events.cmd_drill(args, _repo(args))
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    return events.cmd_events(args, _repo(args))

@@ -1,7 +1,7 @@
 """deltackpt command line: ``deltackpt [--repo PATH] [--json] COMMAND ...``.
 
 Every command takes --json for scripts.  Exit status (EXIT_CODES in :mod:`.parser`): 0 success,
-1 verify found problems, 2 usage (argparse), 3 the command failed (one line on stderr naming the
+1 verify found problems (or a drill failed), 2 usage (argparse), 3 the command failed (one line on stderr naming the
 version, tensor, file or object), 4 an internal error (a bug: one line, the traceback with
 DELTACKPT_DEBUG=1), 130 interrupted.
 

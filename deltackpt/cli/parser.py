@@ -19,7 +19,8 @@ from . import commands
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_ERROR, EXIT_BUG, EXIT_INTERRUPTED = 0, commands.EXIT_PROBLEMS, 2, 3, 4, 130
 EXIT_MEANINGS = [
     (EXIT_OK, "success"),
-    (EXIT_PROBLEMS, "verify found problems (the repository is damaged; the report names them)"),
+    (EXIT_PROBLEMS, "verify found problems (the repository is damaged; the report names them), or a drill "
+                    "failed (the version does not restore; the report names the chunk)"),
     (EXIT_USAGE, "usage error (unknown command or option, an option's value out of range)"),
     (EXIT_ERROR, "the command failed: one line on stderr, `deltackpt: error: ...`, names the version, "
                  "tensor, file or object (with --json also {\"error\": {\"type\", \"message\"}} on stdout)"),
@@ -57,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=func)
         return sp
 
-    _init(command("init", commands.cmd_init, "create a repository"))
+    _init(command("init", commands.cmd_init, "create a repository (on an existing one: change nothing, say so, "
+                  "exit 0; exit 3 if an option asks for another setting than it has)"))
     sp = command("log", commands.cmd_log, "list versions, newest first")
     sp.add_argument("-n", "--limit", type=int, metavar="N", help="list only the newest N")
     sp = command("show", commands.cmd_show, "a version's metadata and tensors")
@@ -78,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = command("diff", commands.cmd_diff, "per-tensor differences between two versions")
     sp.add_argument("a", help="the older version")
     sp.add_argument("b", nargs="?", default="latest", help="the newer version (default: latest)")
+    sp = command("drill", commands.cmd_drill, "restore a version into fresh memory, check it against its hashes, "
+                 "measure and record the time and bytes read (exit 1 when it fails)")
+    sp.add_argument("version", nargs="?", default="latest", help="revision to drill (default latest; latest~1, ...)")
+    sp.add_argument("--threads", type=_positive_int, metavar="N", help="decode threads (default: every core)")
+    sp.add_argument("--no-record", action="store_true", help="do not record the drill in the repository")
+    sp = command("events", commands.cmd_events, "a divergence guard's rollbacks and the rollback drills, newest first")
+    sp.add_argument("-n", "--limit", type=int, metavar="N", help="show the N newest")
     sp = command("import", commands.cmd_import, "import a .pt (weights only) or .safetensors file as a version")
     sp.add_argument("file", help="the .pt or .safetensors file")
     sp.add_argument("--step", type=int, metavar="N", help="the step to record")
@@ -120,3 +129,13 @@ def _gc(sp: argparse.ArgumentParser) -> None:
                          "storing those deltas whole again")
     sp.add_argument("--grace", type=float, default=600.0, metavar="SECONDS", help=GRACE_HELP)
     sp.add_argument("--dry-run", action="store_true", help="say what would go; take no lock, write nothing")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {n}")
+    return n

@@ -36,6 +36,8 @@ EXAMPLES = {
     "du": ["deltackpt du --repo ckpt"],
     "rebuild-index": ["deltackpt rebuild-index --repo ckpt"],
     "diff": ["deltackpt diff latest~1 latest --repo ckpt"],
+    "drill": ["deltackpt drill latest --repo ckpt"],
+    "events": ["deltackpt events --repo ckpt"],
     "import": ["deltackpt import layer0.safetensors --repo imported --step 0 --tag start"],
 }
 

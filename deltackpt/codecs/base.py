@@ -6,10 +6,24 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InvalidArgumentError
+
+MIN_LEVEL, MAX_LEVEL = -(1 << 17), 22
+"""The zstd compression levels (negative: faster, larger); zstd itself refuses anything above 22."""
+
 
 def is_int(value: Any) -> bool:
     """An integer parameter read from a header: msgpack's ``True`` is an ``int`` to Python, never to us."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_level(value: Any) -> int:
+    """``value`` if it is a zstd level writers may use, else InvalidArgumentError (found when the
+    handle is opened, not at the next save, deep inside the compressor)."""
+    if not is_int(value) or not MIN_LEVEL <= value <= MAX_LEVEL:
+        raise InvalidArgumentError(f"compression level must be a whole number from {MIN_LEVEL} to {MAX_LEVEL} "
+                                   f"(zstd's levels), got {value!r:.40}")
+    return value
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..errors import CorruptObjectError, FormatVersionError, InvalidArgumentError
 from . import msgpack_io
 from .limits import (DEFAULT_CHUNK_BYTES, DEFAULT_KEYFRAME_INTERVAL, FORMAT_VERSION, MAX_CHUNK_BYTES, MAX_CONFIG_BYTES,
-                     READABLE_VERSIONS)
+                     MAX_KEYFRAME_INTERVAL, READABLE_VERSIONS)
 
 FORMAT_NAME = "deltackpt"
 DELTA_BASES = ("child", "parent", "keyframe")
@@ -55,7 +55,31 @@ def check_delta_base(value: str, version: int = FORMAT_VERSION) -> str:
     return value
 
 
+def _whole(value: object, lo: int, hi: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
+def check_chunk_bytes(value: object) -> int:
+    """``value`` if a writer may use it as the target chunk size (what :func:`decode` accepts),
+    else InvalidArgumentError: a config holding it could not be read back."""
+    if not _whole(value, 1, MAX_CHUNK_BYTES):
+        raise InvalidArgumentError(f"chunk size (chunk_bytes, --chunk-bytes) must be a whole number of bytes from 1 "
+                                   f"to {MAX_CHUNK_BYTES} (64 MiB), got {value!r:.40}")
+    return value  # type: ignore[return-value]
+
+
+def check_keyframe_interval(value: object) -> int:
+    """``value`` if a writer may use it as the keyframe interval, else InvalidArgumentError."""
+    if not _whole(value, 0, MAX_KEYFRAME_INTERVAL):
+        raise InvalidArgumentError(f"keyframe interval (keyframe_interval, --keyframe-interval) must be a whole "
+                                   f"number from 0 to {MAX_KEYFRAME_INTERVAL}, got {value!r:.40}")
+    return value  # type: ignore[return-value]
+
+
 def decode(data: bytes, *, where: str) -> Config:
+    """The config in ``data``, checked in this order (spec §4; the first failing check is the
+    error): size, a msgpack map, ``format``, ``version``, ``repo_id``, ``chunk_bytes``,
+    ``keyframe_interval``, ``delta_base``; ``created`` that is no number reads as 0."""
     obj = msgpack_io.unpack(data, what=f"config of {where}", max_bytes=MAX_CONFIG_BYTES)
     if not isinstance(obj, dict) or obj.get("format") != FORMAT_NAME:
         raise CorruptObjectError(f"{where}: config is not a deltackpt config")
@@ -68,7 +92,8 @@ def decode(data: bytes, *, where: str) -> Config:
     if not isinstance(repo_id, str):
         raise CorruptObjectError(f"{where}: config lacks repo_id")
     chunk = msgpack_io.expect_int(obj.get("chunk_bytes", DEFAULT_CHUNK_BYTES), "config chunk_bytes", 1, MAX_CHUNK_BYTES)
-    k = msgpack_io.expect_int(obj.get("keyframe_interval", DEFAULT_KEYFRAME_INTERVAL), "config keyframe_interval", 0, 1024)
+    k = msgpack_io.expect_int(obj.get("keyframe_interval", DEFAULT_KEYFRAME_INTERVAL), "config keyframe_interval", 0,
+                              MAX_KEYFRAME_INTERVAL)
     created = obj.get("created", 0.0)
     base = obj.get("delta_base", default_delta_base(version))
     if base not in DELTA_BASES or (base == "child" and version < 2):

@@ -64,8 +64,24 @@ MAX_CONFIG_BYTES = 64 * 1024
 MAX_REF_BYTES = 4096
 """A ref file is one version id and a newline."""
 
+MAX_EVENT_BYTES = 64 * 1024
+"""An event record (a rollback or a drill, spec/FORMAT.md "Event records"): a few dozen short
+fields, at most EVENT_MAX_VALUES recent values and EVENT_MAX_VERSIONS version ids (~36 KiB)."""
+
+EVENT_MAX_VALUES = 64
+"""The (step, value) pairs a rollback record keeps of the series that fired."""
+
+EVENT_MAX_VERSIONS = 1024
+"""Version ids a rollback record lists as abandoned (33 bytes each in msgpack)."""
+
+EVENT_MAX_TEXT = 2048
+"""Characters of any text field of an event record (an error message, a metric name)."""
+
 MAX_NAME_LENGTH = 128
 """Ref and tag names."""
 
 DEFAULT_KEYFRAME_INTERVAL = 8
 """At most this many deltas between keyframes of a chunk (restoring decodes <= K+1 objects)."""
+
+MAX_KEYFRAME_INTERVAL = 1024
+"""The largest keyframe interval a config may hold: a chain stays within MAX_CHAIN_DEPTH."""

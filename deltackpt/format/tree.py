@@ -45,23 +45,57 @@ class _Tuple:
 
 def pack_tree(body: Any) -> bytes:
     """msgpack of ``body`` with TensorRef and tuple exts; LimitExceededError when the tuples'
-    payloads sum to more than a reader accepts."""
+    payloads sum to more than a reader accepts.
+
+    A tuple's payload is packed before the tuple around it, from an explicit stack (a copy of the
+    tree with each tuple replaced by its ext), not from msgpack's ``default`` hook, which would
+    nest a packing call and several Python frames per level: a tree of tuples MAX_MSGPACK_DEPTH
+    deep packs as any other tree that deep does."""
     spent = 0
 
     def default(value: Any) -> Any:
-        nonlocal spent
         if isinstance(value, TensorRef):
             return msgpack.ExtType(EXT_TENSOR, msgpack.packb(value.index))
-        if isinstance(value, tuple):
-            payload = msgpack.packb(list(value), use_bin_type=True, default=default, strict_types=True)
-            spent += len(payload)
-            if spent > MAX_TUPLE_PAYLOAD_BYTES:
-                raise LimitExceededError(f"the saved tree nests tuples holding more than {MAX_TUPLE_PAYLOAD_BYTES} "
-                                         "bytes counted at every level; use fewer nested tuples (lists or dicts)")
-            return msgpack.ExtType(EXT_TUPLE, payload)
         raise TypeError(f"cannot pack {type(value).__name__}")
 
-    return msgpack.packb(body, use_bin_type=True, default=default, strict_types=True)
+    def freeze(items: list) -> msgpack.ExtType:
+        nonlocal spent
+        payload = msgpack.packb(items, use_bin_type=True, default=default, strict_types=True)
+        spent += len(payload)
+        if spent > MAX_TUPLE_PAYLOAD_BYTES:
+            raise LimitExceededError(f"the saved tree nests tuples holding more than {MAX_TUPLE_PAYLOAD_BYTES} "
+                                     "bytes counted at every level; use fewer nested tuples (lists or dicts)")
+        return msgpack.ExtType(EXT_TUPLE, payload)
+
+    end = object()
+    root: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any, Any, bool]] = []  # children, copy, parent, slot, is a tuple
+
+    def place(value: Any, parent: Any, slot: Any) -> None:
+        if type(value) is dict:
+            parent[slot] = out = {}
+            stack.append((iter(value.items()), out, parent, slot, False))
+        elif type(value) in (list, tuple):
+            parent[slot] = out = []
+            stack.append((iter(value), out, parent, slot, type(value) is tuple))
+        else:
+            parent[slot] = value
+
+    place(body, root, 0)
+    while stack:
+        children, out, parent, slot, is_tuple = stack[-1]
+        item = next(children, end)
+        if item is end:
+            stack.pop()
+            if is_tuple:
+                parent[slot] = freeze(out)
+        elif isinstance(out, dict):
+            out[item[0]] = None
+            place(item[1], out, item[0])
+        else:
+            out.append(None)
+            place(item, out, len(out) - 1)
+    return msgpack.packb(root[0], use_bin_type=True, default=default, strict_types=True)
 
 
 def unpack_tree(data: bytes | memoryview, *, what: str, max_bytes: int, refs: list[int], start: int = 0) -> Any:

@@ -82,7 +82,16 @@ def _plain(value: Any, what: str) -> Any:
 
 
 def _portable(location: Any) -> Any:
-    """A Repo travels as its location (path, URL or Store); anything else as it is."""
+    """What a Writer or Reader keeps and pickles: an absolute path, a URL, a Store or a Repo.  A
+    relative path is anchored where the object was made, as a ``Repo`` is: a copy unpickled by a
+    rank whose working folder differs must write into the same repository, not a new one beside it."""
+    if isinstance(location, (str, os.PathLike)):
+        return portable_location(location)
+    return location
+
+
+def _pickled(location: Any) -> Any:
+    """A Repo travels as its location (path, URL or Store); the rest as :func:`_portable` keeps it."""
     return portable_location(location) if isinstance(location, Repo) else location
 
 
@@ -108,7 +117,7 @@ class Writer(StorageWriter):
     def __init__(self, repo: "str | os.PathLike | Store | Repo", *, step: int | None = None,
                  metrics: dict | None = None, tag: str | None = None, meta: Any = None,
                  workers: int | None = None) -> None:
-        self._location = repo
+        self._location = _portable(repo)
         self.step, self.metrics, self.tag, self.meta = step, metrics, tag, meta
         self.workers = workers
         self.is_coordinator = False
@@ -127,12 +136,12 @@ class Writer(StorageWriter):
     def __getstate__(self) -> dict[str, Any]:
         # DCP sends storage objects to spawned ranks: the location travels, each rank reopens it
         # the in-flight save lock stays with the coordinator that took it (a finalizer does not pickle)
-        return {**self.__dict__, "_location": _portable(self._location), "_inflight": None}
+        return {**self.__dict__, "_location": _pickled(self._location), "_inflight": None}
 
     # StorageWriter --------------------------------------------------------------------------
     def reset(self, checkpoint_id: "str | os.PathLike | None" = None) -> None:
         if checkpoint_id is not None:
-            self._location = checkpoint_id
+            self._location = _portable(checkpoint_id)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._release_inflight()  # left by a save that failed before its finish
@@ -283,7 +292,7 @@ class Reader(StorageReader):
     """
 
     def __init__(self, repo: "str | os.PathLike | Store | Repo", *, version: str = "latest") -> None:
-        self._location = repo
+        self._location = _portable(repo)
         self.revision = version
         self.version_id: str | None = None
         self._manifest: Manifest | None = None
@@ -294,11 +303,11 @@ class Reader(StorageReader):
 
     def __getstate__(self) -> dict[str, Any]:
         # the manifest and index map are read again by the receiving process (read_metadata)
-        return {**self.__dict__, "_location": _portable(self._location), "_manifest": None, "_where": {}}
+        return {**self.__dict__, "_location": _pickled(self._location), "_manifest": None, "_where": {}}
 
     def reset(self, checkpoint_id: "str | os.PathLike | None" = None) -> None:
         if checkpoint_id is not None:
-            self._location = checkpoint_id
+            self._location = _portable(checkpoint_id)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         core = self._repo().core

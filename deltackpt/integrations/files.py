@@ -7,33 +7,64 @@ in memory or on the disk, found before anything is allocated."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
-from typing import Any
+import sys
+from typing import Any, Iterator
 
 import torch
 
-from ..errors import DeltackptError, FileAccessError, ForeignFileError, OutOfMemoryError
+from ..errors import DeltackptError, FileAccessError, ForeignFileError, OutOfMemoryError, UnsupportedLeafError
+from ..format.limits import MAX_MSGPACK_DEPTH
 
 
 def flat_tensors(state: Any, prefix: str = "") -> dict[str, torch.Tensor]:
-    """Dotted name -> tensor for every tensor in a nested state."""
+    """Dotted name -> tensor for every tensor in a nested state, in order (an explicit stack: any
+    depth a save accepts)."""
     out: dict[str, torch.Tensor] = {}
-    if isinstance(state, torch.Tensor):
-        out[prefix or "tensor"] = state
-    elif isinstance(state, dict):
-        for k, v in state.items():
-            out.update(flat_tensors(v, f"{prefix}.{k}" if prefix else str(k)))
-    elif isinstance(state, (list, tuple)):
-        for i, v in enumerate(state):
-            out.update(flat_tensors(v, f"{prefix}.{i}" if prefix else str(i)))
+    stack: list[tuple[str, Any]] = [(prefix, state)]
+    while stack:
+        name, value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            out[name or "tensor"] = value
+            continue
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+        stack.extend(reversed([(f"{name}.{k}" if name else str(k), v) for k, v in items]))
     return out
+
+
+# what safetensors stores; a dtype it lacks is refused before the file is written (its own error
+# is a bare KeyError naming the dtype)
+_SAFETENSORS_DTYPES = frozenset(getattr(torch, n) for n in (
+    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool", "complex64",
+    "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    "float8_e8m0fnu", "float4_e2m1fn_x2") if hasattr(torch, n))
+
+
+def _safetensors_dtypes() -> frozenset:
+    """The dtypes the installed safetensors writes (its own table when it has one)."""
+    try:
+        from safetensors.torch import _SIZE   # not public: a missing or renamed table means the list above
+        return frozenset(k for k in _SIZE if isinstance(k, torch.dtype))
+    except ImportError:
+        return _SAFETENSORS_DTYPES
+
+
+def _check_safetensors_dtypes(tensors: dict[str, torch.Tensor], path: str) -> None:
+    held = _safetensors_dtypes()
+    for name, t in tensors.items():
+        if t.dtype not in held:
+            raise UnsupportedLeafError(f"{path}: tensor {name} is {str(t.dtype).removeprefix('torch.')}, which "
+                                       "safetensors cannot hold; restore to a .pt file, which keeps every dtype "
+                                       "(or select other tensors with --layer)")
 
 
 def export_file(state: Any, path: str, *, version_id: str = "") -> int:
     """Write ``state`` to ``path`` (.safetensors: tensors only, dotted names; .pt: the whole state).
-    Returns the number of tensors written.
+    Returns the number of tensors written.  All or nothing: the file is written under a temporary
+    name beside ``path`` and renamed over it once complete, so a failure leaves ``path`` as it was.
 
     Example: ``export_file(deltackpt.load("ckpt", layers=["encoder"]), "encoder.safetensors")``"""
     folder = check_output(path)
@@ -41,19 +72,60 @@ def export_file(state: Any, path: str, *, version_id: str = "") -> int:
     if path.endswith(".safetensors"):
         from safetensors import SafetensorError
         from safetensors.torch import save_file
+        _check_safetensors_dtypes(tensors, path)
         standalone = _standalone(tensors, path, folder)
-        try:
-            save_file(standalone, path, metadata={"deltackpt_version": version_id})
-        except (OSError, SafetensorError) as exc:  # I/O inside its Rust writer comes as SafetensorError
-            raise FileAccessError(f"{path}: cannot write ({_short(exc)})") from None
+        with _replacing(path) as tmp:
+            try:
+                save_file(standalone, tmp, metadata={"deltackpt_version": version_id})
+            except (OSError, SafetensorError) as exc:  # I/O inside its Rust writer comes as SafetensorError
+                raise FileAccessError(f"{path}: cannot write ({_short(exc)})") from None
         return len(tensors)
-    try:
-        torch.save(state, path)
-    except (OSError, RuntimeError) as exc:  # torch's zip writer reports I/O failures as RuntimeError
-        if _out_of_memory(exc):
-            raise OutOfMemoryError(f"{path}: out of memory while writing ({_short(exc)})") from None
-        raise FileAccessError(f"{path}: cannot write ({_short(exc)})") from None
+    with _replacing(path) as tmp:
+        try:
+            with _deep_pickling():
+                torch.save(state, tmp)
+        except (OSError, RuntimeError) as exc:  # torch's zip writer reports I/O failures as RuntimeError
+            if _out_of_memory(exc):
+                raise OutOfMemoryError(f"{path}: out of memory while writing ({_short(exc)})") from None
+            raise FileAccessError(f"{path}: cannot write ({_short(exc)})") from None
     return len(tensors)
+
+
+@contextlib.contextmanager
+def _replacing(path: str) -> Iterator[str]:
+    """A temporary name beside ``path``, renamed over it when the body succeeds, removed otherwise."""
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def _frames() -> int:
+    """How many frames deep the caller runs."""
+    n, f = 0, sys._getframe()
+    while f is not None:
+        n, f = n + 1, f.f_back
+    return n
+
+
+@contextlib.contextmanager
+def _deep_pickling() -> Iterator[None]:
+    """Room on Python's stack for pickle to write any tree a save accepts: the pickler spends about
+    two of the interpreter's recursion levels per level of nesting (a state 512 dicts deep needs
+    ~1100, above the default limit of 1000)."""
+    need = 4 * MAX_MSGPACK_DEPTH + 200 + _frames()
+    old = sys.getrecursionlimit()
+    if old < need:
+        sys.setrecursionlimit(need)
+    try:
+        yield
+    finally:
+        if old < need:
+            sys.setrecursionlimit(old)
 
 
 def check_output(path: str) -> str:

@@ -15,6 +15,16 @@ the best model into them) the callback waits for the copy inside ``on_save``.  P
 if another callback writes into the weights or optimizer state in place between steps (an EMA
 swapped into the live model, ``model.load_state_dict``).
 
+Guarding: ``DeltackptCallback(repo, guard=Guard(watch=["loss", "grad_norm"]))`` judges what the
+Trainer logs (``on_log``: set ``logging_steps=1`` to judge every step).  Watch ``grad_norm`` for
+NaNs: the Trainer's default ``logging_nan_inf_filter=True`` logs a NaN loss as the running
+average, and without that filter one NaN poisons the Trainer's loss accumulator for the rest of
+the run (``tr_loss -= tr_loss`` stays NaN).  When it fires, the model, optimizer, scheduler and
+RNG roll back in place to the newest sound version of this repository; the Trainer's step counter
+and dataloader go on (the batches since that version are skipped, the schedule resumes from the
+version's position), and the restored state is saved as a version at the current step.
+Single-process training only: under DDP every rank would have to roll back together.
+
 Resuming: :func:`checkout` writes a version back as a Trainer checkpoint directory
 (``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``trainer_state.json``,
 ``rng_state.pth``) and ``trainer.train(resume_from_checkpoint=that_dir)`` resumes exactly as from
@@ -37,7 +47,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -46,6 +56,9 @@ from ..api import Repo, load, portable_location, save
 from ..deps import require
 from ..errors import StateMismatchError
 from ..training import rng
+
+if TYPE_CHECKING:
+    from ..training.guard import Guard
 
 TrainerCallback = require("transformers", feature="deltackpt's transformers callback").TrainerCallback
 
@@ -59,7 +72,7 @@ class DeltackptCallback(TrainerCallback):
     """
 
     def __init__(self, repo: "str | os.PathLike | Repo", *, remove_hf_checkpoints: bool = False,
-                 blocking: bool = True, encoding: Any = None, lazy: bool = True) -> None:
+                 blocking: bool = True, encoding: Any = None, lazy: bool = True, guard: "Guard | None" = None) -> None:
         opened = repo if isinstance(repo, Repo) else Repo(repo, create=True)
         self._location = portable_location(opened)
         self._repo: Repo | None = opened
@@ -68,6 +81,11 @@ class DeltackptCallback(TrainerCallback):
         self.encoding = encoding
         self.lazy = lazy
         self.handles: list = []
+        if guard is not None and guard.data != "skip":
+            raise StateMismatchError("the Trainer's dataloader goes on after a rollback: "
+                                     "the guard's data must be 'skip'")
+        self.guard = guard
+        self._parts: dict[str, Any] = {}
 
     @property
     def repo(self) -> Repo:
@@ -79,17 +97,36 @@ class DeltackptCallback(TrainerCallback):
     _OPTIONS = ("remove_hf_checkpoints", "blocking", "encoding", "lazy")
 
     def __getstate__(self) -> dict[str, Any]:
-        # only the location and options travel (deepcopy, spawned processes): not the open repository
+        # only the location and options travel (deepcopy, spawned processes): not the open
+        # repository, nor a guard (it holds the live model and its repository's holds)
         return {"location": self._location, **{k: getattr(self, k) for k in self._OPTIONS}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._location, self._repo, self.handles = state["location"], None, []
+        self.guard, self._parts = None, {}
         for k in self._OPTIONS:
             setattr(self, k, state.get(k, True) if k == "lazy" else state[k])   # pickled before "lazy": its default
 
-    def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
-        if not state.is_world_process_zero:
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+        if self.guard is None or not state.is_world_process_zero:
             return
+        # the Trainer builds its optimizer and scheduler inside train(): the guard meets them here
+        inner = _torch_optimizer(optimizer) or optimizer
+        self.guard.parts.model, self.guard.parts.optimizer, self.guard.parts.scheduler = model, inner, lr_scheduler
+        self._parts = {"model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
+        self.guard.commit = lambda rb: save(self._snapshot(self._state, **self._parts), self.repo,
+                                            step=int(self._state.global_step), encoding=self.encoding)
+        self._state = state
+        self.guard.attach(self.repo, start_step=int(state.global_step) if state.global_step else None)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.guard is None or not state.is_world_process_zero or not logs:
+            return
+        self._state = state
+        self.guard.check(int(state.global_step), {k: v for k, v in logs.items() if k in self.guard.rules})
+
+    @staticmethod
+    def _snapshot(state: Any, model: Any = None, optimizer: Any = None, lr_scheduler: Any = None) -> dict[str, Any]:
         if model is None:
             raise StateMismatchError("DeltackptCallback.on_save: the Trainer passed no model")
         snapshot: dict[str, Any] = {"model": model.state_dict(), "trainer_state": _state_json(state),
@@ -98,6 +135,12 @@ class DeltackptCallback(TrainerCallback):
             snapshot["optimizer"] = optimizer.state_dict()
         if lr_scheduler is not None:
             snapshot["scheduler"] = lr_scheduler.state_dict()
+        return snapshot
+
+    def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        snapshot = self._snapshot(state, model, optimizer, lr_scheduler)
         metrics = {}
         for entry in reversed(state.log_history):
             metrics.update({k: v for k, v in entry.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -107,6 +150,8 @@ class DeltackptCallback(TrainerCallback):
         result = save(snapshot, self.repo, step=int(state.global_step), metrics=metrics,
                       meta={"hf_output_dir": os.path.abspath(args.output_dir)}, encoding=self.encoding,
                       blocking=self.blocking, optimizer=hooked)
+        if self.guard is not None:
+            self.guard.saved(int(state.global_step), result)
         if not self.blocking:
             self.handles.append(result)
             if lazy and (control.should_training_stop or state.global_step >= state.max_steps):
@@ -123,6 +168,8 @@ class DeltackptCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self.wait()
+        if self.guard is not None:
+            self.guard.close()
         from ..snapshot import async_save
         async_save.release_idle_thread()  # no thread of ours outlives the training run
 

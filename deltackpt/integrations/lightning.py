@@ -21,6 +21,14 @@ Paths: pointer files go through fsspec, as Lightning's own files do, so ``ModelC
 The plugin pickles as its repository's location and options (``ddp_spawn``, ``torch.save(trainer)``,
 ``deepcopy``); each process reopens the repository at its first use.
 
+Guarding: ``callbacks=[DeltackptGuard("ckpt", Guard(), every_n_steps=50)]`` saves the module,
+optimizer, scheduler, GradScaler and RNG as a training state every 50 steps (through a
+:class:`~deltackpt.Checkpointer`) and judges each batch's loss (and the values given in
+``watch``, read from ``trainer.callback_metrics``).  When the guard fires, they roll back in place
+to the newest sound version; Lightning's step counter and dataloader go on (the batches since
+that version are skipped).  Single-process training only: under DDP every rank would have to roll
+back together.
+
 Example::
 
     trainer = pl.Trainer(plugins=[DeltackptIO("ckpt")],
@@ -38,14 +46,16 @@ from typing import Any, Optional
 import torch
 
 from ..api import Repo, load, portable_location, save
+from ..training import Checkpointer, Guard, training_state
 from ..deps import require
-from ..errors import CheckpointNotFoundError, DeltackptError, UnknownVersionError
+from ..errors import CheckpointNotFoundError, CorruptObjectError, DeltackptError, UnknownVersionError
 from .plain import from_plain, to_plain
 
-__all__ = ["DeltackptIO", "to_plain", "from_plain"]
+__all__ = ["DeltackptGuard", "DeltackptIO", "to_plain", "from_plain"]
 
 CheckpointIO = require("lightning_fabric.plugins.io.checkpoint_io",
                        feature="deltackpt's Lightning plugin").CheckpointIO
+Callback = require("pytorch_lightning", feature="deltackpt's Lightning guard").Callback
 from lightning_fabric.utilities.cloud_io import get_filesystem  # noqa: E402  (installed with CheckpointIO)
 
 POINTER_MAGIC = "deltackpt"
@@ -151,7 +161,10 @@ class DeltackptIO(CheckpointIO):
         self.teardown()
         vid = self._resolve(os.fspath(path))
         location = map_location if isinstance(map_location, (str, torch.device)) else "cpu"
-        return from_plain(load(self.repo, vid, map_location=location))
+        try:
+            return from_plain(load(self.repo, vid, map_location=location))
+        except CorruptObjectError as exc:   # a malformed tagged value names its entry; say which version
+            raise CorruptObjectError(f"{self.repo.location}, version {vid[:10]}: {exc}") from None
 
     def remove_checkpoint(self, path: Any) -> None:
         path = os.fspath(path)
@@ -173,3 +186,56 @@ class DeltackptIO(CheckpointIO):
         for h in pending:
             h.wait()
         async_save.release_idle_thread()  # Lightning checks that no thread outlives the run
+
+
+class DeltackptGuard(Callback):
+    """A Lightning callback that checkpoints a training state every ``every_n_steps`` optimizer
+    steps and lets ``guard`` roll the run back when the loss diverges (see the module docstring).
+
+    The guard gets the module, the first optimizer and scheduler, and the precision plugin's
+    GradScaler at the start of training; its ``data`` must be ``"skip"`` (Lightning's dataloader
+    goes on).  ``blocking=False`` saves in the background.  ``drill_every``: a rollback drill every
+    that many saves (:class:`~deltackpt.Checkpointer`).
+
+    Example::
+
+        trainer = pl.Trainer(max_steps=1000, callbacks=[DeltackptGuard("ckpt", Guard(lr_scale=0.5))])
+        trainer.fit(model, loader)
+        print([e.kind for e in deltackpt.Repo("ckpt").events()])
+    """
+
+    def __init__(self, repo: "str | os.PathLike | Repo", guard: Guard, *, every_n_steps: int = 50,
+                 blocking: bool = True, drill_every: int | None = None) -> None:
+        if guard.data != "skip":
+            raise DeltackptError("Lightning's dataloader goes on after a rollback: the guard's data must be 'skip'")
+        self.repo = repo if isinstance(repo, Repo) else Repo(repo, create=True)
+        self.guard, self.every_n_steps, self.blocking, self.drill_every = guard, every_n_steps, blocking, drill_every
+        self.checkpointer: Checkpointer | None = None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        parts = self.guard.parts
+        parts.model = pl_module
+        parts.optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        configs = getattr(trainer, "lr_scheduler_configs", None) or []
+        parts.scheduler = configs[0].scheduler if configs else None
+        parts.scaler = getattr(trainer.precision_plugin, "scaler", None)
+        start = int(trainer.global_step) or None
+        self.checkpointer = Checkpointer(self.repo, self.every_n_steps, blocking=self.blocking, guard=self.guard,
+                                         start_step=start, drill_every=self.drill_every)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        assert self.checkpointer is not None
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        metrics = {k: v for k, v in trainer.callback_metrics.items() if k in self.guard.rules}
+        if loss is not None:
+            metrics["loss"] = loss
+        step, p = int(trainer.global_step), self.guard.parts
+        self.checkpointer.step(lambda: training_state(model=pl_module, optimizer=p.optimizer, scheduler=p.scheduler,
+                                                      scaler=p.scaler, step=step), step=step, metrics=metrics)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.close()
+            self.checkpointer = None
+        from ..snapshot import async_save
+        async_save.release_idle_thread()   # Lightning checks that no thread outlives the run

@@ -47,7 +47,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..errors import UnsupportedLeafError
+from ..errors import CorruptObjectError, UnsupportedLeafError
 
 TYPE_KEY = "__deltackpt_type__"
 
@@ -90,20 +90,62 @@ def _is_omegaconf(obj: Any) -> str | None:
     return None
 
 
-def _rebuild_omegaconf(value: Any) -> Any:
-    oc = _omegaconf()
-    return oc.OmegaConf.create(value) if oc is not None else value
+class _Malformed(Exception):
+    """A tagged value whose stored form its rebuilder cannot take (the reason, for the caller's line)."""
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+
+
+def _rebuild_omegaconf(kind: type) -> Callable[[Any], Any]:
+    def rebuild(value: Any) -> Any:
+        if not isinstance(value, kind):   # OmegaConf.create would read a str as YAML, an int not at all
+            raise _Malformed(f"holds a {type(value).__name__}, not a {kind.__name__}")
+        oc = _omegaconf()
+        return oc.OmegaConf.create(value) if oc is not None else value
+    return rebuild
+
+
+def _namespace(value: Any) -> argparse.Namespace:
+    if not isinstance(value, dict):
+        raise _Malformed(f"holds a {type(value).__name__}, not a map of attribute names")
+    bad = next((k for k in value if not isinstance(k, str) or k.startswith("__")), None)
+    if bad is not None:   # Namespace(**value) would refuse an int and set __class__ from a repository
+        raise _Malformed(f"has the attribute name {bad!r:.40}")
+    return argparse.Namespace(**value)
+
+
+def _attributes(value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise _Malformed(f"holds a {type(value).__name__}, not a map")
+    return _attribute_dict()(value)
 
 
 #: tag -> how a stored value is rebuilt (the whole allow-list of constructors)
 _REBUILD: dict[str, Callable[[Any], Any]] = {
-    "omegaconf.DictConfig": _rebuild_omegaconf,
-    "omegaconf.ListConfig": _rebuild_omegaconf,
-    "argparse.Namespace": lambda v: argparse.Namespace(**v) if isinstance(v, dict) else v,
-    "AttributeDict": lambda v: _attribute_dict()(v),
+    "omegaconf.DictConfig": _rebuild_omegaconf(dict),
+    "omegaconf.ListConfig": _rebuild_omegaconf(list),
+    "argparse.Namespace": _namespace,
+    "AttributeDict": _attributes,
     "dataclass": lambda v: v,
     "enum": lambda v: v,
 }
+
+
+def _rebuild(tag: str, value: Any, where: str) -> Any:
+    """``value`` rebuilt as ``tag`` says; a stored form no rebuilder takes is one CorruptObjectError
+    naming the entry (the repository is damaged or hostile: nothing of it runs)."""
+    rebuild = _REBUILD.get(tag)
+    if rebuild is None:
+        return value
+    try:
+        return rebuild(value)
+    except _Malformed as exc:
+        raise CorruptObjectError(f"checkpoint entry {where}: the stored {tag} {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - OmegaConf's grammar and validation errors, a constructor's TypeError
+        raise CorruptObjectError(f"checkpoint entry {where}: the stored {tag} cannot be rebuilt ({_one_line(exc)})") \
+            from None
 
 
 def _allowed_class(name: str) -> Any:
@@ -182,20 +224,49 @@ def to_plain(obj: Any, path: str = "", converted: dict[str, str] | None = None) 
 
 
 def from_plain(obj: Any) -> Any:
-    """Rebuild the tagged values :func:`to_plain` wrote (allow-listed types only; see the module doc)."""
-    if isinstance(obj, dict):
-        tag = obj.get(TYPE_KEY)
-        if isinstance(tag, str) and "value" in obj:
-            if tag == "class":
-                name = obj["value"]
-                cls = _allowed_class(name) if isinstance(name, str) else None
-                return cls if cls is not None else name
-            value = from_plain(obj["value"])
-            rebuild = _REBUILD.get(tag)
-            return rebuild(value) if rebuild is not None else value
-        return {k: from_plain(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [from_plain(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(from_plain(v) for v in obj)
-    return obj
+    """Rebuild the tagged values :func:`to_plain` wrote (allow-listed types only; see the module doc).
+    A tagged value stored malformed raises CorruptObjectError naming its entry.  The walk keeps its
+    own stack: any depth a save accepts loads."""
+    end = object()
+    root: list[Any] = [None]
+    # (children as (key, value), the copy being filled, its parent, its slot there, a finisher, its path)
+    stack: list[tuple[Any, Any, Any, Any, Any, str]] = []
+
+    def place(value: Any, parent: Any, slot: Any, path: str) -> None:
+        if isinstance(value, dict):
+            tag = value.get(TYPE_KEY)
+            if isinstance(tag, str) and "value" in value:
+                if tag == "class":
+                    name = value["value"]
+                    cls = _allowed_class(name) if isinstance(name, str) else None
+                    parent[slot] = cls if cls is not None else name
+                    return
+                holder = [None]   # the value's plain contents first, then the rebuild
+                where = path or "<root>"
+                stack.append((iter([(0, value["value"])]), holder, parent, slot,
+                              lambda h, tag=tag, where=where: _rebuild(tag, h[0], where), path))
+                return
+            parent[slot] = out = {}
+            stack.append((iter(value.items()), out, parent, slot, None, path))
+        elif isinstance(value, (list, tuple)):
+            parent[slot] = out = []
+            stack.append((enumerate(value), out, parent, slot, tuple if isinstance(value, tuple) else None, path))
+        else:
+            parent[slot] = value
+
+    place(obj, root, 0, "")
+    while stack:
+        children, out, parent, slot, finish, path = stack[-1]
+        item = next(children, end)
+        if item is end:
+            stack.pop()
+            if finish is not None:
+                parent[slot] = finish(out)
+            continue
+        key, value = item
+        if isinstance(out, list) and key == len(out):
+            out.append(None)
+        elif isinstance(out, dict):
+            out[key] = None
+        place(value, out, key, f"{path}.{key}" if path else str(key))
+    return root[0]

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DeltackptError
+from ..errors import DeltackptError, NotARepositoryError
 from ..format.manifest import TensorEntry
 from . import saver
 from .repository import Repository
@@ -191,6 +191,7 @@ class EncoderProcess:
             if off < 0 and view.nbytes:
                 raise EncoderProcessError(f"blob {b.key!r} is not in the staging segment")
             spans.append(replace(b, data=(max(off, 0), view.nbytes)))
+        repo.require_present()   # before the child opens it: a vanished repository is not created again
         cfg = repo.config
         settings = {"repo_id": cfg.repo_id, "chunk_bytes": cfg.chunk_bytes, "keyframe_interval": cfg.keyframe_interval,
                     "delta_base": cfg.delta_base, "level": repo.level, "delta_cache_bytes": repo.delta_cache.max_bytes,
@@ -290,7 +291,10 @@ def _save(repos: dict[str, Repository], segments: dict[int, mmap.mmap], job: _Jo
     key = (job.location, s["repo_id"])   # a repository deleted and created again is another one
     repo = repos.pop(key, None)
     if repo is None:
-        repo = Repository(job.location, create=True)
+        repo = Repository(job.location)   # the parent's handle proved it exists; never create it here
+        if repo.config.repo_id != s["repo_id"]:
+            raise NotARepositoryError(f"{job.location}: another repository replaced the one this handle opened "
+                                      "(its repo_id differs); nothing was written: open it again")
     repos[key] = repo                     # most recently used last
     while len(repos) > MAX_OPEN_REPOS:
         repos.pop(next(iter(repos))).delta_cache.clear()

@@ -8,7 +8,8 @@ Order (each step leaves every kept version restorable if the process dies right 
 3. rewrite packs that are mostly dead into new packs (live objects copied byte for byte, or
    re-encoded as keyframes where their delta base is no longer needed: "rebased");
 4. write one consolidated index, then delete the old index files;
-5. delete packs no index refers to, and temp files, older than the grace period;
+5. delete packs no index refers to, and temp files, older than the grace period; then drill
+   records beyond the newest 16 (events.py) and the holds of processes that are gone (holds.py);
 6. deltify what the kept versions still hold whole (deltify.py, its own crash-safe order).
 """
 
@@ -26,7 +27,7 @@ from ..format.ids import hex_id
 from ..format.limits import MAX_INDEX_BYTES, PACK_MAX_OBJECTS, PACK_TARGET_BYTES
 from ..format.objects import EncodedObject
 from ..format.pack import PackBuilder, PackEntry
-from . import locks
+from . import events, holds, locks
 from .deltify import DEFAULT_LAG, deltify_locked
 from .gc_plan import GcPlan, plan_gc
 from .layout import INDEX, MANIFESTS, TAGS, pack_key
@@ -51,6 +52,7 @@ class GcReport:
     temps_deleted: int = 0
     chunks_deltified: int = 0      # kept keyframes re-stored as deltas against newer chunks (deltify.py)
     deltified_bytes: int = 0       # the bytes those deltas took
+    events_deleted: int = 0
     tags_deleted: list[str] = field(default_factory=list)
     steps: dict[str, int | None] = field(default_factory=dict)  # version id -> step, for reports
 
@@ -60,6 +62,7 @@ class GcReport:
                 "packs_rewritten": self.packs_rewritten, "chunks_rebased": self.chunks_rebased,
                 "bases_kept": self.bases_kept, "temps_deleted": self.temps_deleted,
                 "chunks_deltified": self.chunks_deltified, "deltified_bytes": self.deltified_bytes,
+                "events_deleted": self.events_deleted,
                 "tags_deleted": self.tags_deleted, "steps": self.steps}
 
 
@@ -70,6 +73,7 @@ PLAN_RETRIES = 8
 def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase: bool = True,
            grace_seconds: float = DEFAULT_GRACE_SECONDS, deltify: bool = True) -> GcReport:
     report = GcReport(dry_run=dry_run)
+    repo.require_present()
     if dry_run:
         return _estimate(repo, policy, report, rebase, grace_seconds)
 
@@ -90,6 +94,8 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
         index_bytes_saved = _write_one_index(repo, {**p.keep_packs, **new_packs}, sync)
         deleted_bytes = _delete_packs(repo, p, early, new_packs, report)
         _delete_temps(repo, p.now, grace_seconds, report)
+        report.events_deleted = events.prune(repo)
+        holds.break_stale(repo.store)
         new_bytes = sum(size for size, _ in new_packs.values())
         # net: negative when rebasing deltas into keyframes costs more than the removed versions held
         report.reclaimed_bytes = deleted_bytes - new_bytes + (p.old_bytes - sum(p.packs_on_disk.values())) + \
@@ -119,6 +125,7 @@ def _estimate(repo: Repository, policy: Retention, report: GcReport, rebase: boo
         sum(p.packs_on_disk[pid] for pid in p.doomed) - sum(size for size, _ in new_packs.values())
     report.packs_deleted = len(p.doomed) - len(p.rewrite)
     report.packs_rewritten = len(p.rewrite)
+    report.events_deleted = events.prune(repo, dry_run=True)
     return report
 
 

@@ -8,6 +8,7 @@ INDEX = "index/"
 MANIFESTS = "manifests/"
 LATEST_REF = "refs/latest"
 TAGS = "refs/tags/"
+EVENTS = "events/"
 DEFAULT_DELTA_CACHE_BYTES = 4 << 30
 DEFAULT_DECODED_CACHE_BYTES = 256 << 20
 DEFAULT_DELTIFY_LAG = 2   # the newest versions deltification leaves as saved (deltify.py)

@@ -62,25 +62,45 @@ def _start_time(pid: int) -> int | None:
 _BOOT = _boot_id()
 
 
-def _body(kind: str, token: str = "") -> bytes:
+def _body(kind: str, token: str = "", **extra: object) -> bytes:
+    """A lock body naming this process; ``extra`` fields follow the common ones (a hold's versions)."""
     pid = os.getpid()
     return msgpack_io.pack({"host": HOST, "pid": pid, "time": time.time(), "kind": kind, "token": token,
-                            "pidns": _pid_ns(), "boot": _BOOT, "start": _start_time(pid)})
+                            "pidns": _pid_ns(), "boot": _BOOT, "start": _start_time(pid), **extra})
 
 
-def _holder(store: Store, key: str) -> dict | None:
+class Holder(dict):
+    """A lock body as read: its fields, and the bytes they came from (``raw``).  Two reads are the
+    same holder when their bytes are equal: comparing fields would call a body holding a NaN
+    different from itself, and its lock could never be broken."""
+
+    raw: bytes = b""
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Holder):
+            return self.raw == other.raw
+        return dict.__eq__(self, other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _holder(store: Store, key: str) -> Holder | None:
     try:
         data = store.get(key, 0, 4097)  # a lock body is at most 4096 bytes: never read a huge file whole
     except (ObjectNotFoundError, FileNotFoundError):
         return None
     try:
         info = msgpack_io.unpack(data, what=f"lock {key}", max_bytes=4096)
-        return info if isinstance(info, dict) else {}
     except Exception:
-        return {}  # a torn lock file: judged by age only
+        info = None
+    out = Holder(info if isinstance(info, dict) else {})  # torn or not a map: judged by age only
+    out.raw = bytes(data)
+    return out
 
 
 def _pid_alive(pid: int) -> bool:
+    if pid >= 1 << 31:
+        return False  # no process has it (pid_t is 32 bits; os.kill would raise OverflowError)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -138,9 +158,21 @@ def is_stale(store: Store, key: str, info: dict | None) -> bool:
 
 
 def describe(info: dict | None) -> str:
+    """The holder a lock body names, for an error message; fields of any type or size (a body may be
+    damaged or hostile) give one short line."""
     if not info:
         return "an unknown process"
-    return f"pid {info.get('pid')} on {info.get('host')} since {time.ctime(info.get('time', 0))}"
+    when = info.get("time")
+    try:
+        since = time.ctime(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else None
+    except (OverflowError, ValueError, OSError):
+        since = None
+    return f"pid {_field(info.get('pid'))} on {_field(info.get('host'))} since {since or 'an unknown time'}"
+
+
+def _field(value: object) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return " ".join(text.split())[:64] or "?"
 
 
 def _break(store: Store, key: str, kind: str, info: dict) -> None:
@@ -170,7 +202,8 @@ def _put_lock(store: Store, key: str, body: bytes, kind: str, full_disk_ok: bool
     except StoreError as exc:
         if not full_disk_ok or exc.errno != errno.ENOSPC:
             raise
-        if _holder(store, key) == msgpack_io.unpack(body, what="lock", max_bytes=4096):
+        landed = _holder(store, key)
+        if landed is not None and landed.raw == body:
             return True, body  # it landed; only making its folder entry durable failed
     # a full disk: an empty file needs no data block.  It names no holder, so nobody can prove
     # it dead: if we die holding it, only its lease breaks it.  :func:`_restamp` fills it in.
@@ -191,6 +224,9 @@ def _acquire(store: Store, key: str, kind: str, timeout: float, full_disk_ok: bo
             continue  # released since our attempt: try again (deleting now could hit a new holder's lock)
         if is_stale(store, key, info):
             _break(store, key, kind, info)
+            if time.monotonic() > deadline:  # a stale lock that will not go (a delete that keeps failing)
+                raise RepositoryLockedError(f"{kind} lock {key!r} is stale ({describe(info)}) but could not "
+                                            "be broken")
             time.sleep(delay)
             continue
         if time.monotonic() > deadline:

@@ -9,7 +9,8 @@ Layout (keys in the store)::
     manifests/<version id>     one per version; version id = xxh3-128 of the manifest's bytes
     refs/latest                the newest version (branch head)
     refs/tags/<name>           tags
-    locks/                     save (shared), gc (exclusive), refs (mutex)
+    locks/                     save (shared), gc (exclusive), refs (mutex), holds (versions gc keeps)
+    events/<event id>          optional records of rollbacks and drills (events.py)
     tmp/                       temp files of writes in flight (local stores)
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 
 from ..errors import (AmbiguousVersionError, DeltackptError,
                       NotARepositoryError, ObjectNotFoundError, StoreError, UnknownVersionError)
+from ..codecs.base import check_level
 from ..format import config as config_fmt
 from ..format import manifest as manifest_fmt
 from ..format import refs
@@ -52,6 +54,16 @@ def open_store(location: "str | os.PathLike | Store") -> Store:
     return LocalStore(text[7:] if text.startswith("file://") else text)
 
 
+def _check_settings(chunk_bytes: int | None, keyframe_interval: int | None, level: int) -> None:
+    """InvalidArgumentError for a writer setting a config could not hold or zstd would refuse
+    (``None``: not given)."""
+    if chunk_bytes is not None:
+        config_fmt.check_chunk_bytes(chunk_bytes)
+    if keyframe_interval is not None:
+        config_fmt.check_keyframe_interval(keyframe_interval)
+    check_level(level)
+
+
 def _sort_time(t: float) -> float:
     """A manifest's time as a sort key: NaN (which compares with nothing) sorts oldest."""
     return t if t == t else -math.inf
@@ -74,6 +86,7 @@ class Repository(ChunkReader, IndexState):
                  chunk_bytes: int | None = None, keyframe_interval: int | None = None,
                  delta_cache_bytes: int = DEFAULT_DELTA_CACHE_BYTES, level: int = 1,
                  delta_base: str | None = None) -> None:
+        _check_settings(chunk_bytes, keyframe_interval, level)   # before anything is written
         self.store = open_store(location)
         self.location = self.store.describe()
         self.level = level
@@ -91,7 +104,7 @@ class Repository(ChunkReader, IndexState):
                 raise
             raise StoreError(f"{self.location}: {exc}") from None
         self.config = config_fmt.decode(raw, where=self.location)
-        if chunk_bytes:
+        if chunk_bytes is not None:
             self.config.chunk_bytes = chunk_bytes
         if keyframe_interval is not None:
             self.config.keyframe_interval = keyframe_interval
@@ -115,7 +128,7 @@ class Repository(ChunkReader, IndexState):
         cfg = config_fmt.Config(repo_id=secrets.token_hex(16), created=time.time())
         if delta_base is not None:
             cfg.delta_base = config_fmt.check_delta_base(delta_base)
-        if chunk_bytes:
+        if chunk_bytes is not None:
             cfg.chunk_bytes = chunk_bytes
         if keyframe_interval is not None:
             cfg.keyframe_interval = keyframe_interval
@@ -140,6 +153,20 @@ class Repository(ChunkReader, IndexState):
             m = manifest_fmt.decode(data, version_id=vid)
             self._manifests[vid] = m
         return m
+
+    def require_present(self) -> None:
+        """Raise NotARepositoryError when the repository this handle opened is no longer there (its
+        folder deleted or moved, or another repository created in its place) since the handle read
+        its config.  Writers call it before writing anything: a handle outlives its files, and a save
+        into a folder without a config returns an id no one can read back."""
+        try:
+            raw = self.store.get_bounded(CONFIG, MAX_CONFIG_BYTES)
+        except (ObjectNotFoundError, FileNotFoundError):
+            raise NotARepositoryError(f"{self.location}: the repository is gone (no config): it was deleted or "
+                                      "moved after this handle opened it; nothing was written") from None
+        if config_fmt.decode(raw, where=self.location).repo_id != self.config.repo_id:
+            raise NotARepositoryError(f"{self.location}: another repository replaced the one this handle opened "
+                                      "(its repo_id differs); nothing was written: open it again")
 
     def forget_manifest(self, vid: str) -> None:
         self._manifests.pop(vid, None)

@@ -1,6 +1,7 @@
 """Which versions to keep: one declarative policy shared by ``gc`` and the Checkpointer.
 
-The union of every rule is kept; ``latest`` is always kept.
+The union of every rule is kept; ``latest`` is always kept, and so is every version a live
+process holds (:mod:`.holds`: a divergence guard's rollback target), whatever the rules say.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError
+from .holds import held
 from .repository import Repository
 
 
@@ -100,7 +102,35 @@ class Retention:
         if self.keep_tags:
             for name, vid in repo.tags().items():
                 keep(vid, f"tag {name}")
+        present = set(history)
+        for vid, why in held(repo.store).items():  # a live run's rollback target (holds.py)
+            if vid in present:
+                keep(vid, why)
         return kept
+
+
+def check_metric_recorded(repo: Repository, metric: str) -> None:
+    """InvalidArgumentError when the repository has versions and none records a number for
+    ``metric``: a ``keep_best`` rule on it would keep nothing, and the gc asked to keep the best by
+    it would remove what the user meant it to keep (``val_loss`` typed where versions record
+    ``loss``).  Run by :func:`deltackpt.gc` (and the CLI), not by a Checkpointer's gc, whose first
+    versions may precede the first evaluation."""
+    recorded: dict[str, None] = {}
+    versions = 0
+    for _vid, m in repo.scan():
+        if isinstance(m, Exception):
+            continue
+        versions += 1
+        value = m.metrics.get(metric)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
+            return
+        for name in m.metrics:
+            recorded.setdefault(name)
+    if versions:
+        names = ", ".join(sorted(recorded)[:10]) + (" ..." if len(recorded) > 10 else "") if recorded else "none"
+        raise InvalidArgumentError(f"keep_best (--keep-best): no version of {repo.location} records a number for the "
+                                   f"metric {metric!r:.80}, so the rule would keep nothing; metrics recorded: "
+                                   f"{names}; nothing was removed")
 
 
 def history_order(repo: Repository) -> list[str]:

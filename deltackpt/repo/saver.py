@@ -83,6 +83,7 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
     commit.check_storable(Manifest(parent=None, time=0.0, tree=tree, tensors=tensors, blobs=[], step=step,
                                    metrics=dict(metrics or {}), meta=meta, extra=dict(extra or {})))
     stats = SaveStats()
+    repo.require_present()
     with locks.save_lock(repo.store):
         manifest_blobs, _sv = _store_locked(repo, blobs, stats, workers, progress, head=True)
         for t in tensors:
@@ -115,6 +116,7 @@ def store_blobs(repo: Repository, blobs: list[BlobInput], *, workers: int | None
     """
     t0 = time.perf_counter()
     stats = SaveStats()
+    repo.require_present()
     with locks.save_lock(repo.store):
         # these chunks chain forward on the parent (delta_base "parent"): a commit elsewhere names
         # them, and head.py's bounds are the committing writer's
@@ -129,6 +131,7 @@ def commit_manifest(repo: Repository, manifest: Manifest, *, tag: str | None = N
     if tag is not None:
         refs.check_name(tag)
     manifest.writer = manifest.writer or commit.writer_name()
+    repo.require_present()
     vid = _commit(repo, manifest, SaveStats(), tag)
     background.after_commit(repo)
     return vid

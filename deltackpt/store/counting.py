@@ -57,3 +57,11 @@ class CountingStore(WrappingStore):
 
     def describe(self) -> str:
         return f"counting({self.inner.describe()})"
+
+
+class ReadMeter(CountingStore):
+    """A CountingStore that describes itself as the store it wraps: a repository opened over it
+    to measure a read (a rollback, a drill) names the real location in its errors."""
+
+    def describe(self) -> str:
+        return self.inner.describe()

@@ -16,12 +16,24 @@ for _name in DTYPES:
         FROM_NAME[_name] = _dt
 
 
+# Quantized dtypes are refused, also on a plain tensor viewed as one (``t.view(torch.quint8)``, which
+# has no quantizer): without scale and zero point their bytes mean nothing a uint8/int8/int32 view
+# of the same bytes does not keep losslessly, torch deprecates them, and storing them would add
+# format dtype names older readers refuse.  (Asking such a dtype ``is_signed`` raises RuntimeError.)
+QUANTIZED = frozenset(d for d in (getattr(torch, n, None) for n in ("quint8", "qint8", "qint32", "quint4x2",
+                                                                     "quint2x4")) if isinstance(d, torch.dtype))
+
+
 def name_of(dtype: torch.dtype, path: str) -> str:
     try:
         return TO_NAME[dtype]
     except KeyError:
-        hint = " (quantized tensors: save t.dequantize() or t.int_repr() with the scale)" if dtype.is_signed is not None and "q" in str(dtype) else ""
-        raise UnsupportedLeafError(f"{path}: dtype {dtype} is not supported{hint}") from None
+        pass
+    if dtype in QUANTIZED:
+        raise UnsupportedLeafError(f"{path}: quantized dtype {str(dtype).removeprefix('torch.')} is not supported; "
+                                   "save its bytes as t.view(torch.uint8) (or int8/int32, the same element size), "
+                                   "or a quantized tensor as t.int_repr() with t.q_scale() and t.q_zero_point()")
+    raise UnsupportedLeafError(f"{path}: dtype {dtype} is not supported")
 
 
 def dtype_of(name: str, path: str) -> torch.dtype:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -82,13 +82,20 @@ def check_text(text: str, what: str) -> str:
     return text
 
 
+_END = object()
+
+
 def flatten(obj: Any, prefix: tuple = ()) -> tuple[Any, list[TensorLeaf]]:
     """Replace every tensor in ``obj`` with a TensorRef; return (tree, leaves in order).
-    ``prefix``: where ``obj`` sits, for error messages (``("meta",)``)."""
+    ``prefix``: where ``obj`` sits, for error messages (``("meta",)``).
+
+    The walk keeps its own stack, not Python's: every depth up to MAX_MSGPACK_DEPTH saves (and
+    loads, :func:`unflatten`) whatever the container type, and deeper is refused by the same line."""
     leaves: list[TensorLeaf] = []
     seen_names: dict[str, int] = {}
 
-    def walk(value: Any, key: tuple, depth: int) -> Any:
+    def convert(value: Any, key: tuple, depth: int) -> tuple[Any, Any]:
+        """(stored value, None) for a leaf; (empty container, (kind, children)) for a container."""
         if depth > MAX_MSGPACK_DEPTH:
             raise UnsupportedLeafError(f"{_path(key)}: nested deeper than {MAX_MSGPACK_DEPTH} levels")
         if isinstance(value, torch.Tensor):
@@ -96,45 +103,64 @@ def flatten(obj: Any, prefix: tuple = ()) -> tuple[Any, list[TensorLeaf]]:
             name = _unique_name(dotted(key), seen_names, len(leaves))
             seen_names[name] = len(leaves)
             leaves.append(TensorLeaf(len(leaves), key, name, t))
-            return TensorRef(len(leaves) - 1)
-        if value is None or type(value) in (bool, bytes):
-            return value
-        if isinstance(value, str):  # str subclasses (StrEnum, ...) are saved as plain str
-            return check_text("" + value, f"{_path(key)}: string")
-        if isinstance(value, bytes):
-            return bytes(value)
-        if isinstance(value, int):
-            if not INT_MIN <= value <= INT_MAX:
-                raise UnsupportedLeafError(f"{_path(key)}: integer {int_text(value)} does not fit in 64 bits; store it "
-                                           "as a str")
-            return int(value)
-        if isinstance(value, float):
-            return float(value)
+            return TensorRef(len(leaves) - 1), None
         if isinstance(value, Mapping):
-            out = {}
-            for k, v in value.items():
-                plain = _plain_key(k, key)
-                if plain in out:
-                    raise UnsupportedLeafError(f"{_path(key)}: dict keys {k!r:.40} and {plain!r:.40} are the same "
-                                               "once saved; rename one")
-                out[plain] = walk(v, key + (plain,), depth + 1)
-            return out
+            return {}, ("dict", iter(value.items()))
         if isinstance(value, list):
-            return [walk(v, key + (i,), depth + 1) for i, v in enumerate(value)]
+            return [], ("list", iter(value))
         if type(value) is tuple or type(value) is torch.Size:
-            return tuple(walk(v, key + (i,), depth + 1) for i, v in enumerate(value))
-        if isinstance(value, bytearray):
-            return bytes(value)
-        raise _refusal(value, key)
+            return [], ("tuple", iter(value))
+        return _plain_leaf(value, key), None
 
-    try:
-        tree = walk(obj, prefix, 0)
-    except RecursionError:
-        # each level costs Python several frames, so very deep (or self-referencing) containers
-        # exhaust the interpreter's stack before the depth limit: the same refusal, typed
-        raise UnsupportedLeafError(f"<root>: nested too deeply (or contains itself); keep the state under "
-                                   f"{MAX_MSGPACK_DEPTH} levels") from None
-    return tree, leaves
+    root: list[Any] = [None]
+    stack: list[tuple[str, Any, Any, tuple, int, Any, Any]] = []  # kind, children, out, key, depth, parent, slot
+
+    def place(value: Any, key: tuple, depth: int, parent: Any, slot: Any) -> None:
+        out, children = convert(value, key, depth)
+        parent[slot] = out
+        if children is not None:
+            stack.append((children[0], children[1], out, key, depth, parent, slot))
+
+    place(obj, prefix, 0, root, 0)
+    while stack:
+        kind, children, out, key, depth, parent, slot = stack[-1]
+        item = next(children, _END)
+        if item is _END:
+            stack.pop()
+            if kind == "tuple":
+                parent[slot] = tuple(out)
+        elif kind == "dict":
+            k, v = item
+            plain = _plain_key(k, key)
+            if plain in out:
+                raise UnsupportedLeafError(f"{_path(key)}: dict keys {k!r:.40} and {plain!r:.40} are the same "
+                                           "once saved; rename one")
+            out[plain] = None
+            place(v, key + (plain,), depth + 1, out, plain)
+        else:
+            out.append(None)
+            place(item, key + (len(out) - 1,), depth + 1, out, len(out) - 1)
+    return root[0], leaves
+
+
+def _plain_leaf(value: Any, key: tuple) -> Any:
+    """A leaf that is no tensor and no container, as stored; else the refusal saying why."""
+    if value is None or type(value) in (bool, bytes):
+        return value
+    if isinstance(value, str):  # str subclasses (StrEnum, ...) are saved as plain str
+        return check_text("" + value, f"{_path(key)}: string")
+    if isinstance(value, bytes):
+        return bytes(value)
+    if isinstance(value, int):
+        if not INT_MIN <= value <= INT_MAX:
+            raise UnsupportedLeafError(f"{_path(key)}: integer {int_text(value)} does not fit in 64 bits; store it "
+                                       "as a str")
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, bytearray):
+        return bytes(value)
+    raise _refusal(value, key)
 
 
 def _unique_name(name: str, seen_names: dict[str, int], n_leaves: int) -> str:
@@ -203,23 +229,54 @@ def metrics_of(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def unflatten(tree: Any, make: Any, keep: Any = None) -> Any:
     """Rebuild the saved object: TensorRef(i) -> make(i); tensors with ``keep(i)`` False are dropped
-    from dicts (and become None in lists), so a layer load returns only what was asked for."""
+    from dicts (and become None in lists), so a layer load returns only what was asked for.  Like
+    :func:`flatten`, it keeps its own stack: any depth a save accepted loads."""
+    dropped = (lambda v: False) if keep is None else (lambda v: isinstance(v, TensorRef) and not keep(v.index))
+    root: list[Any] = [None]
+    stack: list[tuple[bool, Any, Any, Any, Any]] = []  # is_dict, children, out, parent, slot
 
-    def walk(value: Any) -> Any:
+    def place(value: Any, parent: Any, slot: Any) -> None:
         if isinstance(value, TensorRef):
-            return make(value.index)
-        if isinstance(value, dict):
-            return {k: walk(v) for k, v in value.items()
-                    if not (keep is not None and isinstance(v, TensorRef) and not keep(v.index))}
-        if isinstance(value, list):
-            return [None if keep is not None and isinstance(v, TensorRef) and not keep(v.index) else walk(v)
-                    for v in value]
-        if isinstance(value, tuple):
-            return tuple(None if keep is not None and isinstance(v, TensorRef) and not keep(v.index) else walk(v)
-                         for v in value)
-        return value
+            parent[slot] = make(value.index)
+        elif isinstance(value, dict):
+            parent[slot] = out = {}
+            stack.append((True, iter(value.items()), out, parent, slot))
+        elif isinstance(value, (list, tuple)):
+            parent[slot] = out = []
+            stack.append((False, iter(value), out, parent, slot if isinstance(value, list) else (slot,)))
+        else:
+            parent[slot] = value
 
-    return walk(tree)
+    place(tree, root, 0)
+    while stack:
+        is_dict, children, out, parent, slot = stack[-1]
+        item = next(children, _END)
+        if item is _END:
+            stack.pop()
+            if isinstance(slot, tuple):   # a tuple is built as a list, frozen once its items are in
+                parent[slot[0]] = tuple(out)
+        elif is_dict:
+            if not dropped(item[1]):
+                out[item[0]] = None
+                place(item[1], out, item[0])
+        else:
+            out.append(None)
+            if not dropped(item):
+                place(item, out, len(out) - 1)
+    return root[0]
+
+
+def tensor_refs(tree: Any) -> "Iterator[tuple[tuple, TensorRef]]":
+    """(path, TensorRef) for every tensor placeholder in ``tree``, depth first, without recursion."""
+    stack: list[tuple[tuple, Any]] = [((), tree)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, TensorRef):
+            yield path, value
+        elif isinstance(value, dict):
+            stack.extend((path + (k,), v) for k, v in reversed(list(value.items())))
+        elif isinstance(value, (list, tuple)):
+            stack.extend((path + (n,), v) for n, v in reversed(list(enumerate(value))))
 
 
 def contiguous_strides(shape: list[int]) -> list[int]:

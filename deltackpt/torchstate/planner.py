@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from typing import Iterable, Mapping
 
 from ..codecs.pipeline import check_mode
-from ..errors import CodecError
+from ..errors import CodecError, StateMismatchError
 from ..format.dtypes import is_float
 from ..format.manifest import Manifest, TensorEntry
 from ..repo.saver import BlobInput
@@ -108,6 +109,30 @@ def layer_matcher(layers: Iterable[str] | str | None):
     return match
 
 
-def selected_tensors(manifest: Manifest, layers: Iterable[str] | str | None) -> list[int]:
+def selected_tensors(manifest: Manifest, layers: Iterable[str] | str | None, what: str = "the version") -> list[int]:
+    """The indices of the tensors ``layers`` selects (every tensor when None).  A layer that selects
+    nothing is a StateMismatchError naming it and the layers there are, never an empty selection
+    (which ``deltackpt restore --layer`` wrote as an empty file, exiting 0)."""
     match = layer_matcher(layers)
-    return [i for i, t in enumerate(manifest.tensors) if match is None or match(t.name)]
+    chosen = [i for i, t in enumerate(manifest.tensors) if match is None or match(t.name)]
+    if layers is not None:
+        for layer in [layers] if isinstance(layers, str) else list(layers):
+            one = layer_matcher([layer])
+            if not any(one(manifest.tensors[i].name) for i in chosen):
+                raise StateMismatchError(f"{what}: layer {layer!r:.80} selects no tensor; {_layer_hint(manifest, layer)}")
+    return chosen
+
+
+def _layer_hint(manifest: Manifest, layer: str) -> str:
+    """Which layers the version has: the closest names to ``layer``, and its top-level names."""
+    prefixes: set[str] = set()
+    top: dict[str, None] = {}
+    for t in manifest.tensors:
+        parts = t.name.split(".")
+        top.setdefault(parts[0])
+        prefixes.update(".".join(parts[:n]) for n in range(1, len(parts) + 1))
+    close = difflib.get_close_matches(layer.strip("."), sorted(prefixes), n=3, cutoff=0.6)
+    names = list(top)
+    listed = ", ".join(n for n in names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+    guess = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    return f"{guess}its top-level layers: {listed or 'none (it holds no tensor)'}"

@@ -21,13 +21,26 @@ Example::
                                              sampler=sampler, step=step), step=step, metrics={"loss": loss})
     ckpt.close()
 
+A divergence guard rolls the run back by itself when its loss goes bad (``guard.py``)::
+
+    guard = Guard(model=model, optimizer=opt, scheduler=sched, sampler=sampler, watch="loss")
+    ckpt = Checkpointer("ckpt", policy=EveryN(50), guard=guard, drill_every=20)
+    ...
+    ckpt.step(state_fn, step=step, metrics={"loss": loss})
+    if ckpt.rollback:            # rolled back in place: continue from its step, new data iterator
+        step = ckpt.rollback.step
+
 What it may import: :mod:`deltackpt.api` (it saves and loads through the public API),
 :mod:`deltackpt.snapshot`, :mod:`deltackpt.torchstate` and the torch-free core.  Only
-:mod:`deltackpt.integrations` and the CLI build on it.
+:mod:`deltackpt.integrations` and the CLI build on it.  Inside it: checkpointer -> guard ->
+(rollback | drills | targets) -> resume -> state -> (policies | rng | detect).
 """
 
 from .checkpointer import Checkpointer
+from .detect import Ratio, Spike
+from .guard import Guard, Rollback
 from .resume import ResumeInfo, resume
 from .state import ResumableSampler, training_state
 
-__all__ = ["Checkpointer", "ResumableSampler", "ResumeInfo", "resume", "training_state"]
+__all__ = ["Checkpointer", "Guard", "Ratio", "ResumableSampler", "ResumeInfo", "Rollback", "Spike", "resume",
+           "training_state"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
@@ -26,6 +26,9 @@ from ..repo.versions import Version
 from ..snapshot import async_save
 from ..snapshot.async_save import SaveHandle
 from .policies import Policy, as_policy
+
+if TYPE_CHECKING:
+    from .guard import Guard, Rollback
 
 
 class Checkpointer:
@@ -45,6 +48,12 @@ class Checkpointer:
     ``self.last.wait_snapshot()`` for what is not).  ``snapshot="eager"`` (default) copies every
     tensor before :meth:`step` returns.
 
+    ``guard``: a :class:`~deltackpt.training.Guard` judging the ``metrics`` of every step; when
+    it rolls the run back, :meth:`step` saves nothing, sets :attr:`rollback` and the loop carries
+    on from ``rollback.step`` with a new data iterator.  ``drill_every``: a rollback drill of
+    ``drill_revision`` after every that many saves, in the background at idle priority; its
+    measured restore time goes to the policy (``YoungDaly``).
+
     :meth:`prepare` allocates and faults in the staging memory the background saves of a state
     will hold, in a background thread, so the first save costs what the later ones do.  The first
     :meth:`step` given a state (not a callable) calls it; with a callable, call it yourself.
@@ -63,7 +72,9 @@ class Checkpointer:
                  retention: Retention | None = None, blocking: bool = False, gc_every: int = 1,
                  encoding: Any = None, grace_seconds: float = DEFAULT_GRACE_SECONDS,
                  start_step: int | None = None, clock: Callable[[], float] = time.monotonic,
-                 background: str | None = None, snapshot: str = "eager", optimizer: Any = None) -> None:
+                 background: str | None = None, snapshot: str = "eager", optimizer: Any = None,
+                 guard: "Guard | None" = None, drill_every: int | None = None,
+                 drill_revision: str = "latest") -> None:
         if retention is not None and not isinstance(retention, Retention):
             raise InvalidArgumentError(f"retention must be a Retention, got {type(retention).__name__}")
         grace_seconds = check_seconds("grace_seconds", grace_seconds, allow_inf=True)  # before any I/O
@@ -97,6 +108,27 @@ class Checkpointer:
             # metric-based ones remember the best so far (versions of an abandoned future excluded)
             self.policy.recall([dict(v.metrics) for v in reversed(self.repo.log())
                                 if v.step is not None and v.step <= start_step])
+        self._attach(guard, drill_every, drill_revision, start_step)
+
+    def _attach(self, guard: "Guard | None", drill_every: int | None, drill_revision: str,
+                start_step: int | None) -> None:
+        from .drills import Driller, last_restore_seconds
+        from .guard import Guard
+
+        if guard is not None and not isinstance(guard, Guard):
+            raise InvalidArgumentError(f"guard must be a deltackpt.training.Guard, got {type(guard).__name__}")
+        self.guard = guard
+        self.rollback: "Rollback | None" = None
+        """What the guard did at the last :meth:`step`, or None (see :class:`~deltackpt.training.Guard`)."""
+        if guard is not None:
+            guard.attach(self.repo, start_step=start_step)
+            if guard.commit is True:   # commit through this Checkpointer's settings
+                guard.commit = lambda rb: self._commit(guard.rollback_state(rb), rb.step)
+        self.drills = Driller(self.repo.core, drill_every, drill_revision) if drill_every is not None else None
+        restore = last_restore_seconds(self.repo.core)
+        if restore is not None:
+            self.policy.restore_measured(restore)
+        self._told_restore = restore
 
     def due(self, step: int, metrics: Mapping[str, Any] | None = None) -> bool:
         return self.policy.due(step, self.clock(), metrics or {})
@@ -107,6 +139,12 @@ class Checkpointer:
         from ..api import save
 
         metrics = dict(metrics or {})
+        self._hear_drill()
+        if self.guard is not None:
+            self.rollback = self.guard.check(step, metrics)
+            if self.rollback is not None:   # the live state is a restored version's now: no save of it
+                self.policy.resumed(self.rollback.step, self.clock())
+                return None
         if not self._prepared and state is not None and not callable(state):
             self._prepared = True   # the state's size is known now: its staging faults in meanwhile
             try:
@@ -129,7 +167,29 @@ class Checkpointer:
         self.stall_seconds += cost
         self.policy.saved(step, self.clock(), cost, metrics)
         self.last = result
+        if self.guard is not None:
+            self.guard.saved(step, result)
+        if self.drills is not None:
+            if not self.blocking:   # drill what this save commits, not the version before it
+                async_save.run_after(self.repo.core, self.drills.saved)
+            else:
+                self.drills.saved()
         return result
+
+    def _commit(self, state: Any, step: int) -> Version:
+        """A blocking save outside the policy (a guard's rollback), with this Checkpointer's settings."""
+        from ..api import save
+
+        version = save(state, self.repo, step=step, encoding=self.encoding)
+        self.saves += 1
+        return version  # type: ignore[return-value]
+
+    def _hear_drill(self) -> None:
+        """Give the policy a restore time a background drill measured since the last step."""
+        measured = self.drills.measured() if self.drills is not None else None
+        if measured is not None and measured != self._told_restore:
+            self.policy.restore_measured(measured)
+            self._told_restore = measured
 
     def prepare(self, state: Any) -> "Future[None] | None":
         """Allocate and fault in, in a background thread, the staging memory background saves of
@@ -157,15 +217,22 @@ class Checkpointer:
             async_save.run_after(core, lambda: run_gc(core, policy, grace_seconds=grace))
 
     def wait(self) -> Version | None:
-        """Wait for saves (and gc) in flight; raise their errors.  Returns the last Version."""
+        """Wait for saves (and gc, and a drill) in flight; raise their errors.  Returns the last Version."""
         async_save.drain(self.repo.core)
+        if self.drills is not None:
+            self.drills.wait()
         async_save._forget_done_lazy()   # the training thread, between steps: unhook the optimizers
         if isinstance(self.last, SaveHandle):
             return self.last.wait()
         return self.last
 
     def close(self) -> Version | None:
-        return self.wait()
+        """Wait for everything in flight, then end the guard's holds."""
+        try:
+            return self.wait()
+        finally:
+            if self.guard is not None:
+                self.guard.close()
 
     def __enter__(self) -> "Checkpointer":
         return self
@@ -175,3 +242,5 @@ class Checkpointer:
             self.close()
         else:
             async_save.drain_all()
+            if self.guard is not None:
+                self.guard.close()

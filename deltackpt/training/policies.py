@@ -35,6 +35,10 @@ class Policy:
         """A resumed run's earlier versions (their metrics, oldest first, those saved at or before
         the resumed step): policies that compare against the past pick up where they were."""
 
+    def restore_measured(self, seconds: float) -> None:
+        """A rollback drill measured how long restoring the newest version takes: policies that
+        weigh a restart's cost use it instead of a guess."""
+
     def describe(self) -> str:
         return type(self).__name__
 
@@ -89,28 +93,44 @@ class EveryT(Policy):
 
 
 class YoungDaly(Policy):
-    """Save every ``sqrt(2 * C * MTBF)`` seconds (Young 1974, Daly 2006), where C is the measured
-    cost of a save (an exponential moving average of the stalls, so the interval follows the
-    cost as it changes) and MTBF the mean time between failures you give.  Until a save has been
-    measured, ``initial_cost`` stands in for C.
+    """Save every ``sqrt(2 * C * (MTBF + R))`` seconds (Young 1974; the restart term is Daly's
+    first-order model, 2006), where C is the measured cost of a save (an exponential moving
+    average of the stalls, so the interval follows the cost as it changes), MTBF the mean time
+    between failures you give, and R the restart cost: ``restart_cost`` (seconds from a failure
+    to a process ready to load, which nothing here can measure) plus the restore time the last
+    rollback drill measured (``Checkpointer(drill_every=...)``, ``deltackpt drill``; 0 until
+    one has).  Until a save has been measured, ``initial_cost`` stands in for C.
 
-    Example: a 0.05 s stall and a 4 h MTBF give an interval of sqrt(2 * 0.05 * 14400) = 38 s.
+    Example: a 0.05 s stall, a 4 h MTBF and no restart cost give sqrt(2 * 0.05 * 14400) = 38 s;
+    a measured 30 s restore makes it sqrt(2 * 0.05 * 14430) = 38.0 s (R matters when it is a
+    sizeable part of the MTBF).
     """
 
     def __init__(self, mtbf: float, *, initial_cost: float = 1.0, smoothing: float = 0.3,
-                 min_interval: float = 0.0) -> None:
+                 min_interval: float = 0.0, restart_cost: float = 0.0) -> None:
         _positive("mtbf", mtbf)
         _positive("initial_cost", initial_cost)
+        if isinstance(restart_cost, bool) or not isinstance(restart_cost, (int, float)) or \
+                not 0 <= restart_cost < math.inf:
+            raise DeltackptError(f"restart_cost must be a number of seconds >= 0, got {restart_cost!r}")
         self.mtbf = float(mtbf)
         self.cost = float(initial_cost)
         self.smoothing = smoothing
         self.min_interval = min_interval
+        self.restart_cost = float(restart_cost)
+        self.restore: float | None = None
+        """The last drill's restore time (seconds), once one has been measured."""
         self.measured = False
         self.last: float | None = None
 
     @property
     def interval(self) -> float:
-        return max(self.min_interval, math.sqrt(2.0 * self.cost * self.mtbf))
+        restart = self.restart_cost + (self.restore or 0.0)
+        return max(self.min_interval, math.sqrt(2.0 * self.cost * (self.mtbf + restart)))
+
+    def restore_measured(self, seconds: float) -> None:
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < math.inf:
+            self.restore = float(seconds)
 
     def due(self, step, now, metrics):
         if self.last is None:
@@ -127,7 +147,8 @@ class YoungDaly(Policy):
         self.last = now
 
     def describe(self):
-        return f"Young/Daly (MTBF {self.mtbf:g} s, interval {self.interval:.3g} s)"
+        restore = "" if self.restore is None else f", measured restore {self.restore:.3g} s"
+        return f"Young/Daly (MTBF {self.mtbf:g} s{restore}, interval {self.interval:.3g} s)"
 
 
 class DenseEarly(Policy):
@@ -227,6 +248,10 @@ class AnyOf(Policy):
     def recall(self, history):
         for p in self.policies:
             p.recall(history)
+
+    def restore_measured(self, seconds):
+        for p in self.policies:
+            p.restore_measured(seconds)
 
     def describe(self):
         return " or ".join(p.describe() for p in self.policies)

@@ -41,17 +41,31 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         self.n, self.seed, self.shuffle = int(n), int(seed), shuffle
         self.epoch = 0
         self.consumed = 0
+        self.reshuffled: list[list[int]] = []   # [position, seed] pairs applied to this epoch's order
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` (a no-op when it is the current one, so a resumed position is kept)."""
         if epoch != self.epoch:
-            self.epoch, self.consumed = int(epoch), 0
+            self.epoch, self.consumed, self.reshuffled = int(epoch), 0, []
+
+    def reshuffle(self, seed: int) -> None:
+        """Hand out the rest of this epoch (the items not consumed yet) in a new order drawn from
+        ``seed``; each item still comes once per epoch.  A divergence guard's ``data="reseed"``
+        calls it after a rollback, so the batches that preceded a spike are not replayed as they
+        were.  Saved with the position; the next epoch is drawn as usual."""
+        self.reshuffled.append([self.consumed, int(seed)])
 
     def _order(self) -> list[int]:
         if not self.shuffle:
-            return list(range(self.n))
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.n, generator=g).tolist()
+            order = list(range(self.n))
+        else:
+            g = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.n, generator=g).tolist()
+        for start, seed in self.reshuffled:
+            rest = order[start:]
+            perm = torch.randperm(len(rest), generator=torch.Generator().manual_seed(seed)).tolist()
+            order = order[:start] + [rest[i] for i in perm]
+        return order
 
     def __iter__(self) -> Iterator[int]:
         order = self._order()
@@ -60,19 +74,23 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             self.consumed += 1
             yield i
         # the epoch is over: the next iteration starts the next one unless set_epoch says otherwise
-        self.epoch, self.consumed = self.epoch + 1, 0
+        self.epoch, self.consumed, self.reshuffled = self.epoch + 1, 0, []
 
     def __len__(self) -> int:
         return self.n - self.consumed
 
-    def state_dict(self, consumed: int | None = None) -> dict[str, int]:
-        return {"n": self.n, "seed": self.seed, "epoch": self.epoch,
-                "consumed": self.consumed if consumed is None else int(consumed)}
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"n": self.n, "seed": self.seed, "epoch": self.epoch,
+                               "consumed": self.consumed if consumed is None else int(consumed)}
+        if self.reshuffled:
+            out["reshuffled"] = [list(p) for p in self.reshuffled]
+        return out
 
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if int(state["n"]) != self.n:
             raise StateMismatchError(f"sampler was saved over {state['n']} items, this one has {self.n}")
         self.seed, self.epoch, self.consumed = int(state["seed"]), int(state["epoch"]), int(state["consumed"])
+        self.reshuffled = [[int(a), int(b)] for a, b in state.get("reshuffled", [])]
 
 
 def training_state(*, model: "torch.nn.Module | None" = None, optimizer: Any = None, scheduler: Any = None,

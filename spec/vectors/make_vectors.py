@@ -22,6 +22,7 @@ import zstandard
 from deltackpt.codecs import registry
 from deltackpt.codecs.base import ChunkContext
 from deltackpt.format import config as config_fmt
+from deltackpt.format import events as events_fmt
 from deltackpt.format import index as index_fmt
 from deltackpt.format import objects, refs
 from deltackpt.format.ids import digest, hex_id
@@ -281,13 +282,31 @@ def ref_vector(version_id: str) -> dict:
     return {"ref": refs.encode_ref(version_id).hex(), "version_id": version_id}
 
 
+def event_vector(version_id: str) -> dict:
+    """A rollback record and a drill record (spec/FORMAT.md, "Event records"), each as written."""
+    rollback = {"kind": "rollback", "time": FIXED_TIME, "host": "trainer-0", "pid": 4242, "run": "0123456789abcdef",
+                "version": version_id, "step": 1203, "seconds": 0.25, "bytes_read": 1048576,
+                "metric": "loss", "rule": "spike", "value": 41.5, "threshold": 3.75, "baseline": 2.5,
+                "values": [[1201, 2.5], [1202, 2.625], [1203, 41.5]], "bad_start": 1203, "to_step": 1200,
+                "abandoned": ["ff" * 16], "committed": "ee" * 16, "data": "skip",
+                "skipped": [[3, 9600], [3, 9624]], "lr_scale": 0.5, "count": 1, "commit_seconds": 0.125}
+    drill = {"kind": "drill", "time": FIXED_TIME + 60.0, "host": "trainer-0", "pid": 4242, "version": version_id,
+             "seconds": 1.5, "bytes_read": 3000000, "revision": "latest", "ok": True, "logical_bytes": 4000000,
+             "chunks": 3, "cpu_seconds": 1.25}
+    cases = []
+    for record in (rollback, drill):
+        data = events_fmt.encode(record)
+        cases.append({"event": data.hex(), "event_id": hex_id(data), "decoded": jsonish(record)})
+    return {"cases": cases}
+
+
 def build_all() -> dict[str, Any]:
     cases = codec_vectors()
     pack = pack_vector(cases)
     man = manifest_vector()
     out: dict[str, Any] = {f"codec-{name}": {"cases": c} for name, c in cases.items()}
     out.update({"pack": pack, "index": index_vector(pack), "manifest": man, "config": config_vector(), "config-v1": config_vector(1),
-                "ref": ref_vector(man["version_id"])})
+                "ref": ref_vector(man["version_id"]), "event": event_vector(man["version_id"])})
     for v in out.values():
         v["generator"] = {"zstd": zstandard.ZSTD_VERSION and ".".join(map(str, zstandard.ZSTD_VERSION))}
     return out

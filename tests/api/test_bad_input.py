@@ -66,6 +66,11 @@ REFUSED = {
     "sparse_coo": ({"s": torch.eye(3).to_sparse()}, "s", "to_dense"),
     "sparse_csr": ({"s": torch.eye(3).to_sparse_csr()}, "s", "to_dense"),
     "quantized": ({"q": _quantized()}, "q", "int_repr"),
+    # issue 23 item 12: a plain tensor viewed as a quantized dtype raised torch's raw RuntimeError
+    "quint8_view": ({"opt": {"q": torch.arange(8, dtype=torch.uint8).view(torch.quint8)}}, "opt.q", "view(torch.uint8)"),
+    "qint8_view": ({"q": torch.arange(8, dtype=torch.uint8).view(torch.qint8)}, "q", "quantized dtype qint8"),
+    "qint32_view": ({"q": torch.arange(8, dtype=torch.int32).view(torch.qint32)}, "q", "int_repr"),
+    "quint4x2_view": ({"q": torch.arange(8, dtype=torch.uint8).view(torch.quint4x2)}, "q", "view(torch.uint8)"),
     "tensor_subclass": ({"t": torch.ones(2).as_subclass(MyTensor)}, "t", "as_subclass"),
     "nested_tensor": ({"n": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])}, "n", "unbind"),
     "module": ({"m": torch.nn.Linear(2, 2)}, "m", "state_dict"),
@@ -96,6 +101,16 @@ def test_unsupported_leaf_is_refused_and_repository_unchanged(repo, name):
     after = file_digests(repo)
     assert after == before
     assert len(deltackpt.Repo(repo).log()) == 1
+
+
+@pytest.mark.parametrize("mode", ["blocking", "thread", "process"])
+def test_a_quantized_dtype_view_is_refused_before_a_background_save_starts(repo, mode):
+    """issue 23 item 12, every save path: the refusal is raised by save() itself, naming the tensor."""
+    before = file_digests(repo)
+    kwargs = {} if mode == "blocking" else {"blocking": False, "background": mode}
+    with pytest.raises(UnsupportedLeafError, match="^model.q: quantized dtype quint8"):
+        deltackpt.save({"model": {"q": torch.zeros(4, dtype=torch.uint8).view(torch.quint8)}}, repo, **kwargs)
+    assert file_digests(repo) == before
 
 
 def _same(a, b) -> None:

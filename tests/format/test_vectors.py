@@ -165,3 +165,25 @@ def test_ref_vector_decodes_and_reencodes():
     data = bytes.fromhex(vec["ref"])
     assert refs.decode_ref(data, what="vector") == vec["version_id"]
     assert refs.encode_ref(vec["version_id"]) == data
+
+
+def _plain(value):
+    """A vector's JSON form of msgpack values back to Python (maps as {"map": [[k, v], ...]})."""
+    if isinstance(value, dict) and set(value) == {"map"}:
+        return {_plain(k): _plain(v) for k, v in value["map"]}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def test_event_vectors_decode_and_reencode():
+    """Each event record decodes to its fields (ids named by the file's hash) and the fields,
+    encoded, give the same bytes: a rollback and a drill record (FORMAT.md §20)."""
+    from deltackpt.format import events as events_fmt
+    for case in load("event")["cases"]:
+        data = bytes.fromhex(case["event"])
+        assert hex_id(data) == case["event_id"]
+        fields = _plain(case["decoded"])
+        event = events_fmt.decode(data, event_id=case["event_id"])
+        assert event.kind == fields["kind"] and event.data == fields
+        assert events_fmt.encode(fields) == data

@@ -50,3 +50,16 @@ def test_hf_trainer_example(tmp_path):
     assert deltackpt.Repo(repo).resolve().step == 10
     out = _run("hf_trainer.py", "--repo", repo, "--steps", "20", "--save-steps", "5", "--resume")
     assert "resuming from 10" in out and "done at step 20" in out
+
+
+@pytest.mark.slow
+def test_divergence_example_recovers_by_itself(tmp_path):
+    """examples/divergence.py: a corrupted shard makes the loss spike; the guard rolls back once,
+    skips it, and the run ends within 5% of the clean run's held-out loss (the unguarded one does
+    not); the rollback is in the repository's log."""
+    import json
+    repo = str(tmp_path / "r")
+    out = json.loads(_run("divergence.py", "--repo", repo, "--json"))
+    assert out["ok"] and out["gap"] <= 0.05 and len(out["rollbacks"]) == 1
+    assert out["unguarded"] > 10 * out["clean"]
+    assert [e.kind for e in deltackpt.Repo(repo).events()] == ["rollback"]

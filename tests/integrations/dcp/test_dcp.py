@@ -4,6 +4,11 @@ to another world size, and a rank killed mid-save."""
 
 from __future__ import annotations
 
+import os
+import pathlib
+import pickle
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -13,6 +18,8 @@ import torch.distributed.checkpoint as dcp
 import deltackpt
 import deltackpt.dcp
 from deltackpt.api import Repo
+
+from tests.conftest import ROOT
 
 from .harness import run_ranks
 
@@ -150,3 +157,36 @@ def test_rank_killed_mid_save_commits_nothing(tmp_path, site):
     codes, results, errs = run_ranks(tmp_path, "save", "plain", 2, repo)
     assert codes == [0, 0], errs
     assert len(Repo(repo).log()) == 2
+
+
+_RANK_IN_ANOTHER_FOLDER = """
+import pickle, sys, warnings
+import torch, torch.distributed.checkpoint as dcp
+warnings.simplefilter("ignore")
+writer, reader = pickle.load(open(sys.argv[1], "rb"))
+state = {"w": torch.arange(6.0), "step": 7}
+dcp.save(state, storage_writer=writer)
+back = {"w": torch.zeros(6), "step": -1}
+dcp.load(back, storage_reader=reader)
+assert torch.equal(back["w"], state["w"]) and back["step"] == 7, back
+print(writer.version_id)
+"""
+
+
+@pytest.mark.parametrize("how", ["str", "pathlike"])
+def test_writer_and_reader_made_with_a_relative_path_pickle_as_an_absolute_one(tmp_path, monkeypatch, how):
+    """issue 23 item 8: Writer("rel") and Reader("rel") made in folder A, pickled, and used by a real
+    process whose working folder is B commit into (and read from) A/rel, as a pickled Repo does; they
+    used to create B/rel."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    monkeypatch.chdir(a)
+    rel = "rel" if how == "str" else pathlib.Path("rel")
+    blob = tmp_path / "storage.pkl"
+    blob.write_bytes(pickle.dumps((deltackpt.dcp.Writer(rel, step=7), deltackpt.dcp.Reader(rel))))
+    proc = subprocess.run([sys.executable, "-c", _RANK_IN_ANOTHER_FOLDER, str(blob)], cwd=b, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr
+    assert not (b / "rel").exists()
+    assert [v.id for v in Repo(str(a / "rel")).log()] == [proc.stdout.split()[-1]]

@@ -1,0 +1,67 @@
+"""The CLI's view of event records: ``deltackpt drill``, ``deltackpt events`` and the lines
+``log`` and ``show`` add about rollbacks and drills."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .render import emit_json, human_bytes, table, when
+
+
+def describe_drill(d: dict[str, Any]) -> str:
+    """One line about a drill record (``Event.to_json()`` or ``DrillReport.to_json()``)."""
+    verdict = "restored bit-identical" if d.get("ok") else f"FAILED ({d.get('error')})"
+    at = f" at {when(d['time'])}" if d.get("time") is not None else ""
+    return (f"drill of {str(d.get('version'))[:10]} ({d.get('revision', '?')}){at}: {verdict} in "
+            f"{d.get('seconds', 0):.3g} s, {human_bytes(d.get('bytes_read'))} read")
+
+
+def describe_rollback(e: dict[str, Any]) -> str:
+    skipped = e.get("skipped")
+    data = e.get("data", "?") + (f" {skipped[0]}..{skipped[1]}" if skipped else "")
+    return (f"step {e.get('step')}: {e.get('metric')}={e.get('value'):.4g} ({e.get('rule')}) -> "
+            f"{str(e.get('version'))[:10]} (step {e.get('to_step')}), data {data}, "
+            f"{human_bytes(e.get('bytes_read'))} read in {e.get('seconds', 0):.3g} s")
+
+
+def print_recent(rows: list[dict[str, Any]], limit: int = 5) -> None:
+    """What ``log`` prints under the versions: the last rollbacks and the last drill."""
+    rollbacks = [e for e in rows if e.get("kind") == "rollback"][:limit]
+    drill = next((e for e in rows if e.get("kind") == "drill"), None)
+    damaged = sum(e.get("kind") == "damaged" for e in rows)
+    if rollbacks:
+        print("\nrollbacks (newest first):")
+        for e in rollbacks:
+            print(f"  {when(e['time'])}  {describe_rollback(e)}")
+    if drill is not None:
+        print(f"\nlast {describe_drill(drill)}")
+    if damaged:
+        print(f"\n{damaged} event record(s) do not parse; `deltackpt verify` names them")
+
+
+def cmd_events(args: argparse.Namespace, repo: Any) -> int:
+    rows = [e.to_json() for e in repo.events()]
+    if args.limit:
+        rows = rows[: args.limit]
+    if args.json:
+        emit_json(rows)
+        return 0
+    if not rows:
+        print("no events yet")
+        return 0
+    table(["event", "time", "kind", "what"],
+          [[r["id"][:10], when(r["time"]) if r.get("time") is not None else "?", r["kind"],
+            describe_rollback(r) if r["kind"] == "rollback" else describe_drill(r) if r["kind"] == "drill"
+            else r.get("error", "")] for r in rows])
+    return 0
+
+
+def cmd_drill(args: argparse.Namespace, repo: Any) -> int:
+    report = repo.drill(args.version, threads=args.threads, record=not args.no_record)
+    if args.json:
+        emit_json(report.to_json())
+    else:
+        recorded = "" if report.event is None else f" (recorded as {report.event[:10]})"
+        print(describe_drill(report.to_json()) + recorded)
+    return 0 if report.ok else 1

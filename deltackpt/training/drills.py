@@ -1,0 +1,74 @@
+"""Rollback drills beside a training loop: every so many saves, restore the newest version (or
+``latest~k``) into fresh memory in a background thread at idle priority, check it against its
+hashes and record what it cost (:mod:`deltackpt.repo.drill`).  The measured restore time then
+feeds the interval policies that need a restart cost (``YoungDaly``).
+
+Example::
+
+    drills = Driller(core, every=10, revision="latest")
+    drills.saved()            # after each save: starts a drill every 10th
+    seconds = drills.measured()   # the last drill's restore time, or None
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..errors import DeltackptError, InvalidArgumentError
+from ..repo import events
+from ..repo.drill import DrillReport, run_drill
+from ..repo.holds import Hold
+from ..repo.repository import Repository
+
+
+def last_restore_seconds(core: Repository) -> float | None:
+    """The restore time of the newest successful drill recorded in the repository, or None."""
+    for e in events.usable(core, "drill"):
+        if e.data.get("ok") and e.data.get("seconds") is not None:
+            return float(e.data["seconds"])
+    return None
+
+
+class Driller:
+    """Runs one drill at a time, every ``every`` saves, in a daemon thread under SCHED_IDLE.  The
+    drilled version is held (:mod:`deltackpt.repo.holds`) for the drill's length, so retention
+    running meanwhile cannot turn a sound version into a failed drill."""
+
+    def __init__(self, core: Repository, every: int, revision: str = "latest") -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise InvalidArgumentError(f"drill_every must be a positive number of saves, got {every!r:.60}")
+        self.core, self.every, self.revision = core, every, revision
+        self.saves = 0
+        self.last: DrillReport | None = None
+        self.error: DeltackptError | None = None
+        self._thread: threading.Thread | None = None
+
+    def saved(self) -> bool:
+        """Count a save; start a drill when one is due and none runs.  Returns whether it started."""
+        self.saves += 1
+        if self.saves % self.every or (self._thread is not None and self._thread.is_alive()):
+            return False
+        self._thread = threading.Thread(target=self._run, name="deltackpt-drill", daemon=True)
+        self._thread.start()
+        return True
+
+    def _run(self) -> None:
+        hold = Hold(self.core.store)
+        try:
+            vid = self.core.resolve(self.revision)
+            if hold.set([vid]):
+                self.last = run_drill(self.core, vid, idle=True, label=self.revision)
+        except DeltackptError as exc:   # no version yet, or the repository refused: reported by wait()
+            self.error = exc
+        finally:
+            hold.release()
+
+    def measured(self) -> float | None:
+        """The restore seconds of the last successful drill of this process, or None."""
+        return self.last.seconds if self.last is not None and self.last.ok else None
+
+    def wait(self) -> DrillReport | None:
+        """Wait for a drill in progress; returns the last report."""
+        if self._thread is not None:
+            self._thread.join()
+        return self.last

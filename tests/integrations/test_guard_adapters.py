@@ -1,0 +1,98 @@
+"""The divergence guard inside real Trainers: transformers' Trainer through DeltackptCallback(guard=)
+and Lightning's through the DeltackptGuard callback.  A callback poisons the weights with NaN
+mid-run; the guard rolls model, optimizer and scheduler back in place (bit-identical to
+deltackpt.load of the target), records the event, and the run finishes with finite weights."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import deltackpt
+from deltackpt.repo import events
+from deltackpt.training import Guard
+from tests.strategies import assert_bit_identical
+
+POISON_AT = 9   # the weights turn NaN before step 10: its loss and gradient norm are NaN
+
+
+def _finite(module: torch.nn.Module) -> bool:
+    return all(torch.isfinite(p).all() for p in module.parameters())
+
+
+def _same_as_target(repo_path, rb, model, optimizer, scheduler) -> None:
+    saved = deltackpt.load(repo_path, rb.version.id)
+    assert_bit_identical(saved["model"], model.state_dict(), "model")
+    assert_bit_identical(saved["optimizer"], optimizer.state_dict(), "optimizer")
+    assert saved["scheduler"] == scheduler.state_dict()
+
+
+def test_transformers_trainer_rolls_back_on_nan(tmp_path, repo_path):
+    transformers = pytest.importorskip("transformers")
+    from deltackpt.integrations.hf import DeltackptCallback
+    from tests.integrations.test_hf import _data, _model
+
+    guard = Guard(watch=["loss", "grad_norm"])
+    checked = []
+
+    class Poison(transformers.TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
+            if state.global_step == POISON_AT and not guard.rollbacks:
+                with torch.no_grad():
+                    model.classifier.weight.mul_(math.nan)
+
+    class Check(transformers.TrainerCallback):   # runs after the guard's on_log
+        def on_log(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+            if guard.rollbacks and not checked:
+                _same_as_target(repo_path, guard.rollbacks[0], model, optimizer, lr_scheduler)
+                checked.append(state.global_step)
+
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=16, save_steps=4,
+                                          save_strategy="steps", per_device_train_batch_size=4, learning_rate=1e-3,
+                                          report_to=[], use_cpu=True, logging_steps=1,
+                                          seed=3, dataloader_num_workers=0, disable_tqdm=True)
+    trainer = transformers.Trainer(model=_model(), args=args, train_dataset=_data(),
+                                   callbacks=[DeltackptCallback(repo_path, remove_hf_checkpoints=True, guard=guard),
+                                              Poison(), Check()])
+    trainer.train()
+    (rb,) = guard.rollbacks
+    assert (rb.from_step, rb.version.step, rb.verdict.rule) == (POISON_AT + 1, 8, "nonfinite")
+    assert checked == [POISON_AT + 1] and trainer.state.global_step == 16 and _finite(trainer.model)
+    assert rb.committed is not None and rb.committed.step == POISON_AT + 1
+    (e,) = events.usable(deltackpt.Repo(repo_path).core, "rollback")
+    assert e.data["to_step"] == 8 and e.data["committed"] == rb.committed.id
+
+
+def test_lightning_guard_callback_rolls_back_on_nan(tmp_path, repo_path):
+    pl = pytest.importorskip("pytorch_lightning")
+    from deltackpt.integrations.lightning import DeltackptGuard
+    from tests.integrations.test_lightning import Tiny, _loader
+
+    guard = Guard()
+    checked = []
+
+    class Poison(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step == POISON_AT and not guard.rollbacks:
+                with torch.no_grad():
+                    pl_module.net[0].weight.mul_(math.nan)
+
+    class Check(pl.Callback):   # after the guard's callback
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if guard.rollbacks and not checked:
+                _same_as_target(repo_path, guard.rollbacks[0], pl_module, trainer.optimizers[0],
+                                trainer.lr_scheduler_configs[0].scheduler)
+                checked.append(trainer.global_step)
+
+    torch.manual_seed(0)
+    model = Tiny()
+    trainer = pl.Trainer(max_steps=16, accelerator="cpu", logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(tmp_path),
+                         callbacks=[DeltackptGuard(repo_path, guard, every_n_steps=4), Poison(), Check()])
+    trainer.fit(model, _loader())
+    (rb,) = guard.rollbacks
+    assert (rb.from_step, rb.version.step, rb.verdict.rule) == (POISON_AT + 1, 8, "nonfinite")
+    assert checked == [POISON_AT + 1] and trainer.global_step == 16 and _finite(model)
+    assert [e.kind for e in deltackpt.Repo(repo_path).events()] == ["rollback"]
