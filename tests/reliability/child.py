@@ -118,8 +118,9 @@ _OFFSET = [0]
 
 
 def power_cut_job(path: str, cut: int | None, seed: int, revert_only: list | None = None) -> None:
-    """Four saves (three as deltas), a tag and a gc over the page-cache store; at the power cut the
-    directory is rewritten as the cut left it and this process ends (as the machine would)."""
+    """Four saves, a deltification (older versions' keyframes re-stored as reverse deltas, packs
+    dropped), a tag and a gc over the page-cache store; at the power cut the directory is rewritten
+    as the cut left it and this process ends (as the machine would)."""
     import json
     import random
 
@@ -131,6 +132,8 @@ def power_cut_job(path: str, cut: int | None, seed: int, revert_only: list | Non
         for step in range(4):
             _train_step(model, opt, step, 0)
             _save(repo, full_state(model, opt, step), step)
+        out("PHASE deltify")
+        repo.deltify(lag=1)
         repo.tag("first", "latest~3")
         out("PHASE tagged")
         out(f"PHASE gc {store.steps}")
