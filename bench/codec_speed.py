@@ -22,7 +22,7 @@ import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from deltackpt.codecs.base import ChunkContext  # noqa: E402
 from deltackpt.codecs import pipeline, registry  # noqa: E402
 from deltackpt.codecs.registry import BG_ZSTD, SCALED_DELTA, SPARSE, SUB_DELTA, XOR_DELTA, get  # noqa: E402
 from bench.codec_counts import counts  # noqa: E402
+from bench.codec_timing import best_sums  # noqa: E402
 from bench.delta_sims import chunks, ctx_of  # noqa: E402
 from bench.deltas import generate  # noqa: E402
 from bench.scratch import scratch  # noqa: E402
@@ -121,16 +122,14 @@ def measure(items: list[Item], rounds: int, baseline: str | None = None) -> dict
             assert out[:len(r)].tobytes() == r, label
         raw = sum(len(r) for r, _, _, _ in taken)
         live[label] = (enc, dec, taken, raw, [], [])
-    for _ in range(rounds):
-        for enc, dec, taken, _, es, ds in live.values():
-            t = time.perf_counter()
-            for r, c, b, _ in taken:
-                enc(r, c, b)
-            es.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            for r, _, b, e in taken:
-                dec(e, memoryview(out[:len(r)]), b)
-            ds.append(time.perf_counter() - t)
+    enc_jobs = {k: [(lambda e=enc, i=(r, c, b): e(*i)) for r, c, b, _ in taken]
+                for k, (enc, _, taken, _, _, _) in live.items()}
+    dec_jobs = {k: [(lambda d=dec, r=r, b=b, e=e: d(e, memoryview(out[:len(r)]), b)) for r, _, b, e in taken]
+                for k, (_, dec, taken, _, _, _) in live.items()}
+    enc_s, dec_s = best_sums(enc_jobs, rounds), best_sums(dec_jobs, rounds)
+    for k, v in live.items():
+        v[4].append(enc_s[k])
+        v[5].append(dec_s[k])
     total = sum(len(r) for r, _, _ in items)
     return {k: {"ratio": sum(_stored(e) for *_, e in taken) / raw if raw else None, "share": raw / total,
                 "encode MB/s": raw / min(es) / 1e6 if raw else None,
@@ -141,13 +140,13 @@ def measure(items: list[Item], rounds: int, baseline: str | None = None) -> dict
 def threads(items: list[Item], rounds: int) -> dict[str, float]:
     """Keyframe decode MB/s with 1 and 2 threads, each thread decoding its share into its own buffer."""
     codec = get(BG_ZSTD)
-    encoded = [(codec.encode(r, c), len(r)) for r, c, _ in items]
-    raw = sum(n for _, n in encoded)
+    encoded = [(e.params, bytes(e.payload), len(r)) for (r, c, _), e in ((it, codec.encode(it[0], it[1])) for it in items)]
+    raw = sum(n for _, _, n in encoded)
 
     def part(share: list) -> None:
         out = np.empty(CHUNK, np.uint8)
-        for e, n in share:
-            codec.decode_into(memoryview(out[:n]), e.params, bytes(e.payload))
+        for params, payload, n in share:
+            codec.decode_into(memoryview(out[:n]), params, payload)
     res = {}
     for nt in (1, 2):
         with ThreadPoolExecutor(nt) as pool:
@@ -155,6 +154,46 @@ def threads(items: list[Item], rounds: int) -> dict[str, float]:
                        for _ in range(rounds))
         res[f"{nt} thread(s) decode MB/s"] = raw / best / 1e6
     return res
+
+
+def split(items: list[Item], rounds: int) -> dict[str, float]:
+    """Where a keyframe's encode and decode time goes: ms per 2 MiB of each stage, one thread."""
+    from deltackpt.codecs import bytegroup, native_planes
+    from deltackpt.codecs.bytegroup import _choose, _SAMPLE, group_into, width_for
+    sets = [(np.frombuffer(r, np.uint8), width_for(c.itemsize, len(r))) for r, c, _ in items if len(r) % 8 == 0]
+    encs = [get(BG_ZSTD).encode(r.tobytes(), ChunkContext("x", w, 0)) for r, w in sets]
+    work = np.empty(max(len(r) for r, _ in sets), np.uint8)
+    out = np.empty_like(work)
+
+    def group(r: np.ndarray, w: int) -> None:
+        group_into(r, w, work[:len(r)].reshape(w, -1))
+
+    def sample(r: np.ndarray, w: int) -> None:
+        planes = work[:len(r)].reshape(w, -1)
+        for k in range(w):
+            if planes.shape[1] > 2 * _SAMPLE:
+                _choose(memoryview(planes[k])[:_SAMPLE], 1)
+
+    def decode(native: bool) -> Callable[[np.ndarray, Any], None]:
+        def run(r: np.ndarray, e: Any) -> None:
+            lib = native_planes._blosc
+            native_planes._blosc = lib if native else None
+            try:
+                bytegroup.decode_planes(e.params, e.payload, len(r), what="b", out=out[:len(r)])
+            finally:
+                native_planes._blosc = lib
+        return run
+    codec = get(BG_ZSTD)
+    stages = {"encode: group into planes": [(lambda r=r, w=w: group(r, w)) for r, w in sets],
+              "encode: sample each plane": [(lambda r=r, w=w: (group(r, w), sample(r, w))) for r, w in sets],
+              "encode: whole (group, sample, zstd)": [(lambda r=r, w=w: codec.encode(r, ChunkContext("x", w, 0)))
+                                                      for r, w in sets],
+              "decode: numpy + python-zstandard": [(lambda r=r, e=e: decode(False)(r, e)) for (r, _), e in zip(sets, encs)],
+              "decode: c-blosc": [(lambda r=r, e=e: decode(True)(r, e)) for (r, _), e in zip(sets, encs)],
+              "memcpy": [(lambda r=r: np.copyto(out[:len(r)], r)) for r, _ in sets]}
+    best = best_sums(stages, rounds)
+    per = sum(len(r) for r, _ in sets) / CHUNK
+    return {k: v / per * 1e3 for k, v in best.items()}
 
 
 def main() -> None:
@@ -168,6 +207,8 @@ def main() -> None:
                          "git archive main deltackpt | tar -x -C DIR && mv DIR/deltackpt DIR/deltackpt_base): its "
                          "codecs are measured beside this tree's, interleaved, as rows '... (before)'")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--record", default=None, metavar="KEY",
+                    help="store the figures as run KEY of bench/results/deltas.json (the data behind DELTAS.md)")
     a = ap.parse_args()
     report: dict = {"memcpy GB/s": memcpy_rates(a.rounds)}
     print(json.dumps(report["memcpy GB/s"]), flush=True)
@@ -175,7 +216,8 @@ def main() -> None:
         for w in a.workloads.split(","):
             keys, deltas, tsize = chunk_sets(generate(w, 3, cache))
             rep = {"keyframes": measure(keys, a.rounds, a.baseline), "deltas": measure(deltas, a.rounds, a.baseline),
-                   "threads": threads(keys, a.rounds), "chunks": [len(keys), len(deltas)]}
+                   "threads": threads(keys, a.rounds), "chunks": [len(keys), len(deltas)],
+                   "ms per 2 MiB keyframe": split(keys, a.rounds)}
             if a.alternatives:
                 from bench.codec_alternatives import alternatives
                 rep["alternatives"] = {"keyframes": alternatives(keys, a.rounds),
@@ -188,6 +230,9 @@ def main() -> None:
     if a.out:
         with open(a.out, "w") as f:
             json.dump(report, f, indent=1)
+    if a.record:
+        from bench import record
+        print(f"recorded as {a.record} in {record.record('deltas', a.record, report)}")
 
 
 if __name__ == "__main__":
