@@ -59,8 +59,8 @@ def _write(target: str, data: bytes) -> None:
 
 
 def native_plane_objects() -> list[bytes]:
-    """bg-zstd objects whose planes c-blosc decodes (long enough to split), and two it must not:
-    bytes after a plane's frame, and a zstd plane exactly as long as a raw one."""
+    """bg-zstd objects whose planes c-blosc interleaves (long enough to split), one with bytes after
+    a plane's frame and one with a zstd plane exactly as long as a raw one (both legal)."""
     from deltackpt.codecs.bytegroup import encode_planes
     from deltackpt.format import objects
 

@@ -222,9 +222,9 @@ def decode_planes(params: dict[str, Any], payload: bytes | memoryview, raw_len: 
     """Inverse of :func:`encode_planes`; returns a flat uint8 array of ``raw_len`` bytes (``out``
     when given).  Raw planes are read where they lie in the payload; zstd planes are decompressed
     into this thread's plane buffer (a single plane: straight into ``out``), then the planes are
-    interleaved into ``out``: no chunk-sized allocation once the thread has decoded a chunk.
-    Where c-blosc is installed, it does the decompression and the interleave in one native call
-    instead (:mod:`.native_planes`); both give the bytes the spec defines."""
+    interleaved into ``out``: no chunk-sized allocation once the thread has decoded a chunk.  The
+    interleave is c-blosc's SIMD unshuffle where python-blosc is installed (:mod:`.native_planes`),
+    else numpy's; both give the bytes the spec defines."""
     width, modes, sizes = params.get("w"), params.get("m"), params.get("s")
     if (not is_int(width) or not 1 <= width <= 16 or not isinstance(modes, list) or not isinstance(sizes, list)
             or len(modes) != width or len(sizes) != width or raw_len % width):
@@ -243,11 +243,6 @@ def decode_planes(params: dict[str, Any], payload: bytes | memoryview, raw_len: 
         else:
             zstd_decompress_into(view[start:start + size], out, what=f"{what} plane 0")
         return out
-    for k, (start, size) in enumerate(spans):
-        if modes[k] == 1:
-            _check_frame(view[start:start + size], n, f"{what} plane {k}")
-    if native_planes.decode_into(modes, spans, view, width, out):
-        return out
     work = buffer("planes", raw_len).reshape(width, n)
     planes = []
     for k, (start, size) in enumerate(spans):
@@ -257,13 +252,19 @@ def decode_planes(params: dict[str, Any], payload: bytes | memoryview, raw_len: 
         else:
             zstd_decompress_into(part, work[k], what=f"{what} plane {k}")
             planes.append(work[k])
+    if not native_planes.interleave(planes, out):
+        _interleave_numpy(planes, out)
+    return out
+
+
+def _interleave_numpy(planes: list[np.ndarray], out: np.ndarray) -> None:
+    n, width = len(planes[0]), len(planes)
     if width in _WORDS and n:
         _interleave(planes, out)
     else:
         rows = out.reshape(n, width)  # each plane written straight to its strided column
         for k, plane in enumerate(planes):
             rows[:, k] = plane
-    return out
 
 
 def _plane_spans(modes: list, sizes: list, payload_len: int, n: int, what: str) -> list[tuple[int, int]]:

@@ -1,21 +1,19 @@
-"""Decoding the plane layout in native code: c-blosc's zstd and SIMD unshuffle, fed our own planes.
+"""Interleaving byte planes in native code: c-blosc's SIMD unshuffle, fed our own planes.
 
-The plane layout (spec/codecs/bg-zstd.md) of one chunk is what c-blosc 1.x's chunk format
-(c-blosc's README_CHUNK_FORMAT.rst, format version 2) calls one byte-shuffled block split into
-``w`` streams: stream k is plane k, stored raw (its size equals ``n``) or compressed by zstd (one
-standard frame).  So a payload becomes a blosc chunk by writing a 16-byte header, one block start
-and a 4-byte size before each plane, and python-blosc's ``decompress_ptr`` then decompresses each
-zstd plane and unshuffles all of them straight into the destination, in C with the GIL released.
-numpy needs seven passes over the chunk to interleave four planes (widen, shift, or); c-blosc's
-unshuffle is one, near memcpy speed (bench/DELTAS.md, "Speed").
+numpy needs seven passes over a chunk to interleave four byte planes (widen, shift, or); c-blosc's
+unshuffle does it in one, near memcpy speed (bench/DELTAS.md, "Speed").  python-blosc offers it only
+inside its decoder, so the planes are framed as a c-blosc 1.x chunk (c-blosc's
+README_CHUNK_FORMAT.rst, format version 2) whose every stream is stored raw: block ``b`` holds, for
+each plane ``k``, the segment ``plane_k[b*seg : (b+1)*seg]`` behind a 4-byte size, and c-blosc copies
+each block's streams into its cache-sized block buffer and unshuffles them straight into the
+destination, in C with the GIL released.  The planes are the spec's (zstd planes decompressed first,
+by :func:`bytegroup.zstd_decompress_into`, with the spec's checks); c-blosc decompresses nothing.
 
-The on-disk bytes do not change: the blosc chunk lives in a per-thread buffer for one call.  This
-is only a faster way to the bytes the spec defines, so every case where the two could disagree
-stays on the numpy path: blosc not installed, a width outside 2..16, planes shorter than c-blosc
-splits (128 bytes), a zstd plane exactly ``n`` bytes long (c-blosc would take it for a raw one), a
-destination numpy cannot write to, and any error c-blosc reports (a plane holding bytes after its
-frame, which the spec ignores and zstd does not).  Every frame's declared size is checked before
-this runs, as on the numpy path, and the decoded chunk is hash-checked by the reader either way.
+The on-disk bytes do not change: the chunk lives in a per-thread buffer for one call, and its blocks
+keep c-blosc's working memory at two blocks per call (a whole-chunk block cost 2 chunks per thread).
+The numpy path stays for two planes (as fast there) and for what c-blosc cannot take: blosc not
+installed, more than 16 planes, planes shorter than c-blosc splits (128 bytes), a destination numpy
+cannot write to, and any error c-blosc reports.  The reader hash-checks every decoded chunk either way.
 """
 
 from __future__ import annotations
@@ -31,16 +29,18 @@ try:
 except ImportError:  # optional at run time: the numpy path decodes the same bytes
     _blosc = None
 else:
-    # one block per chunk leaves c-blosc's own threads nothing to share, and a call with more than
-    # one starts a thread pool; the read path runs chunks on its own threads, so each call must
-    # release the GIL.  Both settings are python-blosc's process-wide ones.
+    # a call with more than one c-blosc thread starts a thread pool; the read path runs chunks on
+    # its own threads, so each call must release the GIL.  Both are python-blosc's process-wide settings.
     _blosc.set_nthreads(1)
     _blosc.set_releasegil(True)
 
-_HEADER = struct.Struct("<BBBBIIIi")   # version, versionlz, flags, typesize, nbytes, blocksize, cbytes, bstart
-_FLAGS = 0x01 | (4 << 5)               # byte shuffle, may split, zstd
+_HEADER = struct.Struct("<BBBBIII")    # version, versionlz, flags, typesize, nbytes, blocksize, cbytes
+_FLAGS = 0x01                          # byte shuffle, may split, blosclz (never called: every stream is raw)
 _MIN_PLANE = 128                       # c-blosc splits a block into typesize streams from here on
-_SIZE = struct.Struct("<i")
+# two planes (bfloat16, float16) numpy interleaves in three cheap passes, as fast as framing them
+# for c-blosc (bfloat16 states decoded 0.8-0.9x as fast through c-blosc, bench/DELTAS.md "Speed")
+_MIN_WIDTH = 4
+SEGMENT = 16 << 10                     # plane bytes per block: a block of 4 planes is 64 KiB, in L2
 
 
 def available() -> bool:
@@ -48,28 +48,36 @@ def available() -> bool:
     return _blosc is not None
 
 
-def decode_into(modes: list, spans: list[tuple[int, int]], payload: memoryview, width: int,
-                out: np.ndarray) -> bool:
-    """Interleave the planes at ``spans`` of ``payload`` into ``out`` in native code; False (and
-    ``out`` undefined) when this case belongs to the numpy path.  Sizes and frame headers must have
-    been checked by the caller."""
-    n = len(out) // width
-    if (_blosc is None or not 2 <= width <= 16 or n < _MIN_PLANE or not out.flags.writeable
+def interleave(planes: list[np.ndarray], out: np.ndarray) -> bool:
+    """Write ``planes`` (``w`` uint8 arrays of ``n`` bytes) into ``out`` as ``n`` elements of ``w``
+    bytes, in native code; False (``out`` untouched) when this case belongs to the numpy path."""
+    width = len(planes)
+    n = len(out) // width if width else 0
+    if (_blosc is None or not _MIN_WIDTH <= width <= 16 or n < _MIN_PLANE or not out.flags.writeable
             or not out.flags.c_contiguous or len(out) > 0x7FFF0000):
         return False
-    total = _HEADER.size + 4 * width
-    for mode, (_, size) in zip(modes, spans):
-        if mode == 1 and size == n:
-            return False
-        total += size
+    seg = min(n, SEGMENT)
+    full, rest = divmod(n, seg)
+    blocks = full + (rest > 0)
+    body = _HEADER.size + 4 * blocks
+    stride = width * (4 + seg)
+    total = body + full * stride + (4 + width * rest if rest else 0)
     chunk = buffer("blosc", total)
-    _HEADER.pack_into(chunk, 0, 2, 1, _FLAGS, width, len(out), len(out), total, _HEADER.size)
-    pos = _HEADER.size
-    for start, size in spans:
-        _SIZE.pack_into(chunk, pos, size)
-        chunk[pos + 4:pos + 4 + size] = np.frombuffer(payload[start:start + size], dtype=np.uint8)
-        pos += 4 + size
+    _HEADER.pack_into(chunk, 0, 2, 1, _FLAGS, width, len(out), width * seg, total)
+    starts = chunk[_HEADER.size:body].view("<i4")
+    starts[:] = body + stride * np.arange(blocks, dtype=np.int64)
+    # full blocks: (block, plane, 4 + seg) with each stream's size in its first 4 bytes
+    grid = chunk[body:body + full * stride].reshape(full, width, 4 + seg)
+    grid[:, :, :4] = np.frombuffer(struct.pack("<i", seg), dtype=np.uint8)
+    for k, plane in enumerate(planes):
+        grid[:, k, 4:] = plane[:full * seg].reshape(full, seg)
+    if rest:  # a shorter last block is never split: one stream, its planes' tails back to back
+        pos = body + full * stride
+        struct.pack_into("<i", chunk, pos, width * rest)
+        tail = chunk[pos + 4:total].reshape(width, rest)
+        for k, plane in enumerate(planes):
+            tail[k] = plane[full * seg:]
     try:
         return _blosc.decompress_ptr(chunk, out.ctypes.data) == len(out)
-    except Exception:  # noqa: BLE001 - any refusal: the numpy path decides, with the spec's errors
+    except Exception:  # noqa: BLE001 - any refusal: the numpy path decodes instead
         return False

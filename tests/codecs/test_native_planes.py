@@ -1,5 +1,6 @@
-"""The plane layout decoded by c-blosc (deltackpt/codecs/native_planes.py) gives the bytes the numpy
-path gives, on every case, and every case the two could disagree on goes to the numpy path."""
+"""Byte planes interleaved by c-blosc (deltackpt/codecs/native_planes.py) give the bytes the numpy
+path gives, on every width, plane length and block layout, and what c-blosc cannot take goes to
+the numpy path."""
 
 from __future__ import annotations
 
@@ -25,12 +26,12 @@ def _weights(count: int, seed: int) -> np.ndarray:
 def _spy(monkeypatch) -> list[bool]:
     """Record what each native attempt returned."""
     seen: list[bool] = []
-    real = native_planes.decode_into
+    real = native_planes.interleave
 
     def spy(*args):
         seen.append(real(*args))
         return seen[-1]
-    monkeypatch.setattr(bytegroup.native_planes, "decode_into", spy)
+    monkeypatch.setattr(bytegroup.native_planes, "interleave", spy)
     return seen
 
 
@@ -44,7 +45,7 @@ def test_native_and_numpy_decode_agree(width, n, monkeypatch):
     seen = _spy(monkeypatch)
     got = bytegroup.decode_planes(params, payload, len(data), what="t").tobytes()
     assert got == data.tobytes() == _numpy_decode(params, payload, len(data), monkeypatch)
-    assert seen[:1] == [n >= 128]   # below 128 bytes a plane c-blosc does not split: numpy decodes
+    assert seen[:1] == [n >= 128 and width >= 4]   # short planes (no split) and two planes: numpy
 
 
 def test_every_plane_mode_mix_decodes_natively(monkeypatch):
@@ -76,22 +77,21 @@ def _frame_plane_payload(extra: bytes = b"", pad_to: int | None = None):
     return data, params, bytes(payload)[:3 * n] + frame
 
 
-def test_bytes_after_a_frame_are_ignored_on_both_paths(monkeypatch):
-    """The spec lets a reader ignore bytes after a plane's frame; c-blosc refuses them, so such a
-    plane goes to the numpy path (same bytes out)."""
+def test_bytes_after_a_frame_are_ignored_as_the_spec_says(monkeypatch):
+    """The zstd planes are decompressed by the spec's decode before c-blosc sees any plane."""
     data, params, payload = _frame_plane_payload(b"tail")
     seen = _spy(monkeypatch)
     assert bytegroup.decode_planes(params, payload, len(data), what="t").tobytes() == data.tobytes()
-    assert seen == [False]
+    assert seen == [True]
 
 
-def test_a_zstd_plane_as_long_as_a_raw_one_is_not_taken_for_raw(monkeypatch):
-    """c-blosc reads a stream of exactly n bytes as stored raw; a zstd plane of that length (legal,
-    though deltackpt never writes one) must be decompressed, so it stays on the numpy path."""
+def test_a_zstd_plane_as_long_as_a_raw_one_is_decompressed(monkeypatch):
+    """A zstd plane of exactly n bytes (legal, though deltackpt never writes one) is a frame, not
+    raw bytes: c-blosc only ever sees decompressed planes."""
     data, params, payload = _frame_plane_payload(pad_to=1024)
     seen = _spy(monkeypatch)
     assert bytegroup.decode_planes(params, payload, len(data), what="t").tobytes() == data.tobytes()
-    assert seen == [] or seen == [False]
+    assert seen == [True]
 
 
 def test_frames_declaring_the_wrong_size_are_refused_before_the_native_call(monkeypatch):
@@ -106,7 +106,7 @@ def test_frames_declaring_the_wrong_size_are_refused_before_the_native_call(monk
     assert seen == []
 
 
-def test_a_damaged_frame_is_refused_by_c_blosc_and_then_by_the_spec_path(monkeypatch):
+def test_a_damaged_frame_is_refused_before_the_native_call(monkeypatch):
     data, params, payload = _frame_plane_payload()
     damaged = bytearray(payload)
     damaged[3 * 1024 + 12] ^= 0xFF   # inside the compressed block
@@ -114,17 +114,31 @@ def test_a_damaged_frame_is_refused_by_c_blosc_and_then_by_the_spec_path(monkeyp
     try:
         out = bytegroup.decode_planes(params, bytes(damaged), len(data), what="t").tobytes()
     except CorruptObjectError:
+        assert seen == []
         return
-    assert seen == [True] and out != data.tobytes()  # zstd may decode damage to other bytes: the hash check's job
+    assert out != data.tobytes()   # zstd may decode damage to other bytes: the chunk hash's job
 
 
-def test_a_read_only_destination_is_never_written_by_c_blosc():
-    data = _weights(1024, 1).view(np.uint8).copy()
-    params, payload = bytegroup.encode_planes(data, 4, 1)
-    out = np.zeros(len(data), np.uint8)
+@pytest.mark.parametrize("width", [4, 5, 8, 16])
+@pytest.mark.parametrize("n", [128, 4096, native_planes.SEGMENT, native_planes.SEGMENT + 1, 3 * native_planes.SEGMENT + 77])
+def test_every_width_and_block_layout_interleaves_exactly(width, n):
+    """Whole blocks, a shorter last block (c-blosc does not split it) and one block of the whole chunk."""
+    rng = np.random.default_rng(width * n)
+    data = rng.integers(0, 256, width * n, dtype=np.uint8)
+    planes = [np.ascontiguousarray(data.reshape(n, width)[:, k]) for k in range(width)]
+    out = np.zeros_like(data)
+    assert native_planes.interleave(planes, out)
+    assert out.tobytes() == data.tobytes()
+
+
+def test_what_c_blosc_cannot_take_is_left_to_numpy():
+    planes = [np.zeros(127, np.uint8)] * 4
+    assert native_planes.interleave(planes, np.zeros(4 * 127, np.uint8)) is False     # too short to split
+    assert native_planes.interleave([np.zeros(256, np.uint8)] * 2, np.zeros(512, np.uint8)) is False  # numpy as fast
+    assert native_planes.interleave([np.zeros(256, np.uint8)] * 17, np.zeros(17 * 256, np.uint8)) is False
+    out = np.zeros(4 * 1024, np.uint8)
     out.flags.writeable = False
-    spans = [(0, s) for s in params["s"]]
-    assert native_planes.decode_into(params["m"], spans, memoryview(bytes(payload)), 4, out) is False
+    assert native_planes.interleave([np.ones(1024, np.uint8)] * 4, out) is False
     assert not out.any()
 
 
