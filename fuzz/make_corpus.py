@@ -58,6 +58,25 @@ def _write(target: str, data: bytes) -> None:
         f.write(data)
 
 
+def native_plane_objects() -> list[bytes]:
+    """bg-zstd objects whose planes c-blosc interleaves (long enough to split), one with bytes after
+    a plane's frame and one with a zstd plane exactly as long as a raw one (both legal)."""
+    from deltackpt.codecs.bytegroup import encode_planes
+    from deltackpt.format import objects
+
+    n = 512
+    data = bytes((i * 37 + (i >> 9)) & 0xFF if i % 4 < 3 else 0x3C for i in range(4 * n))
+    params, payload = encode_planes(data, 4, 1)
+    payload = bytes(payload)
+    top = payload[sum(params["s"][:3]):]
+    tail = dict(params, s=params["s"][:3] + [len(top) + 4])
+    skip = n - len(top) - 8   # a skippable frame pads the top plane to exactly n bytes
+    padded = top + (0x184D2A50).to_bytes(4, "little") + skip.to_bytes(4, "little") + bytes(skip)
+    return [objects.EncodedObject(1, 4 * n, params, payload).to_bytes(),
+            objects.EncodedObject(1, 4 * n, tail, payload + b"tail").to_bytes(),
+            objects.EncodedObject(1, 4 * n, dict(params, s=params["s"][:3] + [n]), payload[:-len(top)] + padded).to_bytes()]
+
+
 def hostile_seeds() -> dict[str, list[bytes]]:
     """Inputs that claim sizes the data cannot back."""
     from deltackpt.format import manifest, objects, pack
@@ -90,7 +109,7 @@ def hostile_seeds() -> dict[str, list[bytes]]:
     return {
         "manifest": [manifest.MAGIC + msgpack.packb(huge_tensor, use_bin_type=True), tree(nested(200)),
                      tree(nested(5000)), tree({nested(1): 1})],
-        "objects": [b"\x01" + big, b"\x03" + big],
+        "objects": [b"\x01" + big, b"\x03" + big] + [b"\x11" + o for o in native_plane_objects()],
         "pack": [b"\x00" + fake_pack, b"\x00" + bytes(claims), b"\x01" + entries_1e9],
         "index": [b"\x01" + msgpack.packb({"0" * 32: [1 << 40, [[b"\0" * 16, 8, 12, 0, 0, None, 0]]]}),
                   b"\x01" + msgpack.packb({"0" * 31 + "\n": [100, []]})],

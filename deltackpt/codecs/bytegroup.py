@@ -15,6 +15,8 @@ import zstandard
 
 from ..errors import CorruptObjectError
 from .base import is_int
+from . import native_planes
+from .buffers import buffer
 
 _SAMPLE = 16 * 1024
 _PAYS = 0.97  # a plane whose sample compresses worse than this is stored raw
@@ -122,28 +124,23 @@ def ungroup(planes: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
-def scratch(nbytes: int) -> np.ndarray:
-    """A uint8 work buffer of ``nbytes`` owned by the calling thread, reused from call to call (a
-    fresh multi-MiB buffer costs a page fault per 4 KiB on first write).  Valid until the same
-    thread asks again."""
-    buf = getattr(_local, "scratch", None)
-    if buf is None or len(buf) < nbytes:
-        buf = _local.scratch = np.empty(max(nbytes, 1 << 21), dtype=np.uint8)
-    return buf[:nbytes]
-
-
 def zstd_compress(data: bytes | memoryview, level: int) -> bytes:
     return _compressor(level).compress(data)
 
 
-def zstd_decompress(data: bytes | memoryview, expected: int, *, what: str) -> bytes:
-    """Decompress one frame whose content size must be exactly ``expected`` (checked before allocating)."""
+def _check_frame(data: bytes | memoryview, expected: int, what: str) -> None:
+    """Refuse a frame that does not declare exactly ``expected`` bytes, before anything is allocated."""
     try:
         size = zstandard.frame_content_size(data)
     except zstandard.ZstdError:
         raise CorruptObjectError(f"{what}: not a zstd frame") from None
     if size != expected:
         raise CorruptObjectError(f"{what}: zstd frame declares {size} bytes, expected {expected}")
+
+
+def zstd_decompress(data: bytes | memoryview, expected: int, *, what: str) -> bytes:
+    """Decompress one frame whose content size must be exactly ``expected`` (checked before allocating)."""
+    _check_frame(data, expected, what)
     try:
         out = _decompressor().decompress(data, max_output_size=expected)
     except zstandard.ZstdError as exc:
@@ -151,6 +148,27 @@ def zstd_decompress(data: bytes | memoryview, expected: int, *, what: str) -> by
     if len(out) != expected:
         raise CorruptObjectError(f"{what}: zstd produced {len(out)} bytes, expected {expected}")
     return out
+
+
+def zstd_decompress_into(data: bytes | memoryview, dest: np.ndarray, *, what: str) -> None:
+    """Decompress one frame straight into ``dest``, whose length the frame must declare exactly
+    (checked before decompressing); bytes after the frame are ignored, as :func:`zstd_decompress`
+    does.  No allocation: the zstd context is this thread's, and it writes into ``dest``."""
+    expected = len(dest)
+    _check_frame(data, expected, what)
+    got = 0
+    try:
+        reader = _decompressor().stream_reader(data, read_across_frames=False)
+        view = memoryview(dest)
+        while got < expected:
+            step = reader.readinto(view[got:])
+            if not step:
+                break
+            got += step
+    except zstandard.ZstdError as exc:
+        raise CorruptObjectError(f"{what}: zstd error: {exc}") from None
+    if got != expected:
+        raise CorruptObjectError(f"{what}: zstd produced {got} bytes, expected {expected}")
 
 
 def encode_planes(data: bytes | memoryview | np.ndarray, width: int, level: int) -> tuple[dict[str, Any], memoryview]:
@@ -202,7 +220,11 @@ def compress_planes(out: np.ndarray, width: int, level: int) -> tuple[dict[str, 
 def decode_planes(params: dict[str, Any], payload: bytes | memoryview, raw_len: int, *, what: str,
                   out: np.ndarray | None = None) -> np.ndarray:
     """Inverse of :func:`encode_planes`; returns a flat uint8 array of ``raw_len`` bytes (``out``
-    when given)."""
+    when given).  Raw planes are read where they lie in the payload; zstd planes are decompressed
+    into this thread's plane buffer (a single plane: straight into ``out``), then the planes are
+    interleaved into ``out``: no chunk-sized allocation once the thread has decoded a chunk.  The
+    interleave is c-blosc's SIMD unshuffle where python-blosc is installed (:mod:`.native_planes`),
+    else numpy's; both give the bytes the spec defines."""
     width, modes, sizes = params.get("w"), params.get("m"), params.get("s")
     if (not is_int(width) or not 1 <= width <= 16 or not isinstance(modes, list) or not isinstance(sizes, list)
             or len(modes) != width or len(sizes) != width or raw_len % width):
@@ -213,28 +235,53 @@ def decode_planes(params: dict[str, Any], payload: bytes | memoryview, raw_len: 
     elif len(out) != raw_len:
         raise CorruptObjectError(f"{what}: destination holds {len(out)} bytes, expected {raw_len}")
     view = memoryview(payload)
-    pos = 0
+    spans = _plane_spans(modes, sizes, len(view), n, what)
+    if width == 1:
+        (start, size), = spans
+        if modes[0] == 0:
+            out[:] = np.frombuffer(view[start:start + size], dtype=np.uint8)
+        else:
+            zstd_decompress_into(view[start:start + size], out, what=f"{what} plane 0")
+        return out
+    work = buffer("planes", raw_len).reshape(width, n)
     planes = []
-    for k, (mode, size) in enumerate(zip(modes, sizes)):
-        if not is_int(size) or size < 0 or pos + size > len(view) or mode not in (0, 1):
-            raise CorruptObjectError(f"{what}: plane {k} runs past the payload")
-        part = view[pos:pos + size]
-        pos += size
-        if mode == 0:
-            if size != n:
-                raise CorruptObjectError(f"{what}: raw plane {k} has {size} bytes, expected {n}")
+    for k, (start, size) in enumerate(spans):
+        part = view[start:start + size]
+        if modes[k] == 0:
             planes.append(np.frombuffer(part, dtype=np.uint8))
         else:
-            planes.append(np.frombuffer(zstd_decompress(part, n, what=f"{what} plane {k}"), dtype=np.uint8))
-    if pos != len(view):
-        raise CorruptObjectError(f"{what}: {len(view) - pos} trailing payload bytes")
+            zstd_decompress_into(part, work[k], what=f"{what} plane {k}")
+            planes.append(work[k])
+    if not native_planes.interleave(planes, out):
+        _interleave_numpy(planes, out)
+    return out
+
+
+def _interleave_numpy(planes: list[np.ndarray], out: np.ndarray) -> None:
+    n, width = len(planes[0]), len(planes)
     if width in _WORDS and n:
         _interleave(planes, out)
     else:
         rows = out.reshape(n, width)  # each plane written straight to its strided column
         for k, plane in enumerate(planes):
             rows[:, k] = plane
-    return out
+
+
+def _plane_spans(modes: list, sizes: list, payload_len: int, n: int, what: str) -> list[tuple[int, int]]:
+    """(start, size) of each plane in the payload, every size and mode checked before any plane is
+    decompressed (a crafted payload is refused before it costs work)."""
+    spans = []
+    pos = 0
+    for k, (mode, size) in enumerate(zip(modes, sizes)):
+        if not is_int(size) or size < 0 or pos + size > payload_len or mode not in (0, 1):
+            raise CorruptObjectError(f"{what}: plane {k} runs past the payload")
+        if mode == 0 and size != n:
+            raise CorruptObjectError(f"{what}: raw plane {k} has {size} bytes, expected {n}")
+        spans.append((pos, size))
+        pos += size
+    if pos != payload_len:
+        raise CorruptObjectError(f"{what}: {payload_len - pos} trailing payload bytes")
+    return spans
 
 
 def _interleave(planes: list[np.ndarray], out: np.ndarray) -> None:

@@ -19,7 +19,8 @@ import numpy as np
 from ..errors import CorruptObjectError
 from ._delta_util import base_array
 from .base import ChunkContext, Codec, Encoded
-from .bytegroup import compress_planes, decode_planes, scratch
+from .buffers import buffer, typed
+from .bytegroup import compress_planes, decode_planes
 from .sub_delta import _BLOCK, unzigzag_add, zigzag_delta_planes
 
 _FLOATS = {"float32": (np.float32, np.uint32), "float64": (np.float64, np.uint64)}
@@ -91,7 +92,7 @@ class ScaledDelta(Codec):
     def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
         dest = np.frombuffer(out, dtype=np.uint8)
         ftype, utype, alpha = self._check(params, len(dest))
-        z = decode_planes(params, payload, len(dest), what=self.name, out=scratch(len(dest)))
+        z = decode_planes(params, payload, len(dest), what=self.name, out=buffer("delta", len(dest)))
         self._add_prediction(z.view(utype), dest.view(ftype), alpha, ftype, utype, dest.view(utype))
 
     @staticmethod
@@ -99,15 +100,16 @@ class ScaledDelta(Codec):
         """``dst = unzigzag(z) + bits(round(alpha * bf))``; ``dst`` may alias ``z`` or ``bf``."""
         # z = unzigzag(z) + bits(round(alpha * base)), a cache-sized block at a time; the prediction
         # is the encoder's exactly: the base widened to float64, one multiply, one rounding
-        wide = np.empty(min(len(z), _BLOCK), dtype=np.float64)
-        pred = np.empty(len(wide), dtype=ftype)
+        wide = typed("wide", np.float64, min(len(z), _BLOCK))
+        pred = typed("block2", ftype, len(wide))
+        work = typed("block", utype, len(wide))
         with np.errstate(all="ignore"):
             for s in range(0, len(z), _BLOCK):
                 zz = z[s:s + _BLOCK]
                 w, p = wide[:len(zz)], pred[:len(zz)]
                 np.multiply(bf[s:s + _BLOCK], alpha, out=w, dtype=np.float64)
                 np.copyto(p, w, casting="unsafe")
-                unzigzag_add(zz, p.view(utype), out=dst[s:s + _BLOCK])
+                unzigzag_add(zz, p.view(utype), out=dst[s:s + _BLOCK], scratch=work[:len(zz)])
 
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
         out = np.empty(raw_len, dtype=np.uint8)

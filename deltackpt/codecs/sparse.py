@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptObjectError
-from ._delta_util import base_array, xor_bytes
+from ._delta_util import base_array, xor_into
 from .base import ChunkContext, Codec, Encoded, is_int
+from .buffers import buffer
 from .bytegroup import decode_planes, encode_planes, width_for, zstd_compress, zstd_decompress
 
 MAX_CHANGED_FRACTION = 0.5  # above this, a dense delta is as small and cheaper to decode
@@ -25,7 +26,7 @@ class SparseRows(Codec):
     encoding_id = 4
     name = "sparse"
     needs_base = True
-    invertible = True   # the stored rows are XORs: applying them twice gives the base back
+    invertible = True   # new = base with the same rows XORed, so base = new with them XORed again
 
     def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded | None:
         if base is None or len(base) != len(raw) or not raw:
@@ -39,7 +40,7 @@ class SparseRows(Codec):
             b = np.frombuffer(base, dtype=np.uint8).reshape(nrows, rb)[::16]
             if (a != b).any(axis=1).mean() > MAX_CHANGED_FRACTION:
                 return None
-        x = xor_bytes(raw, base).reshape(-1, rb)
+        x = xor_into(raw, base, buffer("delta", len(raw))).reshape(-1, rb)
         changed = x.any(axis=1)
         count = int(changed.sum())
         if count > MAX_CHANGED_FRACTION * len(changed):
@@ -50,9 +51,9 @@ class SparseRows(Codec):
         params.update({"rb": rb, "n": count, "bm": len(bitmap)})
         return Encoded(params, bitmap + values)
 
-    def _parse(self, params: dict[str, Any], payload: bytes, raw_len: int) -> tuple[int, np.ndarray, np.ndarray]:
-        """(row bytes, changed-row mask, the changed rows' XOR as a (count, rb) array), all checked
-        against ``raw_len`` and the payload before anything chunk-sized is allocated."""
+    def _rows(self, params: dict[str, Any], payload: bytes, raw_len: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(indices of the changed rows, their XOR as a (count, rb) array in this thread's buffer, rb),
+        every parameter checked against ``raw_len`` before anything is allocated."""
         rb, count, bm = params.get("rb"), params.get("n"), params.get("bm")
         if (not all(is_int(v) for v in (rb, count, bm)) or rb <= 0 or raw_len % rb
                 or bm < 0 or bm > len(payload)):
@@ -60,25 +61,34 @@ class SparseRows(Codec):
         nrows = raw_len // rb
         if not 0 <= count <= nrows:
             raise CorruptObjectError(f"{self.name}: {count} changed rows of {nrows}")
-        changed = np.unpackbits(np.frombuffer(zstd_decompress(payload[:bm], (nrows + 7) // 8, what=self.name),
-                                              dtype=np.uint8), count=nrows).astype(bool)
-        if int(changed.sum()) != count:
-            raise CorruptObjectError(f"{self.name}: bitmap marks {int(changed.sum())} rows, header says {count}")
-        rows = decode_planes(params, payload[bm:], count * rb, what=self.name)
-        return rb, changed, rows.reshape(count, rb)
+        bitmap = np.frombuffer(zstd_decompress(payload[:bm], (nrows + 7) // 8, what=self.name), dtype=np.uint8)
+        index = np.flatnonzero(np.unpackbits(bitmap, count=nrows))
+        if len(index) != count:
+            raise CorruptObjectError(f"{self.name}: bitmap marks {len(index)} rows, header says {count}")
+        rows = decode_planes(params, memoryview(payload)[bm:], count * rb, what=self.name,
+                             out=buffer("rows", count * rb))
+        return index, rows.reshape(count, rb), rb
 
     def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
-        # only the changed rows are touched: a chain of sparse deltas costs about its bytes
-        rb, changed, rows = self._parse(params, payload, len(out))
-        arr = np.frombuffer(out, dtype=np.uint8).reshape(-1, rb)
-        arr[changed] ^= rows
+        """Only the changed rows are touched: a chain of sparse deltas costs what its rows cost."""
+        dest = np.frombuffer(out, dtype=np.uint8)
+        index, rows, rb = self._rows(params, payload, len(dest))
+        table = dest.reshape(-1, rb)
+        table[index] ^= rows
 
     def unapply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
-        self.apply_into(out, params, payload)  # XOR of the changed rows is its own inverse
+        self.apply_into(out, params, payload)  # XOR of the same rows is its own inverse
+
+    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes, base: bytes | None = None) -> None:
+        dest = np.frombuffer(out, dtype=np.uint8)
+        b = base_array(base, len(dest), self.name)
+        index, rows, rb = self._rows(params, payload, len(dest))
+        if not np.shares_memory(dest, b):
+            dest[:] = b
+        table = dest.reshape(-1, rb)
+        table[index] ^= rows
 
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
-        b = base_array(base, raw_len, self.name)
-        rb, changed, rows = self._parse(params, payload, raw_len)
-        out = b.copy().reshape(-1, rb)
-        out[changed] ^= rows
-        return out.tobytes()
+        out = np.empty(raw_len, dtype=np.uint8)
+        self.decode_into(memoryview(out), params, payload, base)
+        return out  # type: ignore[return-value]

@@ -11,7 +11,8 @@ import numpy as np
 from ..errors import CorruptObjectError
 from ._delta_util import base_array
 from .base import ChunkContext, Codec, Encoded, is_int
-from .bytegroup import compress_planes, decode_planes, scratch, width_for
+from .buffers import buffer, typed
+from .bytegroup import compress_planes, decode_planes, width_for
 
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -20,12 +21,14 @@ _BLOCK = 1 << 15  # elements per step: the scratch and the slices stay in the co
 _ENC_BLOCK = 1 << 17  # elements per encode step: fewer numpy calls (GIL held between them), still in L2
 
 
-def unzigzag_add(z: np.ndarray, base: np.ndarray, out: np.ndarray | None = None, *, subtract: bool = False) -> None:
+def unzigzag_add(z: np.ndarray, base: np.ndarray, out: np.ndarray | None = None, *, subtract: bool = False,
+                 scratch: np.ndarray | None = None) -> None:
     """``out = unzigzag(z) + base`` (wrapping; ``out`` is ``z`` when None, and may be ``base``), a
-    cache-sized block at a time; ``base - unzigzag(z)`` with ``subtract``.  ``z`` is overwritten."""
+    cache-sized block at a time; ``base - unzigzag(z)`` with ``subtract``.  ``z`` is overwritten.
+    ``scratch``: ``min(len(z), _BLOCK)`` elements of z's dtype (default: this thread's block buffer)."""
     n = len(z)
     out = z if out is None else out
-    scratch = np.empty(min(n, _BLOCK), dtype=z.dtype)
+    scratch = typed("block", z.dtype, min(n, _BLOCK)) if scratch is None else scratch
     signed = scratch.view(f"i{z.dtype.itemsize}")
     for s in range(0, n, _BLOCK):
         zz, bb = z[s:s + _BLOCK], base[s:s + _BLOCK]
@@ -54,8 +57,8 @@ def zigzag_delta_planes(a: np.ndarray, b: np.ndarray,
     n = len(a)
     out = np.empty(w * n, dtype=np.uint8)
     planes = out.reshape(w, n)
-    d = np.empty(min(n, _ENC_BLOCK), dtype=a.dtype)
-    m = np.empty(min(n, _ENC_BLOCK), dtype=a.dtype)
+    d = typed("block", a.dtype, min(n, _ENC_BLOCK))
+    m = typed("block2", a.dtype, min(n, _ENC_BLOCK))
     signed = f"i{w}"
     for s in range(0, n, _ENC_BLOCK):
         e = min(n, s + _ENC_BLOCK)
@@ -110,7 +113,7 @@ class SubDelta(Codec):
         w = params.get("w")
         if not is_int(w) or w not in _UINT:
             raise CorruptObjectError(f"{self.name}: width {w!r:.20} is not an integer size")
-        z = decode_planes(params, payload, len(dest), what=self.name, out=scratch(len(dest)))
+        z = decode_planes(params, payload, len(dest), what=self.name, out=buffer("delta", len(dest)))
         t = _UINT[w]
         unzigzag_add(z.view(t), dest.view(t), out=dest.view(t), subtract=subtract)
 

@@ -366,9 +366,9 @@ def test_keyframe_planes_past_the_sample_round_trip_and_pick_the_smaller_compres
 INVERTIBLE = [c for c in all_codecs() if c.invertible]
 
 
-def test_the_invertible_codecs_are_xor_sub_and_sparse():
-    """Live rollback on forward-chained repositories undoes exactly these three deltas (sparse
-    stores the changed rows' XOR, its own inverse)."""
+def test_the_invertible_codecs_are_xor_sub_delta_and_sparse():
+    """Live rollback on forward-chained repositories undoes exactly these deltas (sparse XORs the
+    same rows back, so it is its own inverse too)."""
     assert sorted(c.name for c in INVERTIBLE) == ["sparse", "sub-delta", "xor-delta"]
 
 

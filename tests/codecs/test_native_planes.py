@@ -1,0 +1,148 @@
+"""Byte planes interleaved by c-blosc (deltackpt/codecs/native_planes.py) give the bytes the numpy
+path gives, on every width, plane length and block layout, and what c-blosc cannot take goes to
+the numpy path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from deltackpt.codecs import bytegroup, native_planes
+from deltackpt.errors import CorruptObjectError
+
+pytestmark = pytest.mark.skipif(not native_planes.available(), reason="python-blosc is not installed")
+
+
+def _numpy_decode(params, payload, raw_len, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(native_planes, "_blosc", None)
+        return bytegroup.decode_planes(params, payload, raw_len, what="t").tobytes()
+
+
+def _weights(count: int, seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(count) * 0.02).astype(np.float32)
+
+
+def _spy(monkeypatch) -> list[bool]:
+    """Record what each native attempt returned."""
+    seen: list[bool] = []
+    real = native_planes.interleave
+
+    def spy(*args):
+        seen.append(real(*args))
+        return seen[-1]
+    monkeypatch.setattr(bytegroup.native_planes, "interleave", spy)
+    return seen
+
+
+@pytest.mark.parametrize("width", [2, 4, 8])
+@pytest.mark.parametrize("n", [127, 128, 1000, 1 << 17])
+def test_native_and_numpy_decode_agree(width, n, monkeypatch):
+    """Real float bytes (raw mantissa planes, zstd exponent planes), around c-blosc's split threshold."""
+    data = _weights(n * width // 4 + 1, n).view(np.uint8)[:n * width].copy()
+    params, payload = bytegroup.encode_planes(data, width, 1)
+    payload = bytes(payload)
+    seen = _spy(monkeypatch)
+    got = bytegroup.decode_planes(params, payload, len(data), what="t").tobytes()
+    assert got == data.tobytes() == _numpy_decode(params, payload, len(data), monkeypatch)
+    assert seen[:1] == [n >= 128 and width >= 4]   # short planes (no split) and two planes: numpy
+
+
+def test_every_plane_mode_mix_decodes_natively(monkeypatch):
+    """Planes raw or zstd in any order (delta planes are all zstd; keyframes mostly raw)."""
+    n, w = 4096, 4
+    rng = np.random.default_rng(0)
+    planes = [rng.integers(0, 256, n, dtype=np.uint8), np.zeros(n, np.uint8),
+              (np.arange(n) % 7).astype(np.uint8), rng.integers(0, 4, n, dtype=np.uint8)]
+    data = np.stack(planes, axis=1).reshape(-1)
+    params, payload = bytegroup.encode_planes(data, w, 1)
+    assert params["m"] == [0, 1, 1, 1]
+    seen = _spy(monkeypatch)
+    assert bytegroup.decode_planes(params, bytes(payload), len(data), what="t").tobytes() == data.tobytes()
+    assert seen == [True]
+
+
+def _frame_plane_payload(extra: bytes = b"", pad_to: int | None = None):
+    """A 4-byte-wide chunk whose top plane is one zstd frame (plus ``extra`` bytes after it)."""
+    n = 1024
+    data = _weights(n, 5).view(np.uint8).copy()
+    params, payload = bytegroup.encode_planes(data, 4, 1)
+    assert params["m"] == [0, 0, 0, 1]
+    frame = bytes(payload)[3 * n:] + extra
+    if pad_to is not None:   # a frame exactly n bytes long: a skippable frame fills the rest
+        gap = pad_to - len(frame)
+        assert gap >= 8
+        frame += (0x184D2A50).to_bytes(4, "little") + (gap - 8).to_bytes(4, "little") + bytes(gap - 8)
+    params = {"w": 4, "m": [0, 0, 0, 1], "s": [n, n, n, len(frame)]}
+    return data, params, bytes(payload)[:3 * n] + frame
+
+
+def test_bytes_after_a_frame_are_ignored_as_the_spec_says(monkeypatch):
+    """The zstd planes are decompressed by the spec's decode before c-blosc sees any plane."""
+    data, params, payload = _frame_plane_payload(b"tail")
+    seen = _spy(monkeypatch)
+    assert bytegroup.decode_planes(params, payload, len(data), what="t").tobytes() == data.tobytes()
+    assert seen == [True]
+
+
+def test_a_zstd_plane_as_long_as_a_raw_one_is_decompressed(monkeypatch):
+    """A zstd plane of exactly n bytes (legal, though deltackpt never writes one) is a frame, not
+    raw bytes: c-blosc only ever sees decompressed planes."""
+    data, params, payload = _frame_plane_payload(pad_to=1024)
+    seen = _spy(monkeypatch)
+    assert bytegroup.decode_planes(params, payload, len(data), what="t").tobytes() == data.tobytes()
+    assert seen == [True]
+
+
+def test_frames_declaring_the_wrong_size_are_refused_before_the_native_call(monkeypatch):
+    data, params, payload = _frame_plane_payload()
+    other = _weights(2048, 6).view(np.uint8)
+    other_params, other_payload = bytegroup.encode_planes(other, 4, 1)
+    frame = bytes(other_payload)[3 * 2048:]   # declares 2048 bytes where 1024 belong
+    seen = _spy(monkeypatch)
+    with pytest.raises(CorruptObjectError, match="declares 2048 bytes, expected 1024"):
+        bytegroup.decode_planes({"w": 4, "m": [0, 0, 0, 1], "s": [1024] * 3 + [len(frame)]},
+                                payload[:3 * 1024] + frame, len(data), what="t")
+    assert seen == []
+
+
+def test_a_damaged_frame_is_refused_before_the_native_call(monkeypatch):
+    data, params, payload = _frame_plane_payload()
+    damaged = bytearray(payload)
+    damaged[3 * 1024 + 12] ^= 0xFF   # inside the compressed block
+    seen = _spy(monkeypatch)
+    try:
+        out = bytegroup.decode_planes(params, bytes(damaged), len(data), what="t").tobytes()
+    except CorruptObjectError:
+        assert seen == []
+        return
+    assert out != data.tobytes()   # zstd may decode damage to other bytes: the chunk hash's job
+
+
+@pytest.mark.parametrize("width", [4, 5, 8, 16])
+@pytest.mark.parametrize("n", [128, 4096, native_planes.SEGMENT, native_planes.SEGMENT + 1, 3 * native_planes.SEGMENT + 77])
+def test_every_width_and_block_layout_interleaves_exactly(width, n):
+    """Whole blocks, a shorter last block (c-blosc does not split it) and one block of the whole chunk."""
+    rng = np.random.default_rng(width * n)
+    data = rng.integers(0, 256, width * n, dtype=np.uint8)
+    planes = [np.ascontiguousarray(data.reshape(n, width)[:, k]) for k in range(width)]
+    out = np.zeros_like(data)
+    assert native_planes.interleave(planes, out)
+    assert out.tobytes() == data.tobytes()
+
+
+def test_what_c_blosc_cannot_take_is_left_to_numpy():
+    planes = [np.zeros(127, np.uint8)] * 4
+    assert native_planes.interleave(planes, np.zeros(4 * 127, np.uint8)) is False     # too short to split
+    assert native_planes.interleave([np.zeros(256, np.uint8)] * 2, np.zeros(512, np.uint8)) is False  # numpy as fast
+    assert native_planes.interleave([np.zeros(256, np.uint8)] * 17, np.zeros(17 * 256, np.uint8)) is False
+    out = np.zeros(4 * 1024, np.uint8)
+    out.flags.writeable = False
+    assert native_planes.interleave([np.ones(1024, np.uint8)] * 4, out) is False
+    assert not out.any()
+
+
+def test_without_blosc_the_numpy_path_decodes_everything(monkeypatch):
+    data = _weights(1 << 16, 2).view(np.uint8).copy()
+    params, payload = bytegroup.encode_planes(data, 4, 1)
+    assert _numpy_decode(params, bytes(payload), len(data), monkeypatch) == data.tobytes()
