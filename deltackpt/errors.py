@@ -93,6 +93,11 @@ class MissingDependencyError(DeltackptError, ImportError):
     """An optional package a feature needs is not installed; the message says what to pip install."""
 
 
+class SaveAbandonedError(DeltackptError, RuntimeError):
+    """A save stopped before its commit because the process is exiting and was told not to wait
+    (a second Ctrl-C while background saves finish); nothing of it is visible in the repository."""
+
+
 class CheckpointNotFoundError(UnknownVersionError, FileNotFoundError):
     """A checkpoint path names neither a pointer file nor a revision (Lightning's contract is FileNotFoundError)."""
 

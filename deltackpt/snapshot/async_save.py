@@ -41,9 +41,11 @@ training loop saving in the background holds ``MAX_IN_FLIGHT + 1`` staging copie
 Errors: a failed background save raises its exception from :meth:`SaveHandle.wait`, or, when
 nobody waited for it, from the next save to the same repository (which then does not start).
 
-Exit and Ctrl-C: the interpreter's exit waits for the saves in flight (saying so on stderr), and
-the encoder process ignores the terminal's SIGINT, so a Ctrl-C that stops the training loop,
-even inside :meth:`SaveHandle.wait`, still commits the saves already snapshotted.
+Exit, Ctrl-C and SIGTERM (:mod:`.at_exit`): the interpreter's exit (normal, ``sys.exit``, an
+uncaught exception or Ctrl-C) finishes the saves in flight, saying so on stderr; while one is
+pending, SIGTERM stops the script the same way (exit status 143).  A second Ctrl-C abandons them,
+leaving nothing partial.  The encoder process ignores the terminal's SIGINT, so a save it received
+commits even if the training process dies.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ import torch
 from .. import priority
 from ..repo import encoder_process
 from ..repo.versions import Version
-from . import lazy, prefault, staging
+from . import at_exit, lazy, prefault, staging
 
 
 MAX_IN_FLIGHT = 1
@@ -72,7 +74,7 @@ or ``"process"`` (a persistent encoder process fed through shared memory; see
 :mod:`deltackpt.repo.encoder_process`)."""
 
 _executor: ThreadPoolExecutor | None = None
-_lock = threading.Lock()
+_lock = threading.RLock()   # reentrant: the SIGTERM handler lists the pending saves from whatever the main thread was doing
 _in_flight: dict[int, list["SaveHandle"]] = {}   # id(Repository) -> handles not yet collected
 _encoder: encoder_process.EncoderProcess | None = None
 _lazy: list["lazy.LazyCopy"] = []                # lazy copies whose optimizer hooks are still registered
@@ -305,28 +307,50 @@ def submit(core: Any, leaves: list, tree: Any, write: Callable[..., Version],
             staging.settle(memory, ok, _encoder, MAX_IN_FLIGHT)
             timing["background"] = time.perf_counter() - start
 
+    return _start(core, work, memory.nbytes, stall, timing, deferred)
+
+
+def _start(core: Any, work: Callable[[], Any], nbytes: int, stall: float, timing: dict[str, float],
+           deferred: "lazy.LazyCopy | None" = None) -> SaveHandle:
+    """Queue ``work`` on the save thread and track its handle until someone collects it."""
+    at_exit.arm_sigterm()
     with _lock:  # with release_idle_thread: never submitted to an executor being shut down
-        handle = SaveHandle(_pool().submit(work), memory.nbytes, stall, timing, deferred)
-        _in_flight.setdefault(id(core), []).append(handle)
-    return handle
+        try:
+            future = _pool().submit(work)
+        except RuntimeError:
+            future = None  # the interpreter is exiting (a save made by an atexit handler): no new thread
+        if future is not None:
+            handle = SaveHandle(future, nbytes, stall, timing, deferred)
+            _in_flight.setdefault(id(core), []).append(handle)
+            return handle
+    done: Future = Future()
+    try:
+        done.set_result(work())
+    except BaseException as exc:  # noqa: BLE001 - the handle raises it, as from the thread
+        done.set_exception(exc)
+    return SaveHandle(done, nbytes, stall, timing, deferred)
 
 
-def _finish_at_exit() -> None:
-    """Interpreter exit (an uncaught Ctrl-C included) waits for the saves in flight, as it joins the
-    save thread: say so, so that the wait is not taken for a hang, and stop them yielding the CPU."""
+def _pending() -> list[SaveHandle]:
     with _lock:
-        pending = [h for lst in _in_flight.values() for h in lst if not h.done()]
-    if pending:
-        sys.stderr.write(f"deltackpt: finishing {len(pending)} background save(s) before exit\n")
-        sys.stderr.flush()
-        _boost_unless_done(pending)
+        return [h for lst in _in_flight.values() for h in lst if not h.done()]
 
 
-# runs before concurrent.futures joins the save thread (registered after it; called in reverse)
-try:
-    getattr(threading, "_register_atexit", lambda fn: None)(_finish_at_exit)
-except RuntimeError:
-    pass  # first imported while the interpreter shuts down (a save from an atexit handler): no notice
+def _forget_in_child() -> None:
+    """A forked child (a DataLoader worker) has the handles but no save thread: never wait for them."""
+    global _executor, _encoder, _lock
+    _lock = threading.RLock()
+    _in_flight.clear()
+    _lazy.clear()
+    _executor = None
+    if _encoder is not None:
+        atexit.unregister(_encoder.close)
+        _encoder = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+at_exit.install(_pending, _boost_unless_done)
 
 
 def wait_snapshots() -> None:
@@ -365,10 +389,7 @@ def run_after(core: Any, fn: Callable[[], Any]) -> SaveHandle:
         finally:
             timing["background"] = time.perf_counter() - start
 
-    with _lock:
-        handle = SaveHandle(_pool().submit(work), 0, 0.0, timing)
-        _in_flight.setdefault(id(core), []).append(handle)
-    return handle
+    return _start(core, work, 0, 0.0, timing)
 
 
 def release_idle_thread() -> bool:

@@ -18,10 +18,11 @@ from typing import Any
 import torch
 
 from ..api import Repo, open_repo
-from ..errors import DeltackptError, NotARepositoryError, StateMismatchError, UnknownVersionError
+from ..errors import DeltackptError, NotARepositoryError, UnknownVersionError
 from ..repo.versions import Version
 from ..snapshot import async_save
 from . import rng
+from .parts import check_parts
 
 
 @dataclass
@@ -133,17 +134,15 @@ def _load_near(r: Any, vid: str, model: Any, optimizer: Any) -> tuple[Any, Versi
 
 
 def _apply(state: Any, v: Version, **parts: Any) -> None:
-    if not isinstance(state, dict):
-        raise StateMismatchError(f"version {v.short_id} is not a training state (a dict); use deltackpt.load")
     strict = parts.pop("strict")
     restore_rng = parts.pop("restore_rng")
+    # every part against the version before the first write: all or nothing
+    check_parts(state, f"version {v.short_id}", parts, strict=strict, rng_too=restore_rng)
     # a lazy save (to any repository) may still be copying the live tensors this writes into
     async_save.wait_snapshots()
     for name, target in parts.items():
         if target is None:
             continue
-        if name not in state:
-            raise StateMismatchError(f"version {v.short_id} holds no {name!r} entry to restore")
         if name == "model":
             target.load_state_dict(state[name], strict=strict)
         else:

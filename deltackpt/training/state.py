@@ -69,9 +69,18 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         return {"n": self.n, "seed": self.seed, "epoch": self.epoch,
                 "consumed": self.consumed if consumed is None else int(consumed)}
 
+    def check_state_dict(self, state: Mapping[str, int]) -> None:
+        """Raise :class:`StateMismatchError` if :meth:`load_state_dict` would refuse ``state``."""
+        try:
+            n, _, _, _ = (int(state[k]) for k in ("n", "seed", "epoch", "consumed"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateMismatchError(f"sampler state is not what ResumableSampler.state_dict() writes: "
+                                     f"{type(exc).__name__}: {exc}") from None
+        if n != self.n:
+            raise StateMismatchError(f"sampler was saved over {n} items, this one has {self.n}")
+
     def load_state_dict(self, state: Mapping[str, int]) -> None:
-        if int(state["n"]) != self.n:
-            raise StateMismatchError(f"sampler was saved over {state['n']} items, this one has {self.n}")
+        self.check_state_dict(state)
         self.seed, self.epoch, self.consumed = int(state["seed"]), int(state["epoch"]), int(state["consumed"])
 
 
