@@ -8,6 +8,9 @@ bookkeeping, ``ckpt_path="last"``, ``best_model_path``) keeps working.  ``traine
 ckpt_path=path)`` loads the version the pointer names; ``ckpt_path`` may also be a revision of
 the repository itself (``"latest"``, a tag, ``"best:val_loss"``, an id prefix).
 ``remove_checkpoint`` deletes the pointer and the version's tag; ``deltackpt gc`` reclaims it.
+The one file that is not a checkpoint, the spawn launchers' hand-back of rank 0's final weights
+to the main process (``.temp.ckpt``, written, read and removed within one ``fit``), is written
+as Lightning's own ``TorchCheckpointIO`` writes it, not committed as a version.
 
 What a Lightning checkpoint holds besides tensors is stored as plain data, without pickle:
 config objects (OmegaConf, ``argparse.Namespace``, dataclasses, enums, ``AttributeDict``, the
@@ -46,9 +49,13 @@ __all__ = ["DeltackptIO", "to_plain", "from_plain"]
 
 CheckpointIO = require("lightning_fabric.plugins.io.checkpoint_io",
                        feature="deltackpt's Lightning plugin").CheckpointIO
-from lightning_fabric.utilities.cloud_io import get_filesystem  # noqa: E402  (installed with CheckpointIO)
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO  # noqa: E402  (installed with CheckpointIO)
+from lightning_fabric.utilities.cloud_io import get_filesystem  # noqa: E402
 
 POINTER_MAGIC = "deltackpt"
+HAND_BACK = ".temp.ckpt"
+"""The name Lightning's ddp_spawn and XLA launchers give the file rank 0's weights travel through
+(``strategies/launchers/multiprocessing.py``): a transfer, not a checkpoint of the run."""
 
 
 def _tag_for(path: str) -> str:
@@ -96,6 +103,9 @@ class DeltackptIO(CheckpointIO):
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
         path = os.fspath(path)
+        if os.path.basename(path) == HAND_BACK:
+            TorchCheckpointIO().save_checkpoint(checkpoint, path)   # read back once by the main process, then removed
+            return
         fs = get_filesystem(path)
         converted: dict[str, str] = {}
         state = to_plain(checkpoint, "", converted)
@@ -143,13 +153,17 @@ class DeltackptIO(CheckpointIO):
         try:
             return self.repo.core.resolve(path)
         except UnknownVersionError:
-            raise CheckpointNotFoundError(f"{path}: no such checkpoint (no pointer file, and not a revision of "
-                                          f"{self.repo.location})") from None
+            # Lightning's own wording first (its tests and users match on it), then ours
+            raise CheckpointNotFoundError(f"Checkpoint file not found: {path} (no deltackpt pointer file there, and "
+                                          f"not a revision of {self.repo.location})") from None
 
     def load_checkpoint(self, path: Any, map_location: Optional[Any] = None,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:
         self.teardown()
-        vid = self._resolve(os.fspath(path))
+        path = os.fspath(path)
+        if os.path.basename(path) == HAND_BACK:
+            return TorchCheckpointIO().load_checkpoint(path, map_location=map_location, weights_only=True)
+        vid = self._resolve(path)
         location = map_location if isinstance(map_location, (str, torch.device)) else "cpu"
         return from_plain(load(self.repo, vid, map_location=location))
 

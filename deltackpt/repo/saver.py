@@ -78,16 +78,23 @@ def default_workers() -> int:
 def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[TensorEntry], tree: Any, *,
                   step: int | None = None, metrics: dict | None = None, meta: Any = None,
                   tag: str | None = None, extra: dict | None = None, workers: int | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> tuple[str, SaveStats]:
-    """Store ``blobs``, then commit a manifest naming ``tensors`` and ``tree``; returns (version id, stats)."""
+                  progress: Callable[[int, int], None] | None = None,
+                  latest: bool = True) -> tuple[str, SaveStats]:
+    """Store ``blobs``, then commit a manifest naming ``tensors`` and ``tree``; returns (version id, stats).
+
+    ``latest=False`` commits it off the training line (an import): ``latest`` does not move, the
+    manifest has no parent and records ``extra["off_line"] = True``, and the save stores no
+    reverse deltas and drops nothing (the head keeps its own keyframes)."""
     t0 = time.perf_counter()
     if tag is not None:
         refs.check_name(tag)
+    if not latest:
+        extra = {**(extra or {}), "off_line": True}
     commit.check_storable(Manifest(parent=None, time=0.0, tree=tree, tensors=tensors, blobs=[], step=step,
                                    metrics=dict(metrics or {}), meta=meta, extra=dict(extra or {})))
     stats = SaveStats()
     with locks.save_lock(repo.store) as lock:
-        manifest_blobs, sv = _store_locked(repo, blobs, stats, workers, progress, reverse=True, owner=lock)
+        manifest_blobs, sv = _store_locked(repo, blobs, stats, workers, progress, reverse=latest, owner=lock)
         for t in tensors:
             src = blobs[t.blob]
             t.exact, t.max_abs_err = src.exact, src.max_abs_err
@@ -98,7 +105,10 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
                    "chunks_reused": stats.chunks_reused, "encodings": stats.encodings}
         vid = _commit(repo, Manifest(parent=None, time=time.time(), tree=tree, tensors=tensors,
                                      blobs=manifest_blobs, step=step, metrics=dict(metrics or {}), meta=meta,
-                                     writer=commit.writer_name(), extra={**(extra or {}), "written": written}), stats, tag)
+                                     writer=commit.writer_name(), extra={**(extra or {}), "written": written}), stats, tag,
+                      move_latest=latest)
+        if not latest:  # the delta bases of the training line's next save are not the import's bytes
+            repo.delta_cache.clear()
         if sv.rev is not None and sv.rev.restored:
             # the previous head keyframes now have reverse deltas: drop the packs they make redundant
             try:
@@ -306,7 +316,7 @@ def _count(stats: SaveStats, encoding: int) -> None:
     stats.encodings[name] = stats.encodings.get(name, 0) + 1
 
 
-def _commit(repo: Repository, manifest: Manifest, stats: SaveStats, tag: str | None) -> str:
-    vid, stats.manifest_bytes = commit.commit(repo, manifest, tag)
+def _commit(repo: Repository, manifest: Manifest, stats: SaveStats, tag: str | None, move_latest: bool = True) -> str:
+    vid, stats.manifest_bytes = commit.commit(repo, manifest, tag, move_latest=move_latest)
     stats.manifest = manifest
     return vid

@@ -205,11 +205,9 @@ def drain(core: Any, *, keep: int = 0) -> None:
     due = handles[: max(0, len(handles) - keep)]
     _boost_unless_done(due)
     for h in due:
-        exc = None
-        try:
-            h._future.result()
-        except BaseException as e:  # noqa: BLE001 - re-raised below unless already seen
-            exc = e
+        # the save's own error, returned; a Ctrl-C during the wait is raised, and the save stays
+        # in flight for the exit to finish
+        exc = h._future.exception()
         with _lock:
             lst = _in_flight.get(id(core), [])
             if h in lst:
@@ -225,10 +223,7 @@ def drain_all() -> None:
         handles = [h for lst in _in_flight.values() for h in lst]
     _boost_unless_done(handles)
     for h in handles:
-        try:
-            h._future.result()
-        except BaseException:  # noqa: BLE001
-            pass
+        h._future.exception()   # a Ctrl-C during the wait comes through; a save's error is its handle's
 
 
 def _encoder_process() -> encoder_process.EncoderProcess:

@@ -40,14 +40,20 @@ class ResumeInfo:
 def _candidates(r: Repo, version: "str | Version") -> list[str]:
     if isinstance(version, str) and version in ("latest", "HEAD"):
         # newest first, including a version whose ref never moved, and one whose manifest is
-        # damaged (its load fails typed, so it is skipped with a warning naming it)
-        history = [vid for vid, _m in r.core.scan()]
+        # damaged (its load fails typed, so it is skipped with a warning naming it); never one
+        # committed off the training line (an import: weights, not a training state)
+        history = [vid for vid, m in r.core.scan() if not _off_line(m)]
         latest = r.core.latest()
         if latest in history:       # the ref names the newest committed one: try it first
             history.remove(latest)
             history.insert(0, latest)
         return history
     return [r.core.resolve(version)]
+
+
+def _off_line(m: Any) -> bool:
+    extra = getattr(m, "extra", None)
+    return isinstance(extra, dict) and extra.get("off_line") is True
 
 
 def resume(repo: "str | os.PathLike | Repo", *, model: "torch.nn.Module | None" = None, optimizer: Any = None,
