@@ -64,6 +64,7 @@ from .. import priority
 from ..repo import encoder_process
 from ..repo.versions import Version
 from . import at_exit, lazy, prefault, staging
+from .handle import SaveHandle, boost_unless_done
 
 
 MAX_IN_FLIGHT = 1
@@ -121,89 +122,13 @@ def _pool() -> ThreadPoolExecutor:
     return _executor
 
 
-class SaveHandle:
-    """A save running in the background.
-
-    Example::
-
-        h = deltackpt.save(state, "ckpt", step=step, blocking=False)
-        ...                      # keep training: the state may change now
-        version = h.wait()       # the committed Version, or the save's exception
-    """
-
-    def __init__(self, future: "Future[Version]", staged_bytes: int, stall_seconds: float,
-                 timing: dict[str, float], deferred: "lazy.LazyCopy | None" = None) -> None:
-        self._future = future
-        self._deferred = deferred
-        self._observed = False
-        self._timing = timing
-        self.staged_bytes = staged_bytes
-        """Bytes of host memory this save's staging copy takes (lent to the delta cache until the
-        next save commits)."""
-        self.stall_seconds = stall_seconds
-        """Seconds the caller was blocked (snapshot of the tensors)."""
-
-    @property
-    def background_seconds(self) -> float | None:
-        """Seconds of background work (hash, encode, write, commit), once done."""
-        return self._timing.get("background")
-
-    @property
-    def lazy_bytes(self) -> int:
-        """Bytes of the snapshot copied after the call returned (``optimizer=``; 0 otherwise)."""
-        return self._deferred.nbytes if self._deferred is not None else 0
-
-    @property
-    def step_wait_seconds(self) -> float:
-        """Seconds ``optimizer.step()`` waited for this save's lazy copy (0 when it was done
-        first): with ``optimizer=``, the loop's stall is ``stall_seconds`` plus this."""
-        return self._deferred.step_wait_seconds if self._deferred is not None else 0.0
-
-    def snapshot_done(self) -> bool:
-        """True once the snapshot is complete: the saved tensors may then change in any way."""
-        return self._deferred is None or self._deferred.done()
-
-    def wait_snapshot(self) -> None:
-        """Block until the lazy part of the snapshot (``optimizer=``) is copied, then unhook the
-        optimizers.  Call it before changing a parameter or optimizer-state tensor outside
-        ``optimizer.step()`` (``model.load_state_dict``, an EMA update into the live weights,
-        ``p.mul_()`` under ``no_grad``).  Call it from the training thread (it unregisters hooks
-        the optimizer iterates in ``step()``).  Raises the copy's error, if any."""
-        if self._deferred is not None:
-            self._deferred.wait()
-            self._deferred.remove_hooks()
-
-    def done(self) -> bool:
-        """True when the save has committed or failed."""
-        return self._future.done()
-
-    def wait(self, timeout: float | None = None) -> Version:
-        """Block until the version is committed and return it; re-raise the save's exception."""
-        self._observed = True
-        _boost_unless_done([self])
-        return self._future.result(timeout)
-
-    def exception(self) -> BaseException | None:
-        return self._future.exception() if self._future.done() else None
-
-    def __repr__(self) -> str:
-        return f"SaveHandle(done={self.done()}, staged_bytes={self.staged_bytes})"
-
-
-def _boost_unless_done(handles: list[SaveHandle]) -> None:
-    """The caller is about to wait for ``handles``: saves still running must no longer yield to
-    anything (:func:`.priority.boost`)."""
-    if any(not h.done() for h in handles):
-        priority.boost()
-
-
 def drain(core: Any, *, keep: int = 0) -> None:
     """Wait until at most ``keep`` saves to ``core`` are in flight; raise the first failure that
     nobody has observed (so a background error surfaces at the next save)."""
     with _lock:
         handles = list(_in_flight.get(id(core), []))
     due = handles[: max(0, len(handles) - keep)]
-    _boost_unless_done(due)
+    boost_unless_done(due)
     for h in due:
         # the save's own error, returned; a Ctrl-C during the wait is raised, and the save stays
         # in flight for the exit to finish
@@ -221,7 +146,7 @@ def drain_all() -> None:
     """Wait for every background save of this process (errors are left to their handles)."""
     with _lock:
         handles = [h for lst in _in_flight.values() for h in lst]
-    _boost_unless_done(handles)
+    boost_unless_done(handles)
     for h in handles:
         h._future.exception()   # a Ctrl-C during the wait comes through; a save's error is its handle's
 
@@ -282,10 +207,12 @@ def submit(core: Any, leaves: list, tree: Any, write: Callable[..., Version],
     stall = time.perf_counter() - t0
     timing: dict[str, float] = {}
 
+    waited = threading.Event()
+
     def work() -> Version:
         start = time.perf_counter()
         ok = False
-        priority.run_idle(BACKGROUND_IDLE)
+        _go_idle(waited)
         try:
             if event is not None:
                 event.synchronize()
@@ -302,11 +229,20 @@ def submit(core: Any, leaves: list, tree: Any, write: Callable[..., Version],
             staging.settle(memory, ok, _encoder, MAX_IN_FLIGHT)
             timing["background"] = time.perf_counter() - start
 
-    return _start(core, work, memory.nbytes, stall, timing, deferred)
+    return _start(core, work, memory.nbytes, stall, timing, deferred, waited)
+
+
+def _go_idle(waited: threading.Event) -> None:
+    """Enter SCHED_IDLE unless someone already waits for this save: a boost that came before this
+    thread started must not be undone (at exit, on a loaded machine, an idle save may never run).
+    Checked again after entering: a boost in between found this thread normal and left it."""
+    priority.run_idle(BACKGROUND_IDLE and not waited.is_set())
+    if waited.is_set():
+        priority.run_idle(False)
 
 
 def _start(core: Any, work: Callable[[], Any], nbytes: int, stall: float, timing: dict[str, float],
-           deferred: "lazy.LazyCopy | None" = None) -> SaveHandle:
+           deferred: "lazy.LazyCopy | None" = None, waited: threading.Event | None = None) -> SaveHandle:
     """Queue ``work`` on the save thread and track its handle until someone collects it."""
     at_exit.arm_sigterm()
     with _lock:  # with release_idle_thread: never submitted to an executor being shut down
@@ -315,7 +251,7 @@ def _start(core: Any, work: Callable[[], Any], nbytes: int, stall: float, timing
         except RuntimeError:
             future = None  # the interpreter is exiting (a save made by an atexit handler): no new thread
         if future is not None:
-            handle = SaveHandle(future, nbytes, stall, timing, deferred)
+            handle = SaveHandle(future, nbytes, stall, timing, deferred, waited)
             _in_flight.setdefault(id(core), []).append(handle)
             return handle
     done: Future = Future()
@@ -345,7 +281,7 @@ def _forget_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_in_child)
-at_exit.install(_pending, _boost_unless_done)
+at_exit.install(_pending, boost_unless_done)
 
 
 def wait_snapshots() -> None:
@@ -375,16 +311,17 @@ def run_after(core: Any, fn: Callable[[], Any]) -> SaveHandle:
     """Queue ``fn`` on the save thread, after every save already submitted (the Checkpointer's
     gc).  Its error surfaces like a save's: at the next save or wait."""
     timing: dict[str, float] = {}
+    waited = threading.Event()
 
     def work() -> Any:
         start = time.perf_counter()
-        priority.run_idle(BACKGROUND_IDLE)
+        _go_idle(waited)
         try:
             return fn()
         finally:
             timing["background"] = time.perf_counter() - start
 
-    return _start(core, work, 0, 0.0, timing)
+    return _start(core, work, 0, 0.0, timing, None, waited)
 
 
 def release_idle_thread() -> bool:

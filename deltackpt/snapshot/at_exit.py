@@ -84,6 +84,13 @@ def finish_pending() -> None:
     if not pending:
         return
     _draining = True
+    try:
+        _finish(pending)
+    finally:
+        _draining = False   # a SIGTERM after this (an atexit handler running) acts as without us
+
+
+def _finish(pending: list) -> None:
     try:  # a Ctrl-C may land anywhere from here on, the first lines included
         _say(f"finishing {len(pending)} background save(s) before exit (Ctrl-C again abandons them)")
         _boost(pending)
