@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from typing import Any, Optional
 
 import torch
@@ -66,6 +67,20 @@ def _tag_for(path: str) -> str:
 
 def _is_local(fs: Any) -> bool:
     return "file" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,))
+
+
+def _remove_hand_back(path: str) -> None:
+    """Delete the hand-back file, and the temp folder the spawn launcher made for it alone
+    (``tempfile.mkdtemp()``; Lightning leaves it behind); any other folder stays."""
+    fs = get_filesystem(path)
+    if fs.isfile(path):
+        fs.rm(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if _is_local(fs) and os.path.dirname(folder) == os.path.abspath(tempfile.gettempdir()):
+        try:
+            os.rmdir(folder)   # only when empty
+        except OSError:
+            pass
 
 
 class DeltackptIO(CheckpointIO):
@@ -170,6 +185,9 @@ class DeltackptIO(CheckpointIO):
     def remove_checkpoint(self, path: Any) -> None:
         path = os.fspath(path)
         self.teardown()
+        if os.path.basename(path) == HAND_BACK:
+            _remove_hand_back(path)
+            return
         tag = _tag_for(path)
         if tag in self.repo.tags():
             self.repo.untag(tag)

@@ -11,6 +11,7 @@ import enum
 import os
 import pickle
 import secrets
+import tempfile
 import threading
 
 import pytest
@@ -194,6 +195,21 @@ def test_ddp_spawn_with_two_processes(tmp_path, repo_path):
     trainer2.fit(Tiny(), _loader(), ckpt_path=os.path.join(ckpts, "last.ckpt"))
     assert deltackpt.Repo(repo_path).resolve("ckpt-last").step == 6
     assert deltackpt.Repo(repo_path).verify().ok
+
+
+def test_the_spawn_hand_back_is_a_plain_file_not_a_version(repo_path):
+    """What the spawn launchers do with rank 0's weights: save to <mkdtemp>/.temp.ckpt, load, remove.
+    No version, no tag; the weights come back bit for bit; the file and its temp folder are gone."""
+    io = DeltackptIO(repo_path)
+    weights = {"net.weight": torch.randn(8, 4), "net.bias": torch.randn(8)}
+    folder = tempfile.mkdtemp()
+    path = os.path.join(folder, ".temp.ckpt")
+    io.save_checkpoint(weights, path)
+    assert deltackpt.Repo(repo_path).log() == [] and not deltackpt.Repo(repo_path).tags()
+    back = io.load_checkpoint(path)
+    assert all(torch.equal(back[k], v) for k, v in weights.items())
+    io.remove_checkpoint(path)
+    assert not os.path.exists(folder)
 
 
 # 3. a missing ckpt_path ----------------------------------------------------------------------------
