@@ -98,6 +98,11 @@ class DivergenceError(DeltackptError, RuntimeError):
     or found no version older than the bad stretch to roll back to."""
 
 
+class SaveAbandonedError(DeltackptError, RuntimeError):
+    """A save stopped before its commit because the process is exiting and was told not to wait
+    (a second Ctrl-C while background saves finish); nothing of it is visible in the repository."""
+
+
 class CheckpointNotFoundError(UnknownVersionError, FileNotFoundError):
     """A checkpoint path names neither a pointer file nor a revision (Lightning's contract is FileNotFoundError)."""
 

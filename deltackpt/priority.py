@@ -82,17 +82,24 @@ def boost() -> None:
     thread started which.)"""
     if not _supported:
         return
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return
-    for name in tids:
+    # again until a pass finds none: a thread an idle thread starts while we list inherits
+    # SCHED_IDLE, and a missed encoder thread under a loaded machine starves the save it serves
+    for _ in range(100):
         try:
-            tid = int(name)
-            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
-                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-        except (OSError, ValueError):
-            continue  # the thread ended meanwhile
+            tids = os.listdir("/proc/self/task")
+        except OSError:
+            return
+        found = False
+        for name in tids:
+            try:
+                tid = int(name)
+                if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                    os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                    found = True
+            except (OSError, ValueError):
+                continue  # the thread ended meanwhile
+        if not found:
+            return
 
 
 def boost_thread(tid: int) -> None:

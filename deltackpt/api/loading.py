@@ -14,6 +14,7 @@ from ..repo.repository import Repository
 from ..repo.versions import Version
 from ..store.base import Store
 from .handles import Handle, open_core
+from .targets import check_optimizer
 
 if TYPE_CHECKING:
     import torch
@@ -102,13 +103,16 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Handle | Store"
     target = model.state_dict(keep_vars=True)
     prefix = _model_prefix(m, set(target))
     wanted = _matching_tensors(m, vid, target, prefix, layers, strict)
+    _check_tensors(m, vid, target, wanted)
+    tree = m.tree
+    if optimizer is not None:  # every part is checked before the first write: all or nothing
+        if not isinstance(tree, dict) or "optimizer" not in tree:
+            raise StateMismatchError(f"version {vid[:10]} holds no 'optimizer' entry to restore; nothing was restored")
+        check_optimizer(optimizer, tree["optimizer"], where=f"version {vid[:10]}")
     wait_snapshots()   # a lazy save's copy may still be reading these parameters
     with torch.no_grad():
         _read_into_model(core, vid, m, target, wanted, threads)
     if optimizer is not None:
-        tree = m.tree
-        if not isinstance(tree, dict) or "optimizer" not in tree:
-            raise StateMismatchError(f"version {vid[:10]} holds no 'optimizer' entry to restore")
         with torch.no_grad():
             state = _load_subtree(core, vid, m, tree["optimizer"], _live_state(optimizer, tree["optimizer"]), threads)
         # torch's load_state_dict keeps a state tensor already of the parameter's dtype and device
@@ -143,8 +147,6 @@ def _read_into_model(core: Repository, vid: str, m: Any, target: dict, wanted: l
     """Write each wanted tensor of version ``vid`` into the model's own tensor: decoded in place
     where the destination is writable CPU memory of its own, staged a chunk at a time onto a
     device, else read whole and copied."""
-    import torch
-
     from ..torchstate.materialize import build_tensors, is_own_blob, read_blobs, read_into
     from ..torchstate.tensor_bytes import copy_blob_to_device, writable_bytes
 
@@ -152,11 +154,6 @@ def _read_into_model(core: Repository, vid: str, m: Any, target: dict, wanted: l
     direct: list = []
     for k, i in wanted:
         e, dst = m.tensors[i], target[k]
-        if not isinstance(dst, torch.Tensor):
-            raise StateMismatchError(f"{k}: the model holds a {type(dst).__name__}, the version a tensor")
-        if list(dst.shape) != e.shape or str(dst.dtype).removeprefix("torch.") != e.dtype:
-            raise StateMismatchError(f"version {vid[:10]}, tensor {k}: saved {e.dtype}{e.shape}, "
-                                     f"model has {str(dst.dtype).removeprefix('torch.')}{list(dst.shape)}")
         out = writable_bytes(dst)
         if out is None and dst.device.type != "cpu" and dst.is_contiguous() and is_own_blob(m, e):
             copy_blob_to_device(core, m.blobs[e.blob], dst)  # staged a chunk at a time
@@ -174,6 +171,20 @@ def _read_into_model(core: Repository, vid: str, m: Any, target: dict, wanted: l
         built = build_tensors(m, [i for _, i in pending], buffers)
         for k, i in pending:
             target[k].copy_(built[i])
+
+
+def _check_tensors(m: Any, vid: str, target: dict, wanted: list[tuple[str, int]]) -> None:
+    """Every destination is a tensor of the saved shape and dtype, checked before the first write."""
+    import torch
+
+    for k, i in wanted:
+        e, dst = m.tensors[i], target[k]
+        if not isinstance(dst, torch.Tensor):
+            raise StateMismatchError(f"version {vid[:10]}, tensor {k}: the model holds a {type(dst).__name__}, "
+                                     "the version a tensor; nothing was restored")
+        if list(dst.shape) != e.shape or str(dst.dtype).removeprefix("torch.") != e.dtype:
+            raise StateMismatchError(f"version {vid[:10]}, tensor {k}: saved {e.dtype}{e.shape}, model has "
+                                     f"{str(dst.dtype).removeprefix('torch.')}{list(dst.shape)}; nothing was restored")
 
 
 def _disjoint(direct: list) -> tuple[list, list[tuple[str, int]]]:

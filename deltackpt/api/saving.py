@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from ..errors import DeltackptError, UnsupportedLeafError
+from ..errors import DeltackptError, InvalidArgumentError, UnsupportedLeafError
 from ..progress import bar
 from ..repo import saver
 from ..repo.versions import Version
@@ -20,7 +20,7 @@ def save(obj: Any, repo: "str | os.PathLike | Handle | Store", *, step: int | No
          metrics: Mapping[str, Any] | None = None, meta: Any = None, tag: str | None = None,
          encoding: Mapping[str, str] | str | None = None, blocking: bool = True,
          workers: int | None = None, background: str | None = None,
-         optimizer: Any = None) -> "Version | SaveHandle":
+         optimizer: Any = None, latest: bool = True) -> "Version | SaveHandle":
     """Save a module's state_dict, a state dict or a nested training state as a new version.
 
     Unchanged chunks are not written again; changed ones are stored as deltas against the last
@@ -55,6 +55,11 @@ def save(obj: Any, repo: "str | os.PathLike | Handle | Store", *, step: int | No
     training loop, and return to normal priority once anyone waits for the save
     (:mod:`deltackpt.priority`; ``async_save.BACKGROUND_IDLE = False`` turns it off).
 
+    ``latest=False`` commits the version off the training line (what ``deltackpt import`` does
+    with a foreign file): ``latest`` does not move, so :func:`deltackpt.resume`, ``latest~N`` and
+    the next save's parent ignore it, and ``gc`` ranks it after the training line; find it by
+    ``tag`` (keep one: an untagged version off the line is the first gc removes) or by id.
+
     Example::
 
         v = deltackpt.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 100},
@@ -74,6 +79,9 @@ def save(obj: Any, repo: "str | os.PathLike | Handle | Store", *, step: int | No
     tree, leaves = flatten(obj)
     # everything that can refuse the input does so before a repository is created or touched
     record = _checked_record(leaves, step, metrics, meta, tag, encoding, background, workers)
+    if not isinstance(latest, bool):
+        raise InvalidArgumentError(f"latest must be True or False, got {latest!r}")
+    record["latest"] = latest
     optimizers = None
     if optimizer is not None:
         from ..snapshot.lazy import optimizers_of

@@ -262,16 +262,44 @@ def _changed(row: dict[str, Any]) -> str:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    """An imported file is weights, not a training state: it is committed off the training line
+    (``latest`` does not move, so resume and the next save's history ignore it) under a tag, which
+    also keeps it through gc."""
+    from deltackpt.format.refs import check_name
     from deltackpt.integrations.files import import_file
+    if args.tag is not None:
+        check_name(args.tag)   # refused before the file is read or the repository created
     state = import_file(args.file)
-    v = deltackpt.save(state, _repo(args, create=True), step=args.step, tag=args.tag,
+    repo = _repo(args, create=True)
+    tag = args.tag or _free_tag(repo, "import-" + _stem(args.file))
+    v = deltackpt.save(state, repo, step=args.step, tag=tag, latest=False,
                        meta={"imported_from": os.path.basename(args.file)})
+    latest = repo.core.latest()
     if args.json:
-        emit_json(v.to_json())
+        emit_json({**v.to_json(), "tag": tag, "off_line": True, "latest": latest})
     else:
-        print(f"imported {args.file} as version {v.short_id} ({human_bytes(v.logical_bytes)} of state, "
-              f"{human_bytes(v.written_bytes)} written)")
+        head = f"'latest' still names {latest[:10]}" if latest else "'latest' is unset (no training version yet)"
+        print(f"imported {args.file} as version {v.short_id}, tag {tag} ({human_bytes(v.logical_bytes)} of state, "
+              f"{human_bytes(v.written_bytes)} written)\n"
+              f"off the training line: {head}, so resume and gc's keep-last go by your training versions; "
+              f"the tag keeps it (deltackpt restore {tag} -o FILE)")
     return 0
+
+
+def _stem(path: str) -> str:
+    name = os.path.basename(path).split(".")[0] or "file"
+    return "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in name)[:100]
+
+
+def _free_tag(repo: Any, base: str) -> str:
+    """``base``, or ``base-2``, ``base-3``... the first no tag holds (a second import of a file of
+    the same name); the commit still refuses one taken meanwhile."""
+    taken = set(repo.tags())
+    n, tag = 1, base
+    while tag in taken:
+        n += 1
+        tag = f"{base}-{n}"
+    return tag
 
 
 def cmd_drill(args: argparse.Namespace) -> int:

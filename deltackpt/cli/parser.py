@@ -87,10 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-record", action="store_true", help="do not record the drill in the repository")
     sp = command("events", commands.cmd_events, "a divergence guard's rollbacks and the rollback drills, newest first")
     sp.add_argument("-n", "--limit", type=int, metavar="N", help="show the N newest")
-    sp = command("import", commands.cmd_import, "import a .pt (weights only) or .safetensors file as a version")
+    sp = command("import", commands.cmd_import, "import a .pt (weights only) or .safetensors file as a tagged "
+                 "version off the training line ('latest' does not move)")
     sp.add_argument("file", help="the .pt or .safetensors file")
     sp.add_argument("--step", type=int, metavar="N", help="the step to record")
-    sp.add_argument("--tag", metavar="NAME", help="a tag to give the new version")
+    sp.add_argument("--tag", metavar="NAME", help="tag naming the import (default: import-<file name>, -2, -3... if taken)")
     return p
 
 

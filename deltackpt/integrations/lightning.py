@@ -8,6 +8,9 @@ bookkeeping, ``ckpt_path="last"``, ``best_model_path``) keeps working.  ``traine
 ckpt_path=path)`` loads the version the pointer names; ``ckpt_path`` may also be a revision of
 the repository itself (``"latest"``, a tag, ``"best:val_loss"``, an id prefix).
 ``remove_checkpoint`` deletes the pointer and the version's tag; ``deltackpt gc`` reclaims it.
+The one file that is not a checkpoint, the spawn launchers' hand-back of rank 0's final weights
+to the main process (``.temp.ckpt``, written, read and removed within one ``fit``), is written
+as Lightning's own ``TorchCheckpointIO`` writes it, not committed as a version.
 
 What a Lightning checkpoint holds besides tensors is stored as plain data, without pickle:
 config objects (OmegaConf, ``argparse.Namespace``, dataclasses, enums, ``AttributeDict``, the
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from typing import Any, Optional
 
 import torch
@@ -56,9 +60,13 @@ __all__ = ["DeltackptGuard", "DeltackptIO", "to_plain", "from_plain"]
 CheckpointIO = require("lightning_fabric.plugins.io.checkpoint_io",
                        feature="deltackpt's Lightning plugin").CheckpointIO
 Callback = require("pytorch_lightning", feature="deltackpt's Lightning guard").Callback
-from lightning_fabric.utilities.cloud_io import get_filesystem  # noqa: E402  (installed with CheckpointIO)
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO  # noqa: E402  (installed with CheckpointIO)
+from lightning_fabric.utilities.cloud_io import get_filesystem  # noqa: E402
 
 POINTER_MAGIC = "deltackpt"
+HAND_BACK = ".temp.ckpt"
+"""The name Lightning's ddp_spawn and XLA launchers give the file rank 0's weights travel through
+(``strategies/launchers/multiprocessing.py``): a transfer, not a checkpoint of the run."""
 
 
 def _tag_for(path: str) -> str:
@@ -69,6 +77,20 @@ def _tag_for(path: str) -> str:
 
 def _is_local(fs: Any) -> bool:
     return "file" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,))
+
+
+def _remove_hand_back(path: str) -> None:
+    """Delete the hand-back file, and the temp folder the spawn launcher made for it alone
+    (``tempfile.mkdtemp()``; Lightning leaves it behind); any other folder stays."""
+    fs = get_filesystem(path)
+    if fs.isfile(path):
+        fs.rm(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if _is_local(fs) and os.path.dirname(folder) == os.path.abspath(tempfile.gettempdir()):
+        try:
+            os.rmdir(folder)   # only when empty
+        except OSError:
+            pass
 
 
 class DeltackptIO(CheckpointIO):
@@ -106,6 +128,9 @@ class DeltackptIO(CheckpointIO):
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
         path = os.fspath(path)
+        if os.path.basename(path) == HAND_BACK:
+            TorchCheckpointIO().save_checkpoint(checkpoint, path)   # read back once by the main process, then removed
+            return
         fs = get_filesystem(path)
         converted: dict[str, str] = {}
         state = to_plain(checkpoint, "", converted)
@@ -153,13 +178,17 @@ class DeltackptIO(CheckpointIO):
         try:
             return self.repo.core.resolve(path)
         except UnknownVersionError:
-            raise CheckpointNotFoundError(f"{path}: no such checkpoint (no pointer file, and not a revision of "
-                                          f"{self.repo.location})") from None
+            # Lightning's own wording first (its tests and users match on it), then ours
+            raise CheckpointNotFoundError(f"Checkpoint file not found: {path} (no deltackpt pointer file there, and "
+                                          f"not a revision of {self.repo.location})") from None
 
     def load_checkpoint(self, path: Any, map_location: Optional[Any] = None,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:
         self.teardown()
-        vid = self._resolve(os.fspath(path))
+        path = os.fspath(path)
+        if os.path.basename(path) == HAND_BACK:
+            return TorchCheckpointIO().load_checkpoint(path, map_location=map_location, weights_only=True)
+        vid = self._resolve(path)
         location = map_location if isinstance(map_location, (str, torch.device)) else "cpu"
         try:
             return from_plain(load(self.repo, vid, map_location=location))
@@ -169,6 +198,9 @@ class DeltackptIO(CheckpointIO):
     def remove_checkpoint(self, path: Any) -> None:
         path = os.fspath(path)
         self.teardown()
+        if os.path.basename(path) == HAND_BACK:
+            _remove_hand_back(path)
+            return
         tag = _tag_for(path)
         if tag in self.repo.tags():
             self.repo.untag(tag)

@@ -23,18 +23,29 @@ def writer_name() -> str:
     return f"deltackpt {__version__}"
 
 
-def commit(repo: Repository, manifest: Manifest, tag: str | None) -> tuple[str, int]:
+def commit(repo: Repository, manifest: Manifest, tag: str | None, *, move_latest: bool = True) -> tuple[str, int]:
     """Manifest, then ref; returns (version id, manifest bytes).  Racing writers are serialized by
     the refs lock and re-parented onto whatever ``latest`` is when they get it, so history stays
     linear and no save is lost.
 
     ``latest`` moves by compare-and-swap against the value read here: if it moved anyway (our
     lock was judged stale and broken, or the backend's locks are not atomic), the manifest is
-    re-parented onto the new head and the swap retried, instead of overwriting that version."""
+    re-parented onto the new head and the swap retried, instead of overwriting that version.
+
+    ``move_latest=False`` (an import): the manifest, with no parent, then the tag; ``latest`` and
+    the history it heads are untouched (spec/FORMAT.md §12, "off the line")."""
     with locks.refs_lock(repo.store):
         if tag is not None and repo.store.exists(TAGS + tag):
             raise ConflictError(f"tag {tag!r} already names version {repo.read_ref(TAGS + tag)}; nothing was "
                                 "committed (the chunks written are reused by the next save)")
+        if not move_latest:
+            manifest.parent = None
+            data = manifest.to_bytes()
+            vid = hex_id(data)
+            repo.store.put_if_absent(MANIFESTS + vid, data, site="manifest")
+            if tag is not None:
+                repo.store.put_atomic(TAGS + tag, refs.encode_ref(vid), site="tag")
+            return vid, len(data)
         for _attempt in range(SWAP_RETRIES):
             head = repo.read_ref_bytes(LATEST_REF)
             manifest.parent = None if head is None else refs.decode_ref(head, what=LATEST_REF)

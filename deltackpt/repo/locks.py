@@ -252,10 +252,37 @@ def live_save_locks(store: Store) -> list[tuple[str, dict | None]]:
         if key.startswith(LOCKS + "save-"):
             info = _holder(store, key)
             if is_stale(store, key, info):
+                if info and _holder_state(info) == "dead":
+                    _delete_temps_of(store, key)
                 store.delete(key, site="lock.save.break")
             else:
                 out.append((key, info))
     return out
+
+
+def _delete_temps_of(store: Store, key: str) -> None:
+    """Delete the temp files the save holding ``key`` wrote for itself (its packs held aside until
+    published); only ever called once that holder is provably dead, so nobody else can use them."""
+    delete = getattr(store, "delete_owned_temps", None)
+    if delete is not None:
+        delete(key[len(LOCKS):])
+
+
+def clear_dead_saves(store: Store, own: str) -> None:
+    """What saves killed here left (spec/FORMAT.md §13): for each save lock whose holder is
+    provably dead (same host, pid namespace and boot; gone, a zombie or a reused pid), delete the
+    temp files named after it, then the lock.  Temp files first: a crash in between leaves the
+    lock, and the next save does the rest.  Locks nobody can prove dead wait for gc and its grace
+    period, as before.  Only stores that hold temp files aside (local ones) have anything to do."""
+    if getattr(store, "delete_owned_temps", None) is None:
+        return
+    for key in store.list(LOCKS):
+        if key == own or not key.startswith(LOCKS + "save-") or key.endswith(".break"):
+            continue
+        info = _holder(store, key)
+        if info and _holder_state(info) == "dead":
+            _delete_temps_of(store, key)
+            _break(store, key, "save", info)
 
 
 def _restamp(store: Store, key: str, body: bytes, kind: str) -> bytes:
@@ -323,6 +350,7 @@ def acquire_save(store: Store, timeout: float = 600.0) -> str:
         gc_info = _holder(store, GC_LOCK)
         if gc_info is None or is_stale(store, GC_LOCK, gc_info):
             _renewers[key] = _Renewer(store, key, body, "save")
+            clear_dead_saves(store, key)
             return key
         store.delete(key, site="lock.save.backoff")
         if time.monotonic() > deadline:
@@ -341,11 +369,12 @@ def release_save(store: Store, key: str) -> None:
 
 
 @contextmanager
-def save_lock(store: Store, timeout: float = 600.0) -> Iterator[None]:
-    """Shared: many saves at once, none while gc deletes."""
+def save_lock(store: Store, timeout: float = 600.0) -> Iterator[str]:
+    """Shared: many saves at once, none while gc deletes.  Yields the lock's name, which the
+    save's temp files carry (:func:`clear_dead_saves`)."""
     key = acquire_save(store, timeout)
     try:
-        yield
+        yield key[len(LOCKS):]
     finally:
         release_save(store, key)
 

@@ -17,20 +17,28 @@ if TYPE_CHECKING:
 
 class Packer:
     """Streams objects into pack files as they arrive (the write syscalls overlap the workers'
-    encoding), then writes one index file for the packs of this save."""
+    encoding), then writes one index file for the packs of this save.
 
-    def __init__(self, repo: Repository, stats: SaveStats) -> None:
+    A full pack is sealed (durable, held aside as a temp file named after ``owner``, the save
+    lock), and every pack is published under its final name only in :meth:`finish`, right before
+    the index: a save stopped earlier (an error, Ctrl-C, a second Ctrl-C at exit) deletes them all
+    in :meth:`abort`, and one killed leaves only temp files the next save deletes once its lock
+    is provably dead (spec/FORMAT.md §13)."""
+
+    def __init__(self, repo: Repository, stats: SaveStats, owner: str | None = None) -> None:
         self.repo = repo
         self.stats = stats
+        self.owner = owner
         self.stream: PackStream | None = None
         self.writer = None
+        self.sealed: list = []   # writers of full packs, published by finish()
         self.written: dict[str, tuple[int, list]] = {}
         self.pending: set[bytes] = set()
 
     def add(self, r) -> None:
         assert r.parts is not None
         if self.stream is None:
-            self.writer = self.repo.store.writer(site="pack")
+            self.writer = self.repo.store.writer(site="pack", owner=self.owner)
             self.stream = PackStream(self.writer.write)
         self.stream.add(r.cid, r.parts, encoding=r.encoding, raw_len=r.raw_len, base=r.base, depth=r.depth)
         self.pending.add(r.cid)
@@ -43,18 +51,25 @@ class Packer:
         stream, writer = self.stream, self.writer
         self.stream = self.writer = None
         pid = stream.finish()
-        writer.commit(pack_key(pid))
+        writer.seal(pack_key(pid))
+        self.sealed.append(writer)
         self.written[pid] = (stream.size, list(stream.entries))
         self.stats.packs += 1
         self.stats.objects_bytes += stream.size
 
     def abort(self) -> None:
-        if self.writer is not None:
-            self.writer.abort()
+        """Delete every pack of this save not yet published (the one being written included)."""
+        for w in [self.writer, *self.sealed]:
+            if w is not None:
+                w.abort()
         self.stream = self.writer = None
+        self.sealed = []
 
     def finish(self) -> None:
         self.flush()
+        while self.sealed:
+            self.sealed[0].publish()
+            self.sealed.pop(0)
         if not self.written:
             return
         data = index_fmt.encode(self.written)

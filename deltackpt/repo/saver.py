@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..codecs.base import ChunkContext
-from ..errors import DeltackptError
 from ..codecs.registry import get as codec_of
+from ..errors import DeltackptError
 from ..format import refs
 from ..format.manifest import Blob, ChunkRef, Manifest, TensorEntry
-from . import background, commit, locks
-from .consolidate import consolidate
+from . import abandon, background, commit, locks
 from .arena import CopyArena
 from .chunk_encoder import SaveContext, encode_one
 from .chunking import chunk_bounds
+from .consolidate import consolidate
 from .packer import Packer
 from .presence import ChunkPresence
 from .repository import Repository
@@ -75,17 +75,24 @@ def default_workers() -> int:
 def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[TensorEntry], tree: Any, *,
                   step: int | None = None, metrics: dict | None = None, meta: Any = None,
                   tag: str | None = None, extra: dict | None = None, workers: int | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> tuple[str, SaveStats]:
-    """Store ``blobs``, then commit a manifest naming ``tensors`` and ``tree``; returns (version id, stats)."""
+                  progress: Callable[[int, int], None] | None = None,
+                  latest: bool = True) -> tuple[str, SaveStats]:
+    """Store ``blobs``, then commit a manifest naming ``tensors`` and ``tree``; returns (version id, stats).
+
+    ``latest=False`` commits it off the training line (an import): ``latest`` does not move, the
+    manifest has no parent and records ``extra["off_line"] = True``, and its chunks follow no head
+    budget (they are not the training line's newest version)."""
     t0 = time.perf_counter()
     if tag is not None:
         refs.check_name(tag)
+    if not latest:
+        extra = {**(extra or {}), "off_line": True}
     commit.check_storable(Manifest(parent=None, time=0.0, tree=tree, tensors=tensors, blobs=[], step=step,
                                    metrics=dict(metrics or {}), meta=meta, extra=dict(extra or {})))
     stats = SaveStats()
     repo.require_present()
-    with locks.save_lock(repo.store):
-        manifest_blobs, _sv = _store_locked(repo, blobs, stats, workers, progress, head=True)
+    with locks.save_lock(repo.store) as lock:
+        manifest_blobs, _sv = _store_locked(repo, blobs, stats, workers, progress, head=latest, owner=lock)
         for t in tensors:
             src = blobs[t.blob]
             t.exact, t.max_abs_err = src.exact, src.max_abs_err
@@ -96,7 +103,10 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
                    "chunks_reused": stats.chunks_reused, "encodings": stats.encodings}
         vid = _commit(repo, Manifest(parent=None, time=time.time(), tree=tree, tensors=tensors,
                                      blobs=manifest_blobs, step=step, metrics=dict(metrics or {}), meta=meta,
-                                     writer=commit.writer_name(), extra={**(extra or {}), "written": written}), stats, tag)
+                                     writer=commit.writer_name(), extra={**(extra or {}), "written": written}), stats, tag,
+                      move_latest=latest)
+        if not latest:  # the delta bases of the training line's next save are not the import's bytes
+            repo.delta_cache.clear()
         _tidy_index(repo)
     background.after_commit(repo)  # older versions' keyframes become deltas later, off this path
     stats.seconds = time.perf_counter() - t0
@@ -117,10 +127,10 @@ def store_blobs(repo: Repository, blobs: list[BlobInput], *, workers: int | None
     t0 = time.perf_counter()
     stats = SaveStats()
     repo.require_present()
-    with locks.save_lock(repo.store):
+    with locks.save_lock(repo.store) as lock:
         # these chunks chain forward on the parent (delta_base "parent"): a commit elsewhere names
         # them, and head.py's bounds are the committing writer's
-        manifest_blobs, _sv = _store_locked(repo, blobs, stats, workers, progress, head=False)
+        manifest_blobs, _sv = _store_locked(repo, blobs, stats, workers, progress, head=False, owner=lock)
     stats.seconds = time.perf_counter() - t0
     return manifest_blobs, stats
 
@@ -138,20 +148,21 @@ def commit_manifest(repo: Repository, manifest: Manifest, *, tag: str | None = N
 
 
 def _store_locked(repo: Repository, blobs: list[BlobInput], stats: SaveStats, workers: int | None,
-                  progress: Callable[[int, int], None] | None, *, head: bool) -> tuple[list[Blob], SaveContext]:
-    """Chunks -> packs -> one index file, under a save lock the caller holds.  A failure leaves no
-    pack under a final name (the streaming writer is aborted)."""
+                  progress: Callable[[int, int], None] | None, *, head: bool,
+                  owner: str | None = None) -> tuple[list[Blob], SaveContext]:
+    """Chunks -> packs -> one index file, under the save lock ``owner`` the caller holds.  A failure
+    before the packs are published leaves no pack under a final name (the packer deletes its own)."""
     repo.refresh_index()
     present = ChunkPresence(repo)
-    sv = SaveContext(repo, present, Packer(repo, stats),
+    sv = SaveContext(repo, present, Packer(repo, stats, owner),
                      head=head and repo.config.delta_base == "child" and repo.config.keyframe_interval > 0)
     manifest_blobs: list[Blob] = []
     try:
         _write_blobs(sv, blobs, stats, manifest_blobs, workers, progress)
+        sv.packer.finish()
     except BaseException:
         sv.packer.abort()
         raise
-    sv.packer.finish()
     if present.missing_packs:
         warnings.warn(f"{repo.location}: {len(present.missing_packs)} pack(s) the index names are missing "
                       f"({', '.join(sorted(present.missing_packs)[:3])}...); this save stored the chunks it needed "
@@ -173,7 +184,7 @@ def _write_blobs(sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, mani
     arena = CopyArena(min(repo.delta_cache.max_bytes,
                            sum(len(b.data) for b, o in zip(blobs, lent)
                                if b.mode == "lossless" and o is None and not hasattr(b.data, "read_range"))))
-    with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
+    with _EncoderPool(workers or default_workers()) as pool:
         for bi, b in enumerate(blobs):
             bounds = chunk_bounds(len(b.data), b.row_bytes, b.itemsize, repo.config.chunk_bytes)
             # a source with read_range (a GPU tensor staged through a host buffer) is read a chunk
@@ -197,6 +208,35 @@ def _write_blobs(sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, mani
     window.finish_ready()
 
 
+class _EncoderPool:
+    """The chunk encoders' threads; inline in the caller's thread once the interpreter refuses new
+    ones (a save made by an ``atexit`` handler runs after concurrent.futures shut down)."""
+
+    def __init__(self, workers: int) -> None:
+        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(max_workers=workers)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        if self._pool is not None:
+            try:
+                return self._pool.submit(fn, *args)
+            except RuntimeError:  # 'cannot schedule new futures after interpreter shutdown'
+                pass
+        fut: Future = Future()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever takes the result, as a pool does
+            fut.set_exception(exc)
+        return fut
+
+    def __enter__(self) -> "_EncoderPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._pool is not None:
+            # an abandoned or failed save does not wait for chunks nobody will take
+            self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
+
+
 class _Window:
     """The chunks in flight across blobs, taken oldest first; a blob joins the manifest (and
     progress moves) once all its chunks are taken, in blob order."""
@@ -213,6 +253,7 @@ class _Window:
         self.in_flight: deque = deque()  # (blob index, chunk index, future), oldest first
 
     def add(self, bi: int, ci: int, fut: Future) -> None:
+        abandon.check()  # the process is exiting and told us not to finish: abort before the next chunk
         self.in_flight.append((bi, ci, fut))
         while len(self.in_flight) >= WINDOW:
             self.consume_oldest()
@@ -270,7 +311,7 @@ def _count(stats: SaveStats, encoding: int) -> None:
     stats.encodings[name] = stats.encodings.get(name, 0) + 1
 
 
-def _commit(repo: Repository, manifest: Manifest, stats: SaveStats, tag: str | None) -> str:
-    vid, stats.manifest_bytes = commit.commit(repo, manifest, tag)
+def _commit(repo: Repository, manifest: Manifest, stats: SaveStats, tag: str | None, move_latest: bool = True) -> str:
+    vid, stats.manifest_bytes = commit.commit(repo, manifest, tag, move_latest=move_latest)
     stats.manifest = manifest
     return vid

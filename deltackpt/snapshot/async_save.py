@@ -41,9 +41,11 @@ training loop saving in the background holds ``MAX_IN_FLIGHT + 1`` staging copie
 Errors: a failed background save raises its exception from :meth:`SaveHandle.wait`, or, when
 nobody waited for it, from the next save to the same repository (which then does not start).
 
-Exit and Ctrl-C: the interpreter's exit waits for the saves in flight (saying so on stderr), and
-the encoder process ignores the terminal's SIGINT, so a Ctrl-C that stops the training loop,
-even inside :meth:`SaveHandle.wait`, still commits the saves already snapshotted.
+Exit, Ctrl-C and SIGTERM (:mod:`.at_exit`): the interpreter's exit (normal, ``sys.exit``, an
+uncaught exception or Ctrl-C) finishes the saves in flight, saying so on stderr; while one is
+pending, SIGTERM stops the script the same way (exit status 143).  A second Ctrl-C abandons them,
+leaving nothing partial.  The encoder process ignores the terminal's SIGINT, so a save it received
+commits even if the training process dies.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ import torch
 from .. import priority
 from ..repo import encoder_process
 from ..repo.versions import Version
-from . import lazy, prefault, staging
+from . import at_exit, lazy, prefault, staging
+from .handle import SaveHandle, boost_unless_done
 
 
 MAX_IN_FLIGHT = 1
@@ -72,7 +75,7 @@ or ``"process"`` (a persistent encoder process fed through shared memory; see
 :mod:`deltackpt.repo.encoder_process`)."""
 
 _executor: ThreadPoolExecutor | None = None
-_lock = threading.Lock()
+_lock = threading.RLock()   # reentrant: the SIGTERM handler lists the pending saves from whatever the main thread was doing
 _in_flight: dict[int, list["SaveHandle"]] = {}   # id(Repository) -> handles not yet collected
 _encoder: encoder_process.EncoderProcess | None = None
 _lazy: list["lazy.LazyCopy"] = []                # lazy copies whose optimizer hooks are still registered
@@ -119,95 +122,17 @@ def _pool() -> ThreadPoolExecutor:
     return _executor
 
 
-class SaveHandle:
-    """A save running in the background.
-
-    Example::
-
-        h = deltackpt.save(state, "ckpt", step=step, blocking=False)
-        ...                      # keep training: the state may change now
-        version = h.wait()       # the committed Version, or the save's exception
-    """
-
-    def __init__(self, future: "Future[Version]", staged_bytes: int, stall_seconds: float,
-                 timing: dict[str, float], deferred: "lazy.LazyCopy | None" = None) -> None:
-        self._future = future
-        self._deferred = deferred
-        self._observed = False
-        self._timing = timing
-        self.staged_bytes = staged_bytes
-        """Bytes of host memory this save's staging copy takes (lent to the delta cache until the
-        next save commits)."""
-        self.stall_seconds = stall_seconds
-        """Seconds the caller was blocked (snapshot of the tensors)."""
-
-    @property
-    def background_seconds(self) -> float | None:
-        """Seconds of background work (hash, encode, write, commit), once done."""
-        return self._timing.get("background")
-
-    @property
-    def lazy_bytes(self) -> int:
-        """Bytes of the snapshot copied after the call returned (``optimizer=``; 0 otherwise)."""
-        return self._deferred.nbytes if self._deferred is not None else 0
-
-    @property
-    def step_wait_seconds(self) -> float:
-        """Seconds ``optimizer.step()`` waited for this save's lazy copy (0 when it was done
-        first): with ``optimizer=``, the loop's stall is ``stall_seconds`` plus this."""
-        return self._deferred.step_wait_seconds if self._deferred is not None else 0.0
-
-    def snapshot_done(self) -> bool:
-        """True once the snapshot is complete: the saved tensors may then change in any way."""
-        return self._deferred is None or self._deferred.done()
-
-    def wait_snapshot(self) -> None:
-        """Block until the lazy part of the snapshot (``optimizer=``) is copied, then unhook the
-        optimizers.  Call it before changing a parameter or optimizer-state tensor outside
-        ``optimizer.step()`` (``model.load_state_dict``, an EMA update into the live weights,
-        ``p.mul_()`` under ``no_grad``).  Call it from the training thread (it unregisters hooks
-        the optimizer iterates in ``step()``).  Raises the copy's error, if any."""
-        if self._deferred is not None:
-            self._deferred.wait()
-            self._deferred.remove_hooks()
-
-    def done(self) -> bool:
-        """True when the save has committed or failed."""
-        return self._future.done()
-
-    def wait(self, timeout: float | None = None) -> Version:
-        """Block until the version is committed and return it; re-raise the save's exception."""
-        self._observed = True
-        _boost_unless_done([self])
-        return self._future.result(timeout)
-
-    def exception(self) -> BaseException | None:
-        return self._future.exception() if self._future.done() else None
-
-    def __repr__(self) -> str:
-        return f"SaveHandle(done={self.done()}, staged_bytes={self.staged_bytes})"
-
-
-def _boost_unless_done(handles: list[SaveHandle]) -> None:
-    """The caller is about to wait for ``handles``: saves still running must no longer yield to
-    anything (:func:`.priority.boost`)."""
-    if any(not h.done() for h in handles):
-        priority.boost()
-
-
 def drain(core: Any, *, keep: int = 0) -> None:
     """Wait until at most ``keep`` saves to ``core`` are in flight; raise the first failure that
     nobody has observed (so a background error surfaces at the next save)."""
     with _lock:
         handles = list(_in_flight.get(id(core), []))
     due = handles[: max(0, len(handles) - keep)]
-    _boost_unless_done(due)
+    boost_unless_done(due)
     for h in due:
-        exc = None
-        try:
-            h._future.result()
-        except BaseException as e:  # noqa: BLE001 - re-raised below unless already seen
-            exc = e
+        # the save's own error, returned; a Ctrl-C during the wait is raised, and the save stays
+        # in flight for the exit to finish
+        exc = h._future.exception()
         with _lock:
             lst = _in_flight.get(id(core), [])
             if h in lst:
@@ -221,12 +146,9 @@ def drain_all() -> None:
     """Wait for every background save of this process (errors are left to their handles)."""
     with _lock:
         handles = [h for lst in _in_flight.values() for h in lst]
-    _boost_unless_done(handles)
+    boost_unless_done(handles)
     for h in handles:
-        try:
-            h._future.result()
-        except BaseException:  # noqa: BLE001
-            pass
+        h._future.exception()   # a Ctrl-C during the wait comes through; a save's error is its handle's
 
 
 def _encoder_process() -> encoder_process.EncoderProcess:
@@ -285,10 +207,12 @@ def submit(core: Any, leaves: list, tree: Any, write: Callable[..., Version],
     stall = time.perf_counter() - t0
     timing: dict[str, float] = {}
 
+    waited = threading.Event()
+
     def work() -> Version:
         start = time.perf_counter()
         ok = False
-        priority.run_idle(BACKGROUND_IDLE)
+        _go_idle(waited)
         try:
             if event is not None:
                 event.synchronize()
@@ -305,28 +229,59 @@ def submit(core: Any, leaves: list, tree: Any, write: Callable[..., Version],
             staging.settle(memory, ok, _encoder, MAX_IN_FLIGHT)
             timing["background"] = time.perf_counter() - start
 
+    return _start(core, work, memory.nbytes, stall, timing, deferred, waited)
+
+
+def _go_idle(waited: threading.Event) -> None:
+    """Enter SCHED_IDLE unless someone already waits for this save: a boost that came before this
+    thread started must not be undone (at exit, on a loaded machine, an idle save may never run).
+    Checked again after entering: a boost in between found this thread normal and left it."""
+    priority.run_idle(BACKGROUND_IDLE and not waited.is_set())
+    if waited.is_set():
+        priority.run_idle(False)
+
+
+def _start(core: Any, work: Callable[[], Any], nbytes: int, stall: float, timing: dict[str, float],
+           deferred: "lazy.LazyCopy | None" = None, waited: threading.Event | None = None) -> SaveHandle:
+    """Queue ``work`` on the save thread and track its handle until someone collects it."""
+    at_exit.arm_sigterm()
     with _lock:  # with release_idle_thread: never submitted to an executor being shut down
-        handle = SaveHandle(_pool().submit(work), memory.nbytes, stall, timing, deferred)
-        _in_flight.setdefault(id(core), []).append(handle)
-    return handle
+        try:
+            future = _pool().submit(work)
+        except RuntimeError:
+            future = None  # the interpreter is exiting (a save made by an atexit handler): no new thread
+        if future is not None:
+            handle = SaveHandle(future, nbytes, stall, timing, deferred, waited)
+            _in_flight.setdefault(id(core), []).append(handle)
+            return handle
+    done: Future = Future()
+    try:
+        done.set_result(work())
+    except BaseException as exc:  # noqa: BLE001 - the handle raises it, as from the thread
+        done.set_exception(exc)
+    return SaveHandle(done, nbytes, stall, timing, deferred)
 
 
-def _finish_at_exit() -> None:
-    """Interpreter exit (an uncaught Ctrl-C included) waits for the saves in flight, as it joins the
-    save thread: say so, so that the wait is not taken for a hang, and stop them yielding the CPU."""
+def _pending() -> list[SaveHandle]:
     with _lock:
-        pending = [h for lst in _in_flight.values() for h in lst if not h.done()]
-    if pending:
-        sys.stderr.write(f"deltackpt: finishing {len(pending)} background save(s) before exit\n")
-        sys.stderr.flush()
-        _boost_unless_done(pending)
+        return [h for lst in _in_flight.values() for h in lst if not h.done()]
 
 
-# runs before concurrent.futures joins the save thread (registered after it; called in reverse)
-try:
-    getattr(threading, "_register_atexit", lambda fn: None)(_finish_at_exit)
-except RuntimeError:
-    pass  # first imported while the interpreter shuts down (a save from an atexit handler): no notice
+def _forget_in_child() -> None:
+    """A forked child (a DataLoader worker) has the handles but no save thread: never wait for them."""
+    global _executor, _encoder, _lock
+    _lock = threading.RLock()
+    _in_flight.clear()
+    _lazy.clear()
+    _executor = None
+    if _encoder is not None:
+        atexit.unregister(_encoder.close)
+        _encoder = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+at_exit.install(_pending, boost_unless_done)
 
 
 def wait_snapshots() -> None:
@@ -356,19 +311,17 @@ def run_after(core: Any, fn: Callable[[], Any]) -> SaveHandle:
     """Queue ``fn`` on the save thread, after every save already submitted (the Checkpointer's
     gc).  Its error surfaces like a save's: at the next save or wait."""
     timing: dict[str, float] = {}
+    waited = threading.Event()
 
     def work() -> Any:
         start = time.perf_counter()
-        priority.run_idle(BACKGROUND_IDLE)
+        _go_idle(waited)
         try:
             return fn()
         finally:
             timing["background"] = time.perf_counter() - start
 
-    with _lock:
-        handle = SaveHandle(_pool().submit(work), 0, 0.0, timing)
-        _in_flight.setdefault(id(core), []).append(handle)
-    return handle
+    return _start(core, work, 0, 0.0, timing, None, waited)
 
 
 def release_idle_thread() -> bool:

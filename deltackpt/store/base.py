@@ -20,7 +20,13 @@ def check_key(key: str) -> str:
 class AtomicWriter:
     """Streams a value whose key is known only at the end (packs are named by their hash).
     Nothing is visible under any key until :meth:`commit`; :meth:`abort` leaves nothing behind.
-    This default buffers in memory and commits with ``put_atomic``; stores override it to stream."""
+    This default buffers in memory and commits with ``put_atomic``; stores override it to stream.
+
+    A save that writes several packs seals each when full (:meth:`seal`: durable, not yet
+    visible where the store can hold it aside, as a local temp file) and publishes them all after
+    its last chunk (:meth:`publish`), so a save stopped before that leaves nothing under a final
+    name (:meth:`abort` deletes a sealed value that was held aside).  This default cannot hold a
+    value aside without keeping it in memory: :meth:`seal` commits it at once."""
 
     def __init__(self, store: "Store", site: str) -> None:
         self._store = store
@@ -35,6 +41,13 @@ class AtomicWriter:
     def commit(self, key: str) -> None:
         self._store.put_atomic(key, b"".join(self._parts), site=self._site)
         self._parts = []
+
+    def seal(self, key: str) -> None:
+        """Make the value durable for ``key`` without showing it yet, where the store can."""
+        self.commit(key)
+
+    def publish(self) -> None:
+        """Show a sealed value under its key (a no-op where :meth:`seal` already did)."""
 
     def abort(self) -> None:
         self._parts = []
@@ -93,8 +106,10 @@ class Store(ABC):
     def delete(self, key: str, *, site: str = "delete") -> None:
         """Remove ``key``; absent keys are not an error."""
 
-    def writer(self, *, site: str = "object") -> AtomicWriter:
-        """A streaming writer for a value committed later under a key chosen then."""
+    def writer(self, *, site: str = "object", owner: str | None = None) -> AtomicWriter:
+        """A streaming writer for a value committed later under a key chosen then.  ``owner``
+        (a save lock's name) marks what it holds aside, so that once that lock is provably dead
+        the next save can delete it (:func:`deltackpt.repo.locks.clear_dead_saves`)."""
         return AtomicWriter(self, site)
 
     def swap(self, key: str, expected: bytes | None, data: bytes, *, site: str = "object") -> bool:

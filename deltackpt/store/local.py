@@ -16,7 +16,7 @@ import stat
 from .. import faults
 from ..errors import LimitExceededError, StoreError
 from .base import AtomicWriter, Store, check_key
-from .local_writer import LocalWriter
+from .local_writer import LocalWriter, owned_temp
 from .local_writer import os_error as _os_error
 from .local_writer import unlink_quiet as _unlink_quiet
 
@@ -221,9 +221,9 @@ class LocalStore(Store):
         os.close(fd)
         return tmp
 
-    def writer(self, *, site: str = "object") -> AtomicWriter:
+    def writer(self, *, site: str = "object", owner: str | None = None) -> AtomicWriter:
         try:
-            return LocalWriter(self, site)
+            return LocalWriter(self, site, owner)
         except OSError as exc:
             raise _os_error(exc, "write", site) from None
 
@@ -285,6 +285,16 @@ class LocalStore(Store):
                 self._fsync_dir(path, site)
         except OSError as exc:
             raise _os_error(exc, "sync", prefix) from None
+
+    def delete_owned_temps(self, owner: str) -> int:
+        """Delete the temp files a writer marked with ``owner`` (a save lock's name: its packs
+        held aside), once that save is provably dead; returns how many."""
+        n = 0
+        for key in self.list(TMP_DIR + "/"):
+            if owned_temp(key[len(TMP_DIR) + 1:], owner):
+                self.delete(key, site="save.temp.delete")
+                n += 1
+        return n
 
     def temp_files(self) -> list[tuple[str, float]]:
         """Leftover temp files from interrupted writes: (key, mtime)."""

@@ -30,14 +30,22 @@ def os_error(exc: OSError, action: str, key: str) -> StoreError:
     return err
 
 
-class LocalWriter(AtomicWriter):
-    """Streams into a temp file; commit = fsync, rename into place, fsync the directory."""
+def owned_temp(name: str, owner: str) -> bool:
+    """Whether the temp file ``name`` (under ``tmp/``) was written for ``owner`` (a save lock's name)."""
+    return name.startswith(tuple(f"{site}.{owner}." for site in ("pack",)))
 
-    def __init__(self, store: "LocalStore", site: str) -> None:
+
+class LocalWriter(AtomicWriter):
+    """Streams into a temp file; commit = fsync, rename into place, fsync the directory.  A
+    sealed file (fsynced, closed) stays under ``tmp/`` until :meth:`publish` renames it."""
+
+    def __init__(self, store: "LocalStore", site: str, owner: str | None = None) -> None:
         super().__init__(store, site)
         self._local = store
         tmp_dir = store._tmp_dir()
-        self._tmp = os.path.join(tmp_dir, f"{site}.{secrets.token_hex(6)}.tmp")
+        mark = f"{owner}." if owner else ""   # see owned_temp: a dead save's files are found by it
+        self._tmp = os.path.join(tmp_dir, f"{site}.{mark}{secrets.token_hex(6)}.tmp")
+        self._key: str | None = None          # sealed for this key, not yet published
         self._fd: int | None = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                                        | getattr(os, "O_CLOEXEC", 0), 0o644)
         self._synced = 0                              # bytes a background fdatasync was started for
@@ -90,18 +98,33 @@ class LocalWriter(AtomicWriter):
             raise os_error(exc, "write", self._tmp) from None
 
     def commit(self, key: str) -> None:
+        self.seal(key)
+        self.publish()
+
+    def seal(self, key: str) -> None:
         assert self._fd is not None
-        path = self._local._path(key)
         try:
-            self._local._check_dirs(path)
+            self._local._check_dirs(self._local._path(key))
             self._join_sync()
             faults.hit(f"{self._site}.fsync")
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
+            self._key = key
+        except OSError as exc:
+            self.abort()
+            raise os_error(exc, "write", key) from None
+
+    def publish(self) -> None:
+        key = self._key
+        assert key is not None
+        path = self._local._path(key)
+        try:
+            self._local._check_dirs(path)
             self._local._makedirs(os.path.dirname(path))
             faults.hit(f"{self._site}.rename")
             os.replace(self._tmp, path)
+            self._key = None
             self._local._fsync_dir(os.path.dirname(path), self._site)
         except OSError as exc:
             self.abort()
@@ -118,7 +141,8 @@ class LocalWriter(AtomicWriter):
             except OSError:
                 pass
             self._fd = None
-        unlink_quiet(self._tmp)
+        self._key = None
+        unlink_quiet(self._tmp)  # after a publish: already renamed, nothing to delete
 
 
 def unlink_quiet(path: str) -> None:

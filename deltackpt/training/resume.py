@@ -18,10 +18,11 @@ from typing import Any
 import torch
 
 from ..api import Repo, open_repo
-from ..errors import DeltackptError, NotARepositoryError, StateMismatchError, UnknownVersionError
+from ..errors import DeltackptError, NotARepositoryError, UnknownVersionError
 from ..repo.versions import Version
 from ..snapshot import async_save
 from . import rng
+from .parts import check_parts
 
 
 @dataclass
@@ -39,14 +40,20 @@ class ResumeInfo:
 def _candidates(r: Repo, version: "str | Version") -> list[str]:
     if isinstance(version, str) and version in ("latest", "HEAD"):
         # newest first, including a version whose ref never moved, and one whose manifest is
-        # damaged (its load fails typed, so it is skipped with a warning naming it)
-        history = [vid for vid, _m in r.core.scan()]
+        # damaged (its load fails typed, so it is skipped with a warning naming it); never one
+        # committed off the training line (an import: weights, not a training state)
+        history = [vid for vid, m in r.core.scan() if not _off_line(m)]
         latest = r.core.latest()
         if latest in history:       # the ref names the newest committed one: try it first
             history.remove(latest)
             history.insert(0, latest)
         return history
     return [r.core.resolve(version)]
+
+
+def _off_line(m: Any) -> bool:
+    extra = getattr(m, "extra", None)
+    return isinstance(extra, dict) and extra.get("off_line") is True
 
 
 def resume(repo: "str | os.PathLike | Repo", *, model: "torch.nn.Module | None" = None, optimizer: Any = None,
@@ -133,17 +140,15 @@ def _load_near(r: Any, vid: str, model: Any, optimizer: Any) -> tuple[Any, Versi
 
 
 def _apply(state: Any, v: Version, **parts: Any) -> None:
-    if not isinstance(state, dict):
-        raise StateMismatchError(f"version {v.short_id} is not a training state (a dict); use deltackpt.load")
     strict = parts.pop("strict")
     restore_rng = parts.pop("restore_rng")
+    # every part against the version before the first write: all or nothing
+    check_parts(state, f"version {v.short_id}", parts, strict=strict, rng_too=restore_rng)
     # a lazy save (to any repository) may still be copying the live tensors this writes into
     async_save.wait_snapshots()
     for name, target in parts.items():
         if target is None:
             continue
-        if name not in state:
-            raise StateMismatchError(f"version {v.short_id} holds no {name!r} entry to restore")
         if name == "model":
             target.load_state_dict(state[name], strict=strict)
         else:

@@ -43,21 +43,45 @@ def capture() -> dict[str, Any]:
     return out
 
 
-def restore(state: dict[str, Any]) -> None:
-    """Put back what :func:`capture` returned (as loaded from a repository)."""
+def check(state: Any) -> None:
+    """Raise :class:`StateMismatchError` if :func:`restore` would refuse ``state``; sets nothing."""
+    _parsed(state)
+
+
+def _parsed(state: Any) -> tuple:
     try:
         py, npy = state["python"], state["numpy"]
         internal = tuple(int(x) for x in py["internal"].tolist())
-        random.setstate((int(py["version"]), internal, py["gauss_next"]))
+        python = (int(py["version"]), internal, py["gauss_next"])
         keys = npy["keys"].numpy().astype(np.uint32)
-        np.random.set_state((npy["kind"], keys, int(npy["pos"]), int(npy["has_gauss"]),
-                             float(npy["cached_gaussian"])))
-        torch.set_rng_state(state["torch"].to(torch.uint8).cpu())
+        numpy_state = (str(npy["kind"]), keys, int(npy["pos"]), int(npy["has_gauss"]), float(npy["cached_gaussian"]))
+        cpu = state["torch"].to(torch.uint8).cpu()
+        cuda = state.get("cuda")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise StateMismatchError(f"rng state is not what deltackpt.training.rng.capture() writes: {exc}") from None
-    cuda = state.get("cuda")
+    # the sizes the setters check, checked before the first of them runs
+    sizes = {"python": (len(internal), len(random.getstate()[1])), "numpy": (keys.size, 624),
+             "torch": (cpu.numel(), torch.get_rng_state().numel())}
+    wrong = [f"{k} holds {got} values, not {want}" for k, (got, want) in sizes.items() if got != want]
+    if wrong or numpy_state[0] != "MT19937":
+        raise StateMismatchError(f"rng state is not what deltackpt.training.rng.capture() writes: "
+                                 f"{'; '.join(wrong) or 'numpy kind ' + repr(numpy_state[0])}")
     if cuda and torch.cuda.is_available():
         n = torch.cuda.device_count()
         if len(cuda) != n:
             raise StateMismatchError(f"rng state holds {len(cuda)} CUDA generators, this process sees {n} devices")
+    return python, numpy_state, cpu, cuda
+
+
+def restore(state: dict[str, Any]) -> None:
+    """Put back what :func:`capture` returned (as loaded from a repository); a state it did not
+    write is refused before any generator is set."""
+    python, numpy_state, cpu, cuda = _parsed(state)
+    try:
+        random.setstate(python)
+        np.random.set_state(numpy_state)
+        torch.set_rng_state(cpu)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise StateMismatchError(f"rng state is not what deltackpt.training.rng.capture() writes: {exc}") from None
+    if cuda and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.to(torch.uint8).cpu() for s in cuda])

@@ -118,7 +118,10 @@ def _restore_parts(handle: Repo, vid: str, parts: Parts) -> tuple[Version, dict]
         version = restore(parts.model, handle, vid, optimizer=parts.optimizer)
     else:
         version = handle.core.version(vid)
-    rest = load(handle, vid, layers=list(SMALL_PARTS))
+    # the small parts' tensors (a GradScaler's scale, RNG states); a part without any (a scheduler)
+    # comes with the tree, and naming it as a layer would be refused as selecting nothing
+    names = [t.name for t in handle.core.manifest(vid).tensors]
+    rest = load(handle, vid, layers=[p for p in SMALL_PARTS if any(n == p or n.startswith(p + ".") for n in names)])
     for name in ("scheduler", "scaler", "sampler"):
         if wanted[name] is not None:
             wanted[name].load_state_dict(rest[name])

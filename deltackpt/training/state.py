@@ -86,9 +86,20 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
             out["reshuffled"] = [list(p) for p in self.reshuffled]
         return out
 
+    def check_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Raise :class:`StateMismatchError` if :meth:`load_state_dict` would refuse ``state``."""
+        try:
+            n, _, _, _ = (int(state[k]) for k in ("n", "seed", "epoch", "consumed"))
+            for a, b in state.get("reshuffled", []):   # windows a divergence guard reshuffled
+                int(a), int(b)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise StateMismatchError(f"sampler state is not what ResumableSampler.state_dict() writes: "
+                                     f"{type(exc).__name__}: {exc}") from None
+        if n != self.n:
+            raise StateMismatchError(f"sampler was saved over {n} items, this one has {self.n}")
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if int(state["n"]) != self.n:
-            raise StateMismatchError(f"sampler was saved over {state['n']} items, this one has {self.n}")
+        self.check_state_dict(state)
         self.seed, self.epoch, self.consumed = int(state["seed"]), int(state["epoch"]), int(state["consumed"])
         self.reshuffled = [[int(a), int(b)] for a, b in state.get("reshuffled", [])]
 

@@ -11,6 +11,7 @@ import enum
 import os
 import pickle
 import secrets
+import tempfile
 import threading
 
 import pytest
@@ -183,16 +184,32 @@ def test_ddp_spawn_with_two_processes(tmp_path, repo_path):
     trainer, _ = _trainer(tmp_path, DeltackptIO(repo_path), 4, ckpts, **kw)
     model = Tiny()
     trainer.fit(model, _loader())
-    # the spawn launcher also hands rank 0's final weights back through the plugin (a step-less
-    # version whose pointer and tag it removes again)
+    # the spawn launcher also hands rank 0's final weights back through the plugin: a transfer
+    # written as a plain file, read by the main process and removed, never a (step-less) version
     repo = deltackpt.Repo(repo_path)
-    assert sorted({v.step for v in repo.log()} - {None}) == [2, 4] and not any(".temp" in t for t in repo.tags())
+    assert sorted({v.step for v in repo.log()}) == [2, 4] and not any(".temp" in t for t in repo.tags())
+    assert all(v.step is not None and "lightning_path" in v.meta for v in repo.log())
     saved = deltackpt.load(repo_path, "ckpt-last")["state_dict"]
-    assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())   # the hand-back arrived
     trainer2, _ = _trainer(tmp_path, DeltackptIO(repo_path), 6, ckpts, **kw)
     trainer2.fit(Tiny(), _loader(), ckpt_path=os.path.join(ckpts, "last.ckpt"))
     assert deltackpt.Repo(repo_path).resolve("ckpt-last").step == 6
     assert deltackpt.Repo(repo_path).verify().ok
+
+
+def test_the_spawn_hand_back_is_a_plain_file_not_a_version(repo_path):
+    """What the spawn launchers do with rank 0's weights: save to <mkdtemp>/.temp.ckpt, load, remove.
+    No version, no tag; the weights come back bit for bit; the file and its temp folder are gone."""
+    io = DeltackptIO(repo_path)
+    weights = {"net.weight": torch.randn(8, 4), "net.bias": torch.randn(8)}
+    folder = tempfile.mkdtemp()
+    path = os.path.join(folder, ".temp.ckpt")
+    io.save_checkpoint(weights, path)
+    assert deltackpt.Repo(repo_path).log() == [] and not deltackpt.Repo(repo_path).tags()
+    back = io.load_checkpoint(path)
+    assert all(torch.equal(back[k], v) for k, v in weights.items())
+    io.remove_checkpoint(path)
+    assert not os.path.exists(folder)
 
 
 # 3. a missing ckpt_path ----------------------------------------------------------------------------
@@ -204,6 +221,10 @@ def test_missing_ckpt_path_is_file_not_found(tmp_path, repo_path):
         trainer.fit(Tiny(), _loader(), ckpt_path=str(tmp_path / "nope.ckpt"))
     assert isinstance(info.value, CheckpointNotFoundError) and isinstance(info.value, UnknownVersionError)
     assert isinstance(info.value, KeyError) and "nope.ckpt" in str(info.value)
+    # Lightning's own message first (its tests match on it), ours after it
+    missing = str(tmp_path / "nope.ckpt")
+    assert str(info.value).startswith(f"Checkpoint file not found: {missing} (no deltackpt pointer file there, "
+                                      "and not a revision of "), str(info.value)
 
 
 # 4. config objects -----------------------------------------------------------------------------------

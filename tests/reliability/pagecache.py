@@ -130,7 +130,7 @@ class PageCacheStore(LocalStore):
         os.unlink(path)
         self.live.pop(path, None)
 
-    def writer(self, *, site: str = "object") -> AtomicWriter:
+    def writer(self, *, site: str = "object", owner: str | None = None) -> AtomicWriter:
         return _Writer(self, site)
 
     def put_atomic(self, key: str, data: bytes, *, site: str = "object") -> None:

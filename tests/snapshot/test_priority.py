@@ -84,6 +84,23 @@ def test_a_save_waited_for_by_the_next_one_is_boosted_too(tmp_path):
     repo.close()
 
 
+def test_a_save_waited_for_before_its_thread_starts_never_runs_idle(tmp_path):
+    """Someone waits for a job still queued behind another (the exit drain right after the last
+    save): when it starts, it stays at normal priority.  It used to enter SCHED_IDLE after the
+    boost, and on a loaded machine an idle save at exit may never run (the script hung)."""
+    repo = deltackpt.Repo(str(tmp_path / "repo"), create=True)
+    gate = threading.Event()
+    async_save.run_after(repo.core, gate.wait)              # the save thread is busy
+    queued = async_save.run_after(repo.core, _policy)       # reports its policy when it starts
+    waiter = threading.Thread(target=queued.wait)
+    waiter.start()
+    _until(lambda: queued._waited.is_set())
+    gate.set()
+    waiter.join(30)
+    assert queued.wait() == os.SCHED_OTHER
+    repo.close()
+
+
 def test_with_idle_off_background_saves_run_at_normal_priority(tmp_path, monkeypatch):
     monkeypatch.setattr(async_save, "BACKGROUND_IDLE", False)
     repo = deltackpt.Repo(str(tmp_path / "repo"), create=True)
