@@ -57,8 +57,8 @@ class DeltifyReport:
 
     chunks: int = 0             # keyframes re-stored as deltas
     keyframe_bytes: int = 0     # their keyframes' stored bytes
-    written_bytes: int = 0      # bytes written: new deltas, and objects copied out of rewritten packs
-    freed_bytes: int = 0        # pack bytes removed, net of rewritten packs
+    written_bytes: int = 0      # bytes written: new deltas, packs rewritten, index files
+    freed_bytes: int = 0        # bytes deleted: packs dropped or replaced, index files replaced
     remaining: int = 0          # candidates left for a later run (bounded work)
     seconds: float = 0.0
     encodings: dict[str, int] = field(default_factory=dict)
@@ -123,9 +123,10 @@ def deltify_locked(repo: Repository, *, lag: int = DEFAULT_LAG, max_bytes: int |
         packer.abort()
         raise
     packer.finish()
-    report.written_bytes += stats.objects_bytes
+    report.written_bytes += stats.objects_bytes + packer.index_bytes
     if restored:
-        report.freed_bytes = drop_superseded(repo, restored, head)
+        freed, written = drop_superseded(repo, restored, head)
+        report.freed_bytes, report.written_bytes = freed, report.written_bytes + written
     report.seconds = time.perf_counter() - t0
     return report
 

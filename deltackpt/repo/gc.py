@@ -51,7 +51,9 @@ class GcReport:
     bases_kept: int = 0
     temps_deleted: int = 0
     chunks_deltified: int = 0      # kept keyframes re-stored as deltas against newer chunks (deltify.py)
-    deltified_bytes: int = 0       # the bytes those deltas took
+    deltified_bytes: int = 0       # the bytes deltification wrote (its deltas, objects of packs it rewrote)
+    deltify_freed_bytes: int = 0   # and the pack bytes it removed; not in reclaimed_bytes (gc's own,
+                                   # which a dry run reports exactly): the disk's change adds both
     events_deleted: int = 0
     tags_deleted: list[str] = field(default_factory=list)
     steps: dict[str, int | None] = field(default_factory=dict)  # version id -> step, for reports
@@ -62,6 +64,7 @@ class GcReport:
                 "packs_rewritten": self.packs_rewritten, "chunks_rebased": self.chunks_rebased,
                 "bases_kept": self.bases_kept, "temps_deleted": self.temps_deleted,
                 "chunks_deltified": self.chunks_deltified, "deltified_bytes": self.deltified_bytes,
+                "deltify_freed_bytes": self.deltify_freed_bytes,
                 "events_deleted": self.events_deleted,
                 "tags_deleted": self.tags_deleted, "steps": self.steps}
 
@@ -107,8 +110,8 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
             # what the kept versions still hold whole becomes deltas, leaving the versions the
             # policy keeps only for now (keep_last) as they are: they are next to go
             d = deltify_locked(repo, lag=max(DEFAULT_LAG, policy.keep_last or 0))
-            report.chunks_deltified, report.deltified_bytes = d.chunks, d.written_bytes
-            report.reclaimed_bytes += d.freed_bytes - d.written_bytes
+            report.chunks_deltified, report.deltified_bytes, report.deltify_freed_bytes = \
+                d.chunks, d.written_bytes, d.freed_bytes
     return report
 
 

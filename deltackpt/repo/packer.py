@@ -33,6 +33,7 @@ class Packer:
         self.writer = None
         self.sealed: list = []   # writers of full packs, published by finish()
         self.written: dict[str, tuple[int, list]] = {}
+        self.index_bytes = 0   # the index file finish() wrote
         self.pending: set[bytes] = set()
 
     def add(self, r) -> None:
@@ -75,6 +76,7 @@ class Packer:
         data = index_fmt.encode(self.written)
         key = INDEX + hex_id(data)
         self.repo.store.put_atomic(key, data, site="index")
+        self.index_bytes = len(data)
         for pid, (_plen, entries) in self.written.items():
             self.repo.add_index_entries(pid, entries)
         self.repo.note_index_file(key, self.written)

@@ -55,37 +55,39 @@ def _plan(repo: Repository, candidates: set[str], protected: set[bytes],
             return keep
 
 
-def drop_superseded(repo: Repository, restored: set[bytes], protected: set[bytes]) -> int:
+def drop_superseded(repo: Repository, restored: set[bytes], protected: set[bytes]) -> tuple[int, int]:
     """Remove the packs whose keyframes of ``restored`` chunks are now redundant; ``protected``:
-    chunks whose copy must stay as it is (those the newest versions read).  Returns the bytes
-    removed (net of any rewritten pack)."""
+    chunks whose copy must stay as it is (those the newest versions read).  Returns (bytes deleted,
+    bytes written): the packs and index files each side, so the repository shrinks by the difference."""
     store = repo.store
     with locks.refs_lock(store):
         repo.refresh_index()
         on_disk = {key.rsplit("/", 1)[-1] for key in store.list(PACKS)}
         candidates = {pid for cid in restored for pid, e in repo.entries_for(cid) if e.base is None and pid in on_disk}
         if not candidates:
-            return 0
+            return 0, 0
         keep = _plan(repo, candidates, protected, on_disk)
-        files = {key: index_fmt.decode(store.get_bounded(key, MAX_INDEX_BYTES), what=key)
-                 for key, named in repo.index_file_packs.items() if named & candidates}
+        raw = {key: store.get_bounded(key, MAX_INDEX_BYTES)
+               for key, named in repo.index_file_packs.items() if named & candidates}
+        files = {key: index_fmt.decode(data, what=key) for key, data in raw.items()}
         sizes = {pid: plen for body in files.values() for pid, (plen, _) in body.items()}
         builder = PackBuilder()
         drop = _choose_drops(repo, candidates, keep, sizes, builder)
         if not drop:
-            return 0
+            return 0, 0
         new_packs: dict[str, tuple[int, list[PackEntry]]] = {}
         if len(builder):
             data = builder.finish()
             new_packs[hex_id(data)] = (len(data), list(builder.entries))
             store.put_atomic(pack_key(hex_id(data)), data, site="supersede.pack")
-        replaced, added = _write_replacements(repo, files, drop, new_packs)
+        written = sum(plen for plen, _ in new_packs.values())
+        replaced, added, index_written = _write_replacements(repo, files, drop, new_packs)
         for key in replaced:
             store.delete(key, site="supersede.index.delete")
         sync = getattr(store, "sync_dir", None)
         if sync is not None:  # no replaced index file may come back after a crash naming a dropped pack
             sync(INDEX, site="supersede.dir")
-        freed = 0
+        freed = sum(len(raw[key]) for key in replaced)
         for pid in sorted(drop):
             try:
                 store.delete(pack_key(pid), site="supersede.delete")
@@ -93,7 +95,7 @@ def drop_superseded(repo: Repository, restored: set[bytes], protected: set[bytes
             except FileNotFoundError:
                 pass
         repo.replace_index_files(replaced, added)
-        return freed - sum(plen for body in added.values() for pid, (plen, _) in body.items() if pid not in sizes)
+        return freed, written + index_written
 
 
 def _choose_drops(repo: Repository, candidates: set[str], keep: dict[str, list[PackEntry]],
@@ -116,10 +118,12 @@ def _choose_drops(repo: Repository, candidates: set[str], keep: dict[str, list[P
 
 def _write_replacements(repo: Repository, files: dict[str, dict[str, tuple[int, list[PackEntry]]]], drop: set[str],
                         new_packs: dict[str, tuple[int, list[PackEntry]]],
-                        ) -> tuple[list[str], dict[str, dict[str, tuple[int, list[PackEntry]]]]]:
+                        ) -> tuple[list[str], dict[str, dict[str, tuple[int, list[PackEntry]]]], int]:
     """Write an index file for each one naming a dropped pack: the same packs less the dropped
-    ones (the first also names ``new_packs``).  Returns the files replaced and those written."""
+    ones (the first also names ``new_packs``).  Returns the files replaced, those written and their
+    bytes."""
     replaced: list[str] = []
+    written = 0
     added: dict[str, dict[str, tuple[int, list[PackEntry]]]] = {}
     for key, body in sorted(files.items()):
         if not set(body) & drop:
@@ -132,5 +136,6 @@ def _write_replacements(repo: Repository, files: dict[str, dict[str, tuple[int, 
             new_key = INDEX + hex_id(out)
             repo.store.put_atomic(new_key, out, site="supersede.index")
             added[new_key] = rest
+            written += len(out)
         replaced.append(key)
-    return replaced, added
+    return replaced, added, written
