@@ -92,7 +92,7 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
             pid = hex_id(data)
             repo.store.put_atomic(pack_key(pid), data, site="gc.pack")
             new_packs[pid] = (len(data), entries)
-        report.packs_rewritten = len(p.rewrite)
+        report.packs_rewritten = len({pid for pid, _ in p.rewrite} - set(p.keep_packs))
 
         index_bytes_saved = _write_one_index(repo, {**p.keep_packs, **new_packs}, sync)
         deleted_bytes = _delete_packs(repo, p, early, new_packs, report)
@@ -127,7 +127,7 @@ def _estimate(repo: Repository, policy: Retention, report: GcReport, rebase: boo
     report.reclaimed_bytes = (p.old_bytes - sum(p.packs_on_disk.values())) + _index_bytes(repo) - new_index + \
         sum(p.packs_on_disk[pid] for pid in p.doomed) - sum(size for size, _ in new_packs.values())
     report.packs_deleted = len(p.doomed) - len(p.rewrite)
-    report.packs_rewritten = len(p.rewrite)
+    report.packs_rewritten = len({pid for pid, _ in p.rewrite} - set(p.keep_packs))
     report.events_deleted = events.prune(repo, dry_run=True)
     return report
 

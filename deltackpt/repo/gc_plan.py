@@ -141,21 +141,26 @@ def _sort_packs(by_pack: dict[str, list[PackEntry]], packs_on_disk: dict[str, in
                 chosen: dict[bytes, tuple[str, PackEntry]], to_rebase: set[bytes],
                 ) -> tuple[dict[str, tuple[int, list[PackEntry]]], list[tuple[str, list[PackEntry]]]]:
     """Split the indexed packs holding live copies into those kept as they are and those rewritten
-    (mostly dead, or holding a chunk to rebase)."""
+    (mostly dead).  A chunk to rebase is re-encoded into the new packs either way; a pack kept
+    holds its old object unindexed (a delta with one chunk to rebase does not cost rewriting
+    every other object of its pack: a version's whole keyframe set, in a dense fine-tune)."""
     keep_packs: dict[str, tuple[int, list[PackEntry]]] = {}
     rewrite: list[tuple[str, list[PackEntry]]] = []
     for pid, entries in by_pack.items():
         if pid not in packs_on_disk:
             continue
         live_entries = [e for e in entries if e.chunk_id in live and chosen[e.chunk_id][0] == pid]
-        dead_bytes = sum(e.length for e in entries) - sum(e.length for e in live_entries)
-        needs_rebase = any(e.chunk_id in to_rebase for e in live_entries)
         if not live_entries:
             continue
-        if needs_rebase or dead_bytes > REPACK_DEAD_FRACTION * packs_on_disk[pid]:
+        staying = [e for e in live_entries if e.chunk_id not in to_rebase]
+        dead_bytes = sum(e.length for e in entries) - sum(e.length for e in staying)
+        if dead_bytes > REPACK_DEAD_FRACTION * packs_on_disk[pid]:
             rewrite.append((pid, live_entries))
-        else:
-            keep_packs[pid] = (packs_on_disk[pid], live_entries)
+            continue
+        if staying:
+            keep_packs[pid] = (packs_on_disk[pid], staying)
+        if len(staying) < len(live_entries):   # only its chunks to rebase go to the new packs
+            rewrite.append((pid, [e for e in live_entries if e.chunk_id in to_rebase]))
     return keep_packs, rewrite
 
 
