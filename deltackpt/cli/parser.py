@@ -100,8 +100,9 @@ def _init(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--keyframe-interval", type=int, metavar="N",
                     help="store a chunk whole at least every N versions, bounding delta chains (default 8)")
     sp.add_argument("--delta-base", choices=["child", "parent", "keyframe"], metavar="BASE",
-                    help="child (default): the newest version whole, older ones deltas against newer "
-                         "chunks; parent: forward chains (cheaper saves, slower newest restore); "
+                    help="child (default): a save writes each changed chunk once (a small delta, or whole), "
+                         "older versions become deltas against newer ones later; parent: every change a "
+                         "delta against the previous save (smaller saves, slower newest restore); "
                          "keyframe: deltas against each chunk's last keyframe")
 
 
