@@ -42,8 +42,9 @@ class Repo(Handle):
     calls.  ``delta_cache_bytes=0`` turns it off (every chunk that changed is then a keyframe).
 
     ``delta_base`` (stored in the config by ``Repo.init``) picks the topology: ``"child"`` (the
-    default of format 2) stores the newest version whole and older ones as deltas against newer
-    chunks, so ``resume`` reads one object per chunk; ``"parent"`` chains deltas forward (cheaper
+    default of format 2) writes each changed chunk once, whole or as a small forward delta, so
+    ``resume`` reads about one object per chunk, and later re-stores older versions as deltas
+    against newer chunks (:meth:`deltify`); ``"parent"`` chains every change forward (the smallest
     saves, the newest version the dearest to read); ``"keyframe"`` takes every lossless delta
     against its chunk's last keyframe.  bench/DELTAS.md compares them.
     """

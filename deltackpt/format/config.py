@@ -4,8 +4,9 @@
                           "chunk_bytes": int, "keyframe_interval": int, ["delta_base": str]}
 
 ``delta_base`` says what writers take lossless deltas against: ``"child"`` (format 2 only, its
-default: the newest version of every chunk is stored whole and the one before it becomes a delta
-against it, so the newest version is one read away), ``"parent"`` (the chunk at the same place in
+default: a save writes a changed chunk whole or as a small forward delta, so the newest version is
+about one read away, and older versions become deltas against newer chunks later, spec §10),
+``"parent"`` (the chunk at the same place in
 the previous save: a forward chain, depth <= keyframe_interval; format 1's default, written only
 when different there) or ``"keyframe"`` (that place's last keyframe: a star, depth <= 1).  Readers
 need it not: every delta names its base.
