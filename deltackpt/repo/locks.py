@@ -184,7 +184,7 @@ def _break(store: Store, key: str, kind: str, info: dict) -> None:
     included) they judged stale.
     """
     guard = key + ".break"
-    if not store.put_if_absent(guard, _body(kind + ".break", secrets.token_hex(8)), site=f"lock.{kind}.guard"):
+    if not store.put_if_absent(guard, _body(kind + ".break", secrets.token_hex(8)), site=f"lock.{kind}.guard", durable=False):
         ginfo = _holder(store, guard)
         if ginfo is not None and is_stale(store, guard, ginfo):  # a breaker died mid-break
             store.delete(guard, site=f"lock.{kind}.guard.break")
@@ -198,7 +198,7 @@ def _break(store: Store, key: str, kind: str, info: dict) -> None:
 
 def _put_lock(store: Store, key: str, body: bytes, kind: str, full_disk_ok: bool) -> tuple[bool, bytes]:
     try:
-        return store.put_if_absent(key, body, site=f"lock.{kind}"), body
+        return store.put_if_absent(key, body, site=f"lock.{kind}", durable=False), body
     except StoreError as exc:
         if not full_disk_ok or exc.errno != errno.ENOSPC:
             raise
@@ -207,7 +207,7 @@ def _put_lock(store: Store, key: str, body: bytes, kind: str, full_disk_ok: bool
             return True, body  # it landed; only making its folder entry durable failed
     # a full disk: an empty file needs no data block.  It names no holder, so nobody can prove
     # it dead: if we die holding it, only its lease breaks it.  :func:`_restamp` fills it in.
-    return store.put_if_absent(key, b"", site=f"lock.{kind}"), b""
+    return store.put_if_absent(key, b"", site=f"lock.{kind}", durable=False), b""
 
 
 def _acquire(store: Store, key: str, kind: str, timeout: float, full_disk_ok: bool = False) -> bytes:
@@ -294,7 +294,7 @@ def _restamp(store: Store, key: str, body: bytes, kind: str) -> bytes:
     try:
         if store.get(key, 0, len(body) + 1) != body:
             return body  # no longer ours (broken after its lease): leave it alone
-        store.put_atomic(key, new, site=f"lock.{kind}.restamp")
+        store.put_atomic(key, new, site=f"lock.{kind}.restamp", durable=False)
     except (StoreError, OSError):
         return body
     return new
@@ -327,7 +327,7 @@ class _Renewer:
                 try:
                     # only our own lock: one broken after its lease (we were frozen) stays broken
                     if self.body and self.store.get(self.key, 0, len(self.body) + 1) == self.body:
-                        self.store.put_atomic(self.key, self.body, site=f"lock.{self.kind}.renew")
+                        self.store.put_atomic(self.key, self.body, site=f"lock.{self.kind}.renew", durable=False)
                 except (StoreError, OSError):
                     pass  # the next renewal may work: the lease is 12 renewals long
 
@@ -346,7 +346,7 @@ def acquire_save(store: Store, timeout: float = 600.0) -> str:
     deadline = time.monotonic() + timeout
     while True:
         body = _body("save")
-        store.put_atomic(key, body, site="lock.save")
+        store.put_atomic(key, body, site="lock.save", durable=False)
         gc_info = _holder(store, GC_LOCK)
         if gc_info is None or is_stale(store, GC_LOCK, gc_info):
             _renewers[key] = _Renewer(store, key, body, "save")

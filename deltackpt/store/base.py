@@ -91,12 +91,14 @@ class Store(ABC):
         """Last modification time (unix seconds); used for grace periods."""
 
     @abstractmethod
-    def put_atomic(self, key: str, data: bytes, *, site: str = "object") -> None:
-        """Create or replace ``key`` atomically and durably."""
+    def put_atomic(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> None:
+        """Create or replace ``key`` atomically, and durably unless ``durable`` is False (a lock
+        file: it matters only while its writer lives, so a crash may lose it)."""
 
     @abstractmethod
-    def put_if_absent(self, key: str, data: bytes, *, site: str = "object") -> bool:
-        """Create ``key`` unless it exists; True when this call created it."""
+    def put_if_absent(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> bool:
+        """Create ``key`` unless it exists; True when this call created it (``durable``: as
+        :meth:`put_atomic`)."""
 
     @abstractmethod
     def list(self, prefix: str) -> list[str]:
@@ -167,11 +169,11 @@ class WrappingStore(Store):
     def mtime(self, key: str) -> float:
         return self.inner.mtime(key)
 
-    def put_atomic(self, key: str, data: bytes, *, site: str = "object") -> None:
-        self.inner.put_atomic(key, data, site=site)
+    def put_atomic(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> None:
+        self.inner.put_atomic(key, data, site=site, durable=durable)
 
-    def put_if_absent(self, key: str, data: bytes, *, site: str = "object") -> bool:
-        return self.inner.put_if_absent(key, data, site=site)
+    def put_if_absent(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> bool:
+        return self.inner.put_if_absent(key, data, site=site, durable=durable)
 
     def swap(self, key: str, expected: bytes | None, data: bytes, *, site: str = "object") -> bool:
         return self.inner.swap(key, expected, data, site=site)

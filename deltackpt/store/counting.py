@@ -35,14 +35,14 @@ class CountingStore(WrappingStore):
             self.reads.append((key, len(data)))
         return data
 
-    def put_atomic(self, key: str, data: bytes, *, site: str = "object") -> None:
-        self.inner.put_atomic(key, data, site=site)
+    def put_atomic(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> None:
+        self.inner.put_atomic(key, data, site=site, durable=durable)
         with self._lock:
             self.puts += 1
             self.bytes_written += len(data)
 
-    def put_if_absent(self, key: str, data: bytes, *, site: str = "object") -> bool:
-        ok = self.inner.put_if_absent(key, data, site=site)
+    def put_if_absent(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> bool:
+        ok = self.inner.put_if_absent(key, data, site=site, durable=durable)
         with self._lock:
             self.puts += 1
             self.bytes_written += len(data) if ok else 0

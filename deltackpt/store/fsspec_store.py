@@ -184,7 +184,7 @@ class FsspecStore(Store):
             kwargs["chunksize"] = _SINGLE_PUT_LIMIT  # one PUT, never a multipart upload
         self.fs.pipe_file(self._path(key), bytes(data), **kwargs)
 
-    def put_atomic(self, key: str, data: bytes, *, site: str = "object") -> None:
+    def put_atomic(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> None:
         try:
             self._put(key, data, site, "overwrite")
         except StoreError:
@@ -192,7 +192,7 @@ class FsspecStore(Store):
         except Exception as exc:  # noqa: BLE001
             raise self._error(exc, "write", key) from None
 
-    def put_if_absent(self, key: str, data: bytes, *, site: str = "object") -> bool:
+    def put_if_absent(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> bool:
         path = self._path(key)
         if not self.atomic_create:
             # no conditional write on this backend: check, then put (see spec/OBJECT_STORES.md)

@@ -199,7 +199,7 @@ class LocalStore(Store):
         finally:
             os.close(fd)
 
-    def _write_temp(self, key: str, data: bytes, site: str) -> str:
+    def _write_temp(self, key: str, data: bytes, site: str, durable: bool = True) -> str:
         tmp_dir = self._tmp_dir()
         tmp = os.path.join(tmp_dir, f"{key.replace('/', '_')}.{secrets.token_hex(6)}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
@@ -212,8 +212,9 @@ class LocalStore(Store):
             while view:
                 n = os.write(fd, view)
                 view = view[n:]
-            faults.hit(f"{site}.fsync")
-            os.fsync(fd)
+            if durable:
+                faults.hit(f"{site}.fsync")
+                os.fsync(fd)
         except BaseException:
             os.close(fd)
             _unlink_quiet(tmp)
@@ -227,24 +228,25 @@ class LocalStore(Store):
         except OSError as exc:
             raise _os_error(exc, "write", site) from None
 
-    def put_atomic(self, key: str, data: bytes, *, site: str = "object") -> None:
+    def put_atomic(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> None:
         path = self._path(key)
         self._check_dirs(path)
         tmp = None
         try:
             self._makedirs(os.path.dirname(path))
-            tmp = self._write_temp(key, data, site)
+            tmp = self._write_temp(key, data, site, durable)
             faults.hit(f"{site}.rename")
             os.replace(tmp, path)
             tmp = None
-            self._fsync_dir(os.path.dirname(path), site)
+            if durable:
+                self._fsync_dir(os.path.dirname(path), site)
         except OSError as exc:
             raise _os_error(exc, "write", key) from None
         finally:
             if tmp:
                 _unlink_quiet(tmp)
 
-    def put_if_absent(self, key: str, data: bytes, *, site: str = "object") -> bool:
+    def put_if_absent(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> bool:
         path = self._path(key)
         self._check_dirs(path)
         tmp = None
@@ -252,13 +254,14 @@ class LocalStore(Store):
             self._makedirs(os.path.dirname(path))
             if os.path.lexists(path):
                 return False
-            tmp = self._write_temp(key, data, site)
+            tmp = self._write_temp(key, data, site, durable)
             faults.hit(f"{site}.link")
             try:
                 os.link(tmp, path)  # atomic create-if-absent with the full content in place
             except FileExistsError:
                 return False
-            self._fsync_dir(os.path.dirname(path), site)
+            if durable:
+                self._fsync_dir(os.path.dirname(path), site)
             return True
         except OSError as exc:
             raise _os_error(exc, "write", key) from None

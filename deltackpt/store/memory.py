@@ -32,11 +32,11 @@ class MemoryStore(Store):
         self.get(key)
         return self._data[key][1]
 
-    def put_atomic(self, key: str, data: bytes, *, site: str = "object") -> None:
+    def put_atomic(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> None:
         with self._lock:
             self._data[check_key(key)] = (bytes(data), time.time())
 
-    def put_if_absent(self, key: str, data: bytes, *, site: str = "object") -> bool:
+    def put_if_absent(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> bool:
         with self._lock:
             if check_key(key) in self._data:
                 return False

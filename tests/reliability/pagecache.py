@@ -113,7 +113,7 @@ class PageCacheStore(LocalStore):
         self._step()
         self.durable[path] = {os.path.basename(p): n for p, n in self.live.items() if os.path.dirname(p) == path}
 
-    def _tmp(self, data: bytes, key: str) -> str:
+    def _tmp(self, data: bytes, key: str, durable: bool = True) -> str:
         tmp_dir = os.path.join(self.root, TMP_DIR)
         self._makedirs(tmp_dir)
         self._step()
@@ -121,8 +121,9 @@ class PageCacheStore(LocalStore):
         with open(tmp, "wb") as f:
             f.write(data)
         self.live[tmp] = _File(bytes(data), None)
-        self._step()
-        self.live[tmp].synced = self.live[tmp].data  # fsync
+        if durable:
+            self._step()
+            self.live[tmp].synced = self.live[tmp].data  # fsync
         return tmp
 
     def _unlink(self, path: str) -> None:
@@ -133,25 +134,27 @@ class PageCacheStore(LocalStore):
     def writer(self, *, site: str = "object", owner: str | None = None) -> AtomicWriter:
         return _Writer(self, site)
 
-    def put_atomic(self, key: str, data: bytes, *, site: str = "object") -> None:
+    def put_atomic(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> None:
         path = self._path(key)
         self._makedirs(os.path.dirname(path))
-        tmp = self._tmp(data, key)
+        tmp = self._tmp(data, key, durable)
         self._step()
         os.replace(tmp, path)
         self.live[path] = self.live.pop(tmp)
-        self._fsync_dir(os.path.dirname(path), site)
+        if durable:
+            self._fsync_dir(os.path.dirname(path), site)
 
-    def put_if_absent(self, key: str, data: bytes, *, site: str = "object") -> bool:
+    def put_if_absent(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> bool:
         path = self._path(key)
         self._makedirs(os.path.dirname(path))
         if os.path.lexists(path):
             return False
-        tmp = self._tmp(data, key)
+        tmp = self._tmp(data, key, durable)
         self._step()
         os.link(tmp, path)
         self.live[path] = self.live[tmp]
-        self._fsync_dir(os.path.dirname(path), site)
+        if durable:
+            self._fsync_dir(os.path.dirname(path), site)
         self._unlink(tmp)
         return True
 

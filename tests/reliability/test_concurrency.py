@@ -67,7 +67,7 @@ def test_writers_racing_to_break_a_stale_refs_lock(zygote, tmp_path):
     rounds = 6 if FULL else 2
     for r in range(rounds):
         path = str(tmp_path / f"r{r}")
-        dead = zygote.run("save", path, steps=2, fault="lock.refs.dirsync:2:kill", seed=99, offset=50)
+        dead = zygote.run("save", path, steps=2, fault="manifest.write:2:kill", seed=99, offset=50)
         assert dead.exit_code == -9
         kids = _writers(zygote, path, 5, 2)
         for c in kids:
@@ -102,7 +102,7 @@ def test_stale_lock_breaker_never_deletes_a_live_lock(zygote, tmp_path):
     lock stale and pauses before deleting it; writer A breaks it meanwhile and commits slowly under its
     new lock.  B must not delete A's live lock, so both commit, one after the other, in one history."""
     path = str(tmp_path / "r")
-    dead = zygote.run("save", path, steps=2, fault="lock.refs.dirsync:2:kill", seed=99, offset=50)
+    dead = zygote.run("save", path, steps=2, fault="manifest.write:2:kill", seed=99, offset=50)
     assert dead.exit_code == -9
     b = zygote.start("save", path, steps=1, seed=1, offset=1000, fault="lock.refs.break:1:sleep1.0")
     time.sleep(0.3)
