@@ -21,7 +21,7 @@ import os
 import threading
 import weakref
 
-from .. import priority
+from .. import priority, threads
 from ..errors import DeltackptError
 from . import deltify as deltify_mod
 
@@ -80,6 +80,7 @@ class Deltifier:
             thread.join(timeout)
 
     def _loop(self) -> None:
+        threads.leave_signals_to_main()
         priority.run_idle(True)
         while True:
             with self._cond:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .. import priority
+from .. import threads as worker_threads
 from ..errors import CorruptObjectError, DeltackptError
 from ..format.events import DRILL
 from ..format.ids import digest
@@ -106,7 +107,7 @@ def run_drill(core: Repository, revision: str = "latest", *, threads: int = 1, i
     pool = None
     if threads > 1:
         pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="deltackpt-drill",
-                                  initializer=priority.run_idle, initargs=(idle,))
+                                  initializer=worker_threads.start_worker, initargs=(idle,))
     priority.run_idle(idle)
     # CPU of this thread alone when it does all the work (a training loop runs beside it), else of
     # the process (the CLI: nothing else runs)

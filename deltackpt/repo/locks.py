@@ -15,6 +15,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+from .. import threads
 from ..errors import ObjectNotFoundError, RepositoryLockedError, StoreError
 from ..format import msgpack_io
 from ..store.base import Store
@@ -27,6 +28,11 @@ STALE_SECONDS = 6 * 3600.0
 #: host or pid namespace) never outlives its lease while it runs; the lease is 12 renewals long
 RENEW_SECONDS = STALE_SECONDS / 12
 HOST = socket.gethostname()
+#: the locks gc may take with an empty body on a full disk (:func:`_put_lock`).  They are written
+#: durably, so that after a power cut an empty one is always a full disk's.  Every other lock is
+#: written without fsync (a lock matters only while its holder lives): an empty or unreadable one
+#: is what a power cut left of an unsynced write, and its holder is gone.
+MAY_BE_EMPTY = (GC_LOCK, REFS_LOCK)
 
 
 def _read(path: str) -> str | None:
@@ -145,6 +151,8 @@ def is_stale(store: Store, key: str, info: dict | None) -> bool:
     (holder not provably alive) older than the lease ``STALE_SECONDS``."""
     if info is None:
         return True
+    if not info and key not in MAY_BE_EMPTY:
+        return True   # no live holder's body is empty or torn (written whole, then linked)
     state = _holder_state(info) if info else "unknown"
     if state == "dead":
         return True
@@ -198,7 +206,7 @@ def _break(store: Store, key: str, kind: str, info: dict) -> None:
 
 def _put_lock(store: Store, key: str, body: bytes, kind: str, full_disk_ok: bool) -> tuple[bool, bytes]:
     try:
-        return store.put_if_absent(key, body, site=f"lock.{kind}", durable=False), body
+        return store.put_if_absent(key, body, site=f"lock.{kind}", durable=key in MAY_BE_EMPTY), body
     except StoreError as exc:
         if not full_disk_ok or exc.errno != errno.ENOSPC:
             raise
@@ -207,7 +215,7 @@ def _put_lock(store: Store, key: str, body: bytes, kind: str, full_disk_ok: bool
             return True, body  # it landed; only making its folder entry durable failed
     # a full disk: an empty file needs no data block.  It names no holder, so nobody can prove
     # it dead: if we die holding it, only its lease breaks it.  :func:`_restamp` fills it in.
-    return store.put_if_absent(key, b"", site=f"lock.{kind}", durable=False), b""
+    return store.put_if_absent(key, b"", site=f"lock.{kind}"), b""
 
 
 def _acquire(store: Store, key: str, kind: str, timeout: float, full_disk_ok: bool = False) -> bytes:
@@ -294,7 +302,7 @@ def _restamp(store: Store, key: str, body: bytes, kind: str) -> bytes:
     try:
         if store.get(key, 0, len(body) + 1) != body:
             return body  # no longer ours (broken after its lease): leave it alone
-        store.put_atomic(key, new, site=f"lock.{kind}.restamp", durable=False)
+        store.put_atomic(key, new, site=f"lock.{kind}.restamp")
     except (StoreError, OSError):
         return body
     return new
@@ -320,6 +328,7 @@ class _Renewer:
         threading.Thread(target=self._run, daemon=True, name=f"deltackpt-{kind}-lock").start()
 
     def _run(self) -> None:
+        threads.leave_signals_to_main()
         while not self._stopped.wait(RENEW_SECONDS):
             with self._mutex:
                 if self._stopped.is_set():
@@ -327,7 +336,8 @@ class _Renewer:
                 try:
                     # only our own lock: one broken after its lease (we were frozen) stays broken
                     if self.body and self.store.get(self.key, 0, len(self.body) + 1) == self.body:
-                        self.store.put_atomic(self.key, self.body, site=f"lock.{self.kind}.renew", durable=False)
+                        self.store.put_atomic(self.key, self.body, site=f"lock.{self.kind}.renew",
+                                              durable=self.key in MAY_BE_EMPTY)
                 except (StoreError, OSError):
                     pass  # the next renewal may work: the lease is 12 renewals long
 

@@ -15,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .. import threads
 from ..codecs.base import ChunkContext
 from ..codecs.registry import get as codec_of
 from ..errors import DeltackptError
@@ -213,7 +214,7 @@ class _EncoderPool:
     ones (a save made by an ``atexit`` handler runs after concurrent.futures shut down)."""
 
     def __init__(self, workers: int) -> None:
-        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(max_workers=workers)
+        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(max_workers=workers, initializer=threads.leave_signals_to_main)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         if self._pool is not None:

@@ -60,7 +60,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import priority
+from .. import priority, threads
 from ..repo import encoder_process
 from ..repo.versions import Version
 from . import at_exit, lazy, prefault, staging
@@ -103,6 +103,7 @@ def spare_cores() -> int:
 
 
 def _lower_priority() -> None:
+    threads.leave_signals_to_main()
     if BACKGROUND_NICE is None or not hasattr(os, "setpriority"):
         return
     try:

@@ -35,7 +35,7 @@ from typing import Any, Iterable
 
 import torch
 
-from .. import faults, priority
+from .. import faults, priority, threads
 from ..errors import UnsupportedLeafError
 
 COPY_IDLE = False
@@ -141,6 +141,7 @@ class LazyCopy:
     def _run(self, host: list, idle: bool, copy: Any) -> None:
         global _copy_tid
         _copy_tid = threading.get_native_id()
+        threads.leave_signals_to_main()
         if idle and not self._waiting:
             priority.run_idle(True)
             if self._waiting:   # a step began waiting meanwhile: it must not wait on an idle thread

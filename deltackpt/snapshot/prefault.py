@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .. import priority
+from .. import priority, threads
 from . import staging
 
 PREFAULT_IDLE = False
@@ -83,6 +83,7 @@ def prepare(leaves: list, shared_memory: bool, sets: int) -> Future | None:
             _prefaulter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltackpt-prefault")
 
     def work() -> None:
+        threads.leave_signals_to_main()
         priority.run_idle(PREFAULT_IDLE)
         for _ in range(sets):
             if shared_memory:

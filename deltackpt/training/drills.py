@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 
+from .. import threads
 from ..errors import DeltackptError, InvalidArgumentError
 from ..repo import events
 from ..repo.drill import DrillReport, run_drill
@@ -53,6 +54,7 @@ class Driller:
         return True
 
     def _run(self) -> None:
+        threads.leave_signals_to_main()
         hold = Hold(self.core.store)
         try:
             vid = self.core.resolve(self.revision)

@@ -189,3 +189,29 @@ def test_held_lock_is_renewed_so_its_lease_never_runs_out(tmp_path, monkeypatch,
         assert store.get(key) == body, "renewal changed the holder's body"
     time.sleep(0.2)
     assert store.list(locks.LOCKS) == [], "a renewal re-created a released lock"
+
+
+@pytest.mark.parametrize("body", [b"", b"\x93\x01"], ids=["empty", "torn"])
+def test_an_empty_or_torn_save_lock_is_what_a_power_cut_left_and_is_broken_at_once(tmp_path, body):
+    """Save locks are written without fsync: a power cut can leave one empty or torn.  No live
+    holder's lock ever looks like that, so gc breaks it at once instead of waiting six hours."""
+    store = LocalStore(str(tmp_path))
+    key = f"{locks.LOCKS}save-crashed"
+    store.put_atomic(key, body)
+    t0 = time.monotonic()
+    with locks.gc_lock(store, timeout=30):
+        pass
+    assert time.monotonic() - t0 < 10
+    assert not store.exists(key)
+
+
+@pytest.mark.parametrize("key", [locks.REFS_LOCK, locks.GC_LOCK])
+def test_an_empty_refs_or_gc_lock_is_a_full_disks_and_waits_for_its_lease(tmp_path, key):
+    """gc takes these two empty on a full disk (and writes them durably, so a power cut never
+    empties them): an empty one names a holder nobody can judge, so it waits for the lease."""
+    store = LocalStore(str(tmp_path))
+    store.put_atomic(key, b"")
+    assert not locks.is_stale(store, key, locks._holder(store, key))
+    old = time.time() - locks.STALE_SECONDS - 60
+    os.utime(os.path.join(str(tmp_path), key), (old, old))
+    assert locks.is_stale(store, key, locks._holder(store, key))

@@ -52,7 +52,10 @@ _SCRIPT = textwrap.dedent("""
         h.wait()
         print("committed", flush=True)
     if how in ("signal", "own-sigterm-handler", "idle-then-signal"):
-        time.sleep(300)              # the training loop goes on until a signal stops it
+        # the training loop goes on until a signal stops it: steps, not one 300 s sleep (a signal
+        # landing between the print and a lone sleep's start is noticed only when that sleep ends)
+        for _ in range(3000):
+            time.sleep(0.1)
     """)
 
 
@@ -235,3 +238,33 @@ def test_ctrl_c_while_the_next_save_waits_for_the_previous_one(tmp_path):
     assert code == -signal.SIGINT and "next save returned" not in script.out, err
     assert "finishing 1 background save(s)" in err, err
     _committed_bit_identical(repo, 2)
+
+
+_THREADS_SCRIPT = textwrap.dedent("""
+    import signal, sys, threading, time, torch, deltackpt
+    state = {f"layer{i}.weight": torch.randn(2048, 4096) for i in range(2)}
+    h = deltackpt.save(state, sys.argv[1], step=1, blocking=False)
+    time.sleep(0.5)                      # the save's threads and their encoder pool have started
+    def blocked(tid):
+        with open(f"/proc/self/task/{tid}/status") as f:
+            mask = int(next(ln for ln in f if ln.startswith("SigBlk")).split()[1], 16)
+        return all(mask >> (s - 1) & 1 for s in (signal.SIGINT, signal.SIGTERM))
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and t.native_id]
+    print(len(others), sorted({t.name.split("_")[0] for t in others if not blocked(t.native_id)}), flush=True)
+    print("main blocks", blocked(threading.main_thread().native_id), flush=True)
+    h.wait()
+    """)
+
+
+def test_deltackpts_threads_leave_signals_to_the_main_thread(tmp_path):
+    """The kernel gives a process's SIGINT/SIGTERM to any thread not blocking it; had a save thread
+    taken a Ctrl-C, a main thread asleep in one long C call would not wake (the CI once saw a
+    script sleep on through its Ctrl-C).  Every thread a background save starts blocks them; the
+    main thread does not."""
+    out = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, str(tmp_path / "repo")],
+                         env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.splitlines()[:2]
+    count, unblocked = first.split(" ", 1)
+    assert int(count) >= 2 and unblocked == "[]", out.stdout      # the save thread and its encoders
+    assert second == "main blocks False", out.stdout
