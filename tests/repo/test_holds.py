@@ -96,8 +96,9 @@ def test_a_malformed_hold_holds_nothing(repo_path, versions):
     store.put_atomic(f"{holds.HOLDS}torn-1-00000000", b"\x93\x01")
     assert holds.held(store) == {}
     assert deltackpt.gc(repo_path, keep_last=1).removed == [vids[0]]
-    # both bodies name this live process (or none): they are kept, holding nothing
-    assert len([k for k in store.list("locks/") if k.startswith(holds.HOLDS)]) == 2
+    # the planted body names this live process: kept, holding nothing; the torn one names nobody,
+    # and no live holder's body is ever torn (spec §13), so gc breaks it
+    assert [k for k in store.list("locks/") if k.startswith(holds.HOLDS)] == [f"{holds.HOLDS}planted-1-00000000"]
 
 
 def test_a_hold_is_renewed_and_survives_its_lease_while_alive(repo_path, monkeypatch):
