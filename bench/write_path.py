@@ -13,7 +13,8 @@ save's bytes are its own), then:
   save, and the newest version read cold from a fresh handle (bytes fetched, objects decoded per
   chunk, seconds);
 * **deltified**: ``Repo.deltify()`` once (lag 2), its bytes written and CPU, then the repository's
-  size per version and the reads of latest … latest~K;
+  size per version and the reads of latest … latest~K; then once more with lag 1 (format 2 kept
+  only the newest version whole), the size per version again;
 * **keep_last=3**: a fresh repository where every save is followed by ``gc(keep_last=3)`` and a
   deltify behind that window, as a Checkpointer with that retention runs them: bytes written by
   saves, gc and deltify.
@@ -43,6 +44,8 @@ def _save_all(repo_path: str, files: list[str], *, after=None) -> tuple[list[dic
         deltackpt.save(state, repo_path)
         row = {"written": 0, "cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0}
         row["written"] = _written(before, _files(repo_path))
+        if after is None:
+            row["anchor_cpu_s"] = _torch_save_cpu(state, repo_path)
         if after is not None:
             before = _files(repo_path)
             c0 = time.process_time()
@@ -52,6 +55,20 @@ def _save_all(repo_path: str, files: list[str], *, after=None) -> tuple[list[dic
             row["maintenance_cpu_s"] = time.process_time() - c0
         saves.append(row)
     return saves, tsizes
+
+
+def _torch_save_cpu(state: dict, beside: str) -> float:
+    """CPU seconds of torch.save + fsync of the same state (the anchor of "CPU per save")."""
+    import torch
+    path = beside.rstrip("/") + ".anchor.pt"
+    c0 = time.process_time()
+    with open(path, "wb") as fh:
+        torch.save(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    took = time.process_time() - c0
+    os.unlink(path)
+    return took
 
 
 def _read(repo_path: str, rev: str, files: list[str], index: int) -> dict:
@@ -95,6 +112,7 @@ def measure(files: list[str]) -> dict:
         out["written_per_save"] = statistics.median(s["written"] / t for s, t in zip(later, tlater))
         out["written_per_save_mean"] = statistics.mean(s["written"] / t for s, t in zip(later, tlater))
         out["cpu_per_save_s"] = statistics.median(s["cpu_s"] for s in later)
+        out["cpu_per_save_ratio"] = statistics.median(s["cpu_s"] / max(s["anchor_cpu_s"], 1e-6) for s in later)
         out["wall_per_save_s"] = statistics.median(s["wall_s"] for s in later)
         out["saves"] = saves
         out["tsize_total"] = sum(tsizes)
@@ -112,6 +130,9 @@ def measure(files: list[str]) -> dict:
         out["reads"] = [_read(path, "latest" if b == 0 else f"latest~{b}", files, n - 1 - b)
                         for b in range(min(k, n - 1) + 1)]
         api._OPEN.clear()
+        deltackpt.Repo(path).deltify(lag=1)      # what the default lag of 2 keeps beyond format 2's one
+        api._OPEN.clear()
+        out["stored_deltified_lag1"] = _du(path) / sum(tsizes)
 
         kept = os.path.join(tmp, "keep3")
         deltackpt.Repo.init(kept)
@@ -131,8 +152,8 @@ def measure(files: list[str]) -> dict:
     return out
 
 
-HEADER = ["| workload | written / save, median (mean) | CPU s / save | latest as saved: read / objects per chunk / "
-          "cold s | deltify: written / all versions (chunks) | repository / all versions: as saved → deltified | "
+HEADER = ["| workload | written / save, median (mean) | CPU s / save (/ torch.save+fsync) | latest as saved: read / objects per chunk / "
+          "cold s | deltify: written / all versions (chunks) | repository / all versions: as saved → deltified (lag 1) | "
           "total written / all versions | latest~1 … ~K read (objects) | keep_last=3: saves / maintenance written, "
           "chunks deltified | bit-identical |", "|---|---|---|---|---|---|---|---|---|---|"]
 
@@ -142,9 +163,9 @@ def rows(name: str, x: dict) -> list[str]:
     older = " / ".join(f"{r['read_ratio']:.2f} ({r['objects_mean']:.2f})" for r in x["reads"][1:])
     k3 = x["keep3"]
     ok = all(r["ok"] for r in x["reads"]) and ls["ok"] and k3["latest"]["ok"]
-    return [f"| {name} | {x['written_per_save']:.3f} ({x['written_per_save_mean']:.3f}) | {x['cpu_per_save_s']:.2f} | "
+    return [f"| {name} | {x['written_per_save']:.3f} ({x['written_per_save_mean']:.3f}) | {x['cpu_per_save_s']:.2f} ({x.get('cpu_per_save_ratio', float('nan')):.1f}x) | "
             f"{ls['read_ratio']:.2f} / {ls['objects_mean']:.2f} / {ls['cold_s']:.2f} | "
             f"{x['deltify']['written'] / x['tsize_total']:.3f} ({x['deltify']['chunks']} chunks) | "
-            f"{x['stored_as_saved']:.3f} → {x['stored_deltified']:.3f} | {x['total_written']:.3f} | {older} | "
+            f"{x['stored_as_saved']:.3f} → {x['stored_deltified']:.3f} ({x.get('stored_deltified_lag1', float('nan')):.3f}) | {x['total_written']:.3f} | {older} | "
             f"{k3['saves_written']:.3f} / {k3['maintenance_written']:.3f}, {k3['deltified_chunks']} | "
             f"{'yes' if ok else 'NO'} |"]

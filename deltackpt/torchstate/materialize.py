@@ -11,7 +11,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
-from .. import threads
+from .. import threads as worker_threads
 from ..errors import CorruptObjectError, DeltackptError, InvalidArgumentError, OutOfMemoryError
 from ..format.manifest import Manifest, TensorEntry
 from ..repo.repository import Repository
@@ -48,7 +48,7 @@ def _new_pool(n: int) -> ThreadPoolExecutor:
     # reads serve a caller that waits: never at idle priority, even if first asked for from a
     # background save's thread (whose policy new threads would inherit)
     return ThreadPoolExecutor(max_workers=n, thread_name_prefix="deltackpt-read",
-                              initializer=threads.start_worker, initargs=(False,))
+                              initializer=worker_threads.start_worker, initargs=(False,))
 
 
 @contextmanager
