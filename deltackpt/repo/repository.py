@@ -276,6 +276,21 @@ class Repository(ChunkReader, IndexState):
         """All versions, newest first (raises on the first manifest that does not parse)."""
         return sorted(self.version_ids(), key=lambda v: (_sort_time(self.manifest(v).time), v), reverse=True)
 
+    def history_order(self) -> list[str]:
+        """Every version, newest first by history: ``latest``, its parent, its parent's parent, ...;
+        then the versions not on that line (an ancestor gc removed cuts it; a manifest whose ref never
+        moved is not on it), newest first by the time their writer's clock recorded."""
+        by_time = self.history()
+        present = set(by_time)
+        line: list[str] = []
+        seen: set[str] = set()
+        vid = self.latest()
+        while vid is not None and vid in present and vid not in seen:
+            line.append(vid)
+            seen.add(vid)
+            vid = self.manifest(vid).parent
+        return line + [v for v in by_time if v not in seen]
+
     def scan(self) -> "list[tuple[str, Manifest | DeltackptError]]":
         """Every version with its manifest, or the typed error that makes the manifest unusable,
         newest first: one damaged manifest never hides the others (``log``, ``resume``, ``best:``).
