@@ -23,9 +23,9 @@ import threading
 import time
 from typing import Any
 
+from ..codecs.base import check_level
 from ..errors import (AmbiguousVersionError, DeltackptError,
                       NotARepositoryError, ObjectNotFoundError, StoreError, UnknownVersionError)
-from ..codecs.base import check_level
 from ..format import config as config_fmt
 from ..format import manifest as manifest_fmt
 from ..format import refs
@@ -35,12 +35,12 @@ from ..format.manifest import Manifest
 from ..format.pack import PackEntry
 from ..store.base import Store
 from ..store.local import LocalStore
-from .copies import Copy, Resolution
 from .delta_cache import DeltaCache
 from .layout import (CONFIG, DEFAULT_DECODED_CACHE_BYTES, DEFAULT_DELTA_CACHE_BYTES, DEFAULT_DELTIFY_LAG,
                      LATEST_REF, MANIFESTS, TAGS)
-from .index_state import IndexState
-from .reader import ChunkReader, DecodedCache
+from .read.copies import Copy, Resolution
+from .read.index_state import IndexState
+from .read.reader import ChunkReader, DecodedCache
 from .versions import Version
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..format import index as index_fmt
-from ..format.ids import hex_id
-from ..format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
-from ..format.pack import PackStream
-from .layout import INDEX, pack_key
-from .repository import Repository
+from ...format import index as index_fmt
+from ...format.ids import hex_id
+from ...format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
+from ...format.pack import PackStream
+from ..layout import INDEX, pack_key
+from ..repository import Repository
 
 
 class PackCounts(Protocol):

@@ -30,16 +30,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..codecs.base import ChunkContext
-from ..codecs.pipeline import BaseChunk, encode_chunk
-from ..codecs.registry import get as codec_of
-from ..errors import DeltackptError
-from ..format.objects import EncodedObject
-from . import locks
+from ...codecs.base import ChunkContext
+from ...codecs.pipeline import BaseChunk, encode_chunk
+from ...codecs.registry import get as codec_of
+from ...errors import DeltackptError
+from ...format.objects import EncodedObject
+from .. import locks
+from ..layout import DEFAULT_DELTIFY_LAG
+from ..repository import Repository
 from .head import DELTA_CODECS
-from .layout import DEFAULT_DELTIFY_LAG
 from .packer import Packer
-from .repository import Repository
 from .supersede import REWRITE_DEAD_FRACTION, drop_superseded
 
 #: the newest versions left as saved (latest and the one before it)

@@ -6,15 +6,15 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from ..codecs import registry
-from ..errors import CorruptObjectError, DeltackptError, ObjectNotFoundError
-from ..format import objects
-from ..format.ids import digest
-from ..format.limits import MAX_CHAIN_DEPTH
-from ..format.manifest import Blob
-from ..format.pack import PackEntry
+from ...codecs import registry
+from ...errors import CorruptObjectError, DeltackptError, ObjectNotFoundError
+from ...format import objects
+from ...format.ids import digest
+from ...format.limits import MAX_CHAIN_DEPTH
+from ...format.manifest import Blob
+from ...format.pack import PackEntry
+from ..layout import pack_key
 from .copies import PackGone
-from .layout import pack_key
 from .live import rehydrate
 
 

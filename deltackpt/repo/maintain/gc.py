@@ -17,20 +17,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import faults
-from ..codecs import registry
-from ..codecs.base import ChunkContext
-from ..errors import ConflictError, CorruptObjectError
-from ..format import index as index_fmt
-from ..format.ids import hex_id
-from ..format.limits import MAX_INDEX_BYTES, PACK_MAX_OBJECTS, PACK_TARGET_BYTES
-from ..format.objects import EncodedObject
-from ..format.pack import PackBuilder, PackEntry
-from . import events, holds, locks
-from .deltify import DEFAULT_LAG, deltify_locked
+from ... import faults
+from ...codecs import registry
+from ...codecs.base import ChunkContext
+from ...errors import ConflictError, CorruptObjectError
+from ...format import index as index_fmt
+from ...format.ids import hex_id
+from ...format.limits import MAX_INDEX_BYTES, PACK_MAX_OBJECTS, PACK_TARGET_BYTES
+from ...format.objects import EncodedObject
+from ...format.pack import PackBuilder, PackEntry
+from .. import locks
+from ..layout import INDEX, MANIFESTS, TAGS, pack_key
+from ..repository import Repository
+from ..write.deltify import DEFAULT_LAG, deltify_locked
+from . import events, holds
 from .gc_plan import GcPlan, GcReport, plan_gc
-from .layout import INDEX, MANIFESTS, TAGS, pack_key
-from .repository import Repository
 from .retention import Retention
 
 DEFAULT_GRACE_SECONDS = 600.0

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
-from ..errors import CorruptObjectError
-from ..format.pack import PackEntry
+from ...errors import CorruptObjectError
+from ...format.pack import PackEntry
 
 Copy = tuple[str, PackEntry]  # (pack id, entry)
 

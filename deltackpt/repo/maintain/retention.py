@@ -12,9 +12,9 @@ import operator
 import time
 from dataclasses import dataclass
 
-from ..errors import InvalidArgumentError
+from ...errors import InvalidArgumentError
+from ..repository import Repository
 from .holds import held
-from .repository import Repository
 
 
 @dataclass(frozen=True)

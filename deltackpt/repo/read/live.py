@@ -24,12 +24,12 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..codecs import registry
-from ..errors import CorruptObjectError, DeltackptError
-from ..format import objects
-from ..format.ids import digest
-from ..format.limits import MAX_CHAIN_DEPTH
-from ..format.pack import PackEntry
+from ...codecs import registry
+from ...errors import CorruptObjectError, DeltackptError
+from ...format import objects
+from ...format.ids import digest
+from ...format.limits import MAX_CHAIN_DEPTH
+from ...format.pack import PackEntry
 from .copies import PackGone
 
 

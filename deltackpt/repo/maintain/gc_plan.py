@@ -10,10 +10,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CorruptObjectError
-from ..format.pack import PackEntry
-from .layout import MANIFESTS, PACKS, pack_key
-from .repository import Repository
+from ...errors import CorruptObjectError
+from ...format.pack import PackEntry
+from ..layout import MANIFESTS, PACKS, pack_key
+from ..repository import Repository
 from .retention import Retention
 
 REPACK_DEAD_FRACTION = 0.2
