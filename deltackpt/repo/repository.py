@@ -1,5 +1,5 @@
 """A deltackpt repository over any Store: config, index, manifests, refs and revisions (chunk reads:
-``reader.py``; key layout: ``layout.py``).
+``read/reader.py``; key layout: ``layout.py``).
 
 Layout (keys in the store)::
 

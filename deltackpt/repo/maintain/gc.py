@@ -10,7 +10,7 @@ Order (each step leaves every kept version restorable if the process dies right 
 4. write one consolidated index, then delete the old index files;
 5. delete packs no index refers to, and temp files, older than the grace period; then drill
    records beyond the newest 16 (events.py) and the holds of processes that are gone (holds.py);
-6. deltify what the kept versions still hold whole (deltify.py, its own crash-safe order).
+6. deltify what the kept versions still hold whole (write/deltify.py, its own crash-safe order).
 """
 
 from __future__ import annotations
