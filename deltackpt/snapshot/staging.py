@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import threads
+from .. import threads as worker_threads
 from ..repo.write.encoder_process import EncoderProcess, SharedSegment
 
 ALIGN = 64  # staged tensors start on cache-line boundaries (and on any element size)
@@ -285,7 +285,7 @@ def copy_host(pairs: list[tuple[torch.Tensor, torch.Tensor]], threads: int | Non
         if _copier is None:
             # the snapshot is the caller's stall: never at idle priority (see materialize.pool)
             _copier = ThreadPoolExecutor(max_workers=MAX_COPY_THREADS - 1, thread_name_prefix="deltackpt-snapshot",
-                                         initializer=threads.start_worker, initargs=(False,))
+                                         initializer=worker_threads.start_worker, initargs=(False,))
         copier = _copier
     others = [copier.submit(_copy_list, share) for share in shares[1:]]
     _copy_list(shares[0])
