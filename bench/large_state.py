@@ -143,7 +143,7 @@ def _measure(work: str, size: int, tensors: int, delta_cache: int, anchor: bool)
     import torch
 
     import deltackpt
-    from deltackpt.repo.saver import WINDOW, default_workers
+    from deltackpt.repo.write.saver import WINDOW, default_workers
     t0 = time.perf_counter()
     files = make_files(work, size, tensors)
     gen_s = time.perf_counter() - t0

@@ -98,7 +98,7 @@ def measure(files: list[str]) -> dict:
     """The three runs above for one workload's cached versions."""
     import deltackpt
     from deltackpt import api
-    from deltackpt.repo import background
+    from deltackpt.repo.write import background
     background.AUTO = False
     n = len(files)
     out: dict = {}

@@ -22,7 +22,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "save": "api", "load": "api", "restore": "api", "gc": "api", "Repo": "api",
-    "Version": "repo.versions", "GcReport": "repo.gc", "VerifyReport": "repo.verify", "Retention": "repo.retention",
+    "Version": "repo.versions", "GcReport": "repo.maintain.gc_plan", "VerifyReport": "repo.maintain.verify",
+    "Retention": "repo.maintain.retention",
     "resume": "training", "Checkpointer": "training", "Guard": "training", "SaveHandle": "snapshot.async_save",
     "EveryN": "training.policies", "EveryT": "training.policies", "YoungDaly": "training.policies",
     "DenseEarly": "training.policies", "OnImprovement": "training.policies", "AnyOf": "training.policies",

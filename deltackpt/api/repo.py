@@ -12,13 +12,14 @@ from ..errors import DeltackptError, InvalidArgumentError
 from ..progress import bar
 from ..codecs.base import is_int
 from ..format.events import DRILL, Event
-from ..repo import commit, events
-from ..repo.deltify import DEFAULT_LAG, DeltifyReport
-from ..repo.deltify import deltify as run_deltify
-from ..repo.drill import DrillReport, run_drill
-from ..repo.gc import DEFAULT_GRACE_SECONDS, GcReport, run_gc
-from ..repo.retention import Retention, check_metric_recorded, check_seconds
-from ..repo.verify import VerifyReport, run_verify
+from ..repo.maintain import events
+from ..repo.write import commit
+from ..repo.write.deltify import DEFAULT_LAG, DeltifyReport
+from ..repo.write.deltify import deltify as run_deltify
+from ..repo.maintain.drill import DrillReport, run_drill
+from ..repo.maintain.gc import DEFAULT_GRACE_SECONDS, GcReport, run_gc
+from ..repo.maintain.retention import Retention, check_metric_recorded, check_seconds
+from ..repo.maintain.verify import VerifyReport, run_verify
 from ..repo.versions import Version
 from ..store.base import Store
 from .handles import Handle, forget, open_core, portable_location
@@ -150,7 +151,7 @@ class Repo(Handle):
     def rebuild_index(self) -> Any:
         """Re-derive the index from the pack headers (after verify reports a lost or damaged
         index file): ``repo.rebuild_index().packs_indexed``"""
-        from ..repo.rebuild import rebuild_index
+        from ..repo.maintain.rebuild import rebuild_index
         return rebuild_index(self.core)
 
     def du(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..errors import DeltackptError, InvalidArgumentError, UnsupportedLeafError
 from ..progress import bar
-from ..repo import saver
+from ..repo.write import saver
 from ..repo.versions import Version
 from ..store.base import Store
 from .handles import Handle, open_core

@@ -46,8 +46,9 @@ from torch.futures import Future
 from ..api import Repo, portable_location
 from ..errors import CorruptObjectError, StateMismatchError, UnsupportedLeafError
 from ..format.manifest import Blob, Manifest, TensorEntry, TensorRef
-from ..repo import locks, saver
-from ..repo.saver import BlobInput
+from ..repo import locks
+from ..repo.write import saver
+from ..repo.write.saver import BlobInput
 from ..store.base import Store
 from ..torchstate.dtypes import dtype_of, name_of
 from ..torchstate.flatten import contiguous_strides, metrics_of

@@ -1,6 +1,26 @@
-"""Repository semantics, torch-free: open/init, saving chunks, choosing which copy of a chunk to
-read, revisions, locks, gc, verify, retention.
+"""Repository semantics, torch-free, in three parts over one shared floor.
+
+* ``write/``: how chunks get into the store and take their final form.  A save (``saver``: chunk,
+  dedup, encode, pack, index, commit), the encoder child process of background saves, and what a
+  save sets going after it commits: background deltification (``deltify``, ``background``,
+  ``supersede``) and keeping the index files few (``consolidate``).
+* ``read/``: how bytes come back out: the index in memory, which stored copy of a chunk to read, a
+  delta chain walked to its keyframe and checked link by link, live rollback, pack files read in
+  bounded pieces.
+* ``maintain/``: what keeps a repository healthy and tells about it: gc (plan, then crash-safe
+  deletes), retention and holds, verify, rebuilding the index, rollback drills, event records.
+
+The floor, here at the top level: ``repository`` (the open repository: config, refs, manifests,
+revisions; it builds on ``read/`` for the index and chunk reads), and what every part shares and
+that imports no part: ``layout`` (keys), ``locks``, ``versions`` (what ``log`` reports),
+``delta_cache`` (the bases of the next deltas, which the repository handle keeps between saves).
+
+The layers (import-linter checks them): ``maintain -> write -> repository -> read -> (layout |
+locks | versions | delta_cache)``; each part keeps its own modules in layers too, so no import
+circle forms anywhere.  Maintenance calls the write path (gc deltifies at its end), never the
+reverse; a save and a read know nothing of gc.
 
 What it may import: ``format``, ``codecs``, ``store`` and the top-level ``errors``/``faults``/
-``progress``/``deps``; never torch, nor any package above it (``torchstate`` and up).
+``progress``/``deps``/``priority``/``threads``; never torch, nor any package above it
+(``torchstate`` and up).
 """

@@ -1,5 +1,5 @@
 """A deltackpt repository over any Store: config, index, manifests, refs and revisions (chunk reads:
-``reader.py``; key layout: ``layout.py``).
+``read/reader.py``; key layout: ``layout.py``).
 
 Layout (keys in the store)::
 
@@ -23,9 +23,9 @@ import threading
 import time
 from typing import Any
 
+from ..codecs.base import check_level
 from ..errors import (AmbiguousVersionError, DeltackptError,
                       NotARepositoryError, ObjectNotFoundError, StoreError, UnknownVersionError)
-from ..codecs.base import check_level
 from ..format import config as config_fmt
 from ..format import manifest as manifest_fmt
 from ..format import refs
@@ -35,12 +35,12 @@ from ..format.manifest import Manifest
 from ..format.pack import PackEntry
 from ..store.base import Store
 from ..store.local import LocalStore
-from .copies import Copy, Resolution
 from .delta_cache import DeltaCache
 from .layout import (CONFIG, DEFAULT_DECODED_CACHE_BYTES, DEFAULT_DELTA_CACHE_BYTES, DEFAULT_DELTIFY_LAG,
                      LATEST_REF, MANIFESTS, TAGS)
-from .index_state import IndexState
-from .reader import ChunkReader, DecodedCache
+from .read.copies import Copy, Resolution
+from .read.index_state import IndexState
+from .read.reader import ChunkReader, DecodedCache
 from .versions import Version
 
 
@@ -275,6 +275,21 @@ class Repository(ChunkReader, IndexState):
     def history(self) -> list[str]:
         """All versions, newest first (raises on the first manifest that does not parse)."""
         return sorted(self.version_ids(), key=lambda v: (_sort_time(self.manifest(v).time), v), reverse=True)
+
+    def history_order(self) -> list[str]:
+        """Every version, newest first by history: ``latest``, its parent, its parent's parent, ...;
+        then the versions not on that line (an ancestor gc removed cuts it; a manifest whose ref never
+        moved is not on it), newest first by the time their writer's clock recorded."""
+        by_time = self.history()
+        present = set(by_time)
+        line: list[str] = []
+        seen: set[str] = set()
+        vid = self.latest()
+        while vid is not None and vid in present and vid not in seen:
+            line.append(vid)
+            seen.add(vid)
+            vid = self.manifest(vid).parent
+        return line + [v for v in by_time if v not in seen]
 
     def scan(self) -> "list[tuple[str, Manifest | DeltackptError]]":
         """Every version with its manifest, or the typed error that makes the manifest unusable,

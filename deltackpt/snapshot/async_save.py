@@ -6,7 +6,7 @@ background thread waits on) and returns a :class:`SaveHandle`.  Hashing, dedupli
 whose hash is already stored are not written), encoding and writing then run in the background.
 
 Where (``BACKGROUND``): ``"thread"`` (default) runs them in one background thread of this
-process; ``"process"`` in a persistent encoder process (:mod:`deltackpt.repo.encoder_process`),
+process; ``"process"`` in a persistent encoder process (:mod:`deltackpt.repo.write.encoder_process`),
 the staging copy then being a shared ``memfd`` segment both processes map, so the save's Python
 never holds the training loop's GIL and its allocations never fault pages in the training
 process.  The process path takes local repositories and states in CPU memory; anything else
@@ -61,7 +61,7 @@ from typing import Any, Callable
 import torch
 
 from .. import priority, threads
-from ..repo import encoder_process
+from ..repo.write import encoder_process
 from ..repo.versions import Version
 from . import at_exit, lazy, prefault, staging
 from .handle import SaveHandle, boost_unless_done
@@ -72,7 +72,7 @@ MAX_IN_FLIGHT = 1
 BACKGROUND = "thread"
 """Where a background save hashes, encodes and writes: ``"thread"`` (a thread of this process)
 or ``"process"`` (a persistent encoder process fed through shared memory; see
-:mod:`deltackpt.repo.encoder_process`)."""
+:mod:`deltackpt.repo.write.encoder_process`)."""
 
 _executor: ThreadPoolExecutor | None = None
 _lock = threading.RLock()   # reentrant: the SIGTERM handler lists the pending saves from whatever the main thread was doing

@@ -8,7 +8,7 @@ save that failed there (nobody is left to call ``wait``).
 
 Ctrl-C: Python turns SIGINT into ``KeyboardInterrupt`` in the main thread; the script unwinds and
 exits, and the exit finishes the saves.  A second Ctrl-C during that wait abandons them
-(:mod:`deltackpt.repo.abandon`): each stops before its next chunk, deletes its temp files and
+(:mod:`deltackpt.repo.write.abandon`): each stops before its next chunk, deletes its temp files and
 releases its lock, so nothing partial is left; a third stops waiting altogether.
 
 SIGTERM (what ``kill``, Kubernetes, Slurm and torchrun send): its default action ends the process
@@ -33,7 +33,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-from ..repo import abandon
+from ..repo.write import abandon
 
 _pending: Callable[[], list] = list   # the handles not yet done (set by async_save)
 _boost: Callable[[list], None] = lambda handles: None

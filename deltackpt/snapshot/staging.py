@@ -1,7 +1,7 @@
 """Where a background save's snapshot goes, and how long that memory lives.
 
 :func:`stage` copies each tensor into host memory: reusable per-shape buffers (pinned for CUDA
-tensors), or one shared segment (:class:`~deltackpt.repo.encoder_process.SharedSegment`) for the
+tensors), or one shared segment (:class:`~deltackpt.repo.write.encoder_process.SharedSegment`) for the
 encoder process.  Tensors sharing a storage are copied as one storage and rebuilt as views of it.
 
 After its save commits, a :class:`Staged` copy stays *lent* to the repository's delta cache: the
@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 
 from .. import threads as worker_threads
-from ..repo.encoder_process import EncoderProcess, SharedSegment
+from ..repo.write.encoder_process import EncoderProcess, SharedSegment
 
 ALIGN = 64  # staged tensors start on cache-line boundaries (and on any element size)
 

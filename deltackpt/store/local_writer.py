@@ -7,14 +7,26 @@ import errno
 import os
 import secrets
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .. import faults
 from ..errors import ObjectNotFoundError, StoreError
 from .base import AtomicWriter
 
-if TYPE_CHECKING:
-    from .local import LocalStore
+
+class LocalPaths(Protocol):
+    """What the writer uses of its :class:`~.local.LocalStore` (which imports this module, so this
+    one names the methods instead of importing it)."""
+
+    def _tmp_dir(self) -> str: ...
+
+    def _path(self, key: str) -> str: ...
+
+    def _check_dirs(self, path: str) -> None: ...
+
+    def _makedirs(self, path: str) -> None: ...
+
+    def _fsync_dir(self, path: str, site: str) -> None: ...
 
 WRITEBACK_BYTES = 8 << 20
 """A streaming writer fdatasyncs its temp file in a background thread every this many bytes, so
@@ -39,7 +51,7 @@ class LocalWriter(AtomicWriter):
     """Streams into a temp file; commit = fsync, rename into place, fsync the directory.  A
     sealed file (fsynced, closed) stays under ``tmp/`` until :meth:`publish` renames it."""
 
-    def __init__(self, store: "LocalStore", site: str, owner: str | None = None) -> None:
+    def __init__(self, store: LocalPaths, site: str, owner: str | None = None) -> None:
         super().__init__(store, site)
         self._local = store
         tmp_dir = store._tmp_dir()

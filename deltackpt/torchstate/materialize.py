@@ -105,7 +105,7 @@ def read_into(core: Repository, vid: str, m: Manifest, targets: "list[tuple[int,
     """Decode blobs (by index) into destinations, every chunk of every blob in one parallel pass;
     errors name the version and tensor.  ``checked``: the caller already ran check_blob.
     ``live``: the destinations are live tensors; chunks they hold (or are a few deltas from) are
-    kept or stepped in place (:mod:`deltackpt.repo.live`).  ``threads``: see :func:`read_threads`."""
+    kept or stepped in place (:mod:`deltackpt.repo.read.live`).  ``threads``: see :func:`read_threads`."""
     if not checked:
         for b, _ in targets:
             _check(core, vid, m, b)

@@ -10,7 +10,7 @@ from ..codecs.pipeline import check_mode
 from ..errors import CodecError, StateMismatchError
 from ..format.dtypes import is_float
 from ..format.manifest import Manifest, TensorEntry
-from ..repo.saver import BlobInput
+from ..repo.write.saver import BlobInput
 from .dtypes import name_of
 from .flatten import TensorLeaf, contiguous_strides
 from .tensor_bytes import byte_view, storage_view

@@ -20,8 +20,8 @@ import torch
 
 from ..api import Repo, open_repo
 from ..errors import DeltackptError, InvalidArgumentError
-from ..repo.gc import DEFAULT_GRACE_SECONDS, run_gc
-from ..repo.retention import Retention, check_seconds
+from ..repo.maintain.gc import DEFAULT_GRACE_SECONDS, run_gc
+from ..repo.maintain.retention import Retention, check_seconds
 from ..repo.versions import Version
 from ..snapshot import async_save
 from ..snapshot.async_save import SaveHandle

@@ -1,6 +1,6 @@
 """Rollback drills beside a training loop: every so many saves, restore the newest version (or
 ``latest~k``) into fresh memory in a background thread at idle priority, check it against its
-hashes and record what it cost (:mod:`deltackpt.repo.drill`).  The measured restore time then
+hashes and record what it cost (:mod:`deltackpt.repo.maintain.drill`).  The measured restore time then
 feeds the interval policies that need a restart cost (``YoungDaly``).
 
 Example::
@@ -16,9 +16,9 @@ import threading
 
 from .. import threads
 from ..errors import DeltackptError, InvalidArgumentError
-from ..repo import events
-from ..repo.drill import DrillReport, run_drill
-from ..repo.holds import Hold
+from ..repo.maintain import events
+from ..repo.maintain.drill import DrillReport, run_drill
+from ..repo.maintain.holds import Hold
 from ..repo.repository import Repository
 
 
@@ -32,7 +32,7 @@ def last_restore_seconds(core: Repository) -> float | None:
 
 class Driller:
     """Runs one drill at a time, every ``every`` saves, in a daemon thread under SCHED_IDLE.  The
-    drilled version is held (:mod:`deltackpt.repo.holds`) for the drill's length, so retention
+    drilled version is held (:mod:`deltackpt.repo.maintain.holds`) for the drill's length, so retention
     running meanwhile cannot turn a sound version into a failed drill."""
 
     def __init__(self, core: Repository, every: int, revision: str = "latest") -> None:

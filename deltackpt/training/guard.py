@@ -8,7 +8,7 @@ row, the guard
 2. picks the newest version of this run whose step is older than the first bad step by more than
    ``margin`` and that no rollback abandoned (or the version ``target`` names, e.g.
    ``"best:val_loss"``, judged among those: :mod:`.targets`), and *holds* it, so that retention
-   and gc keep it while this process lives (:mod:`deltackpt.repo.holds`);
+   and gc keep it while this process lives (:mod:`deltackpt.repo.maintain.holds`);
 3. restores model, optimizer, scheduler, GradScaler, sampler and RNG in place, reading only the
    chunks that differ (:mod:`.rollback`), moves the data past the window that preceded the spike
    (``data="skip"``), reshuffles it (``"reseed"``) or replays it (``"replay"``), and scales the
@@ -41,8 +41,8 @@ from ..api import Repo, open_repo, save
 from ..errors import DeltackptError, DivergenceError, InvalidArgumentError
 from ..format.events import ROLLBACK
 from ..format.limits import EVENT_MAX_TEXT, EVENT_MAX_VALUES, EVENT_MAX_VERSIONS
-from ..repo import events
-from ..repo.holds import MAX_HELD, Hold
+from ..repo.maintain import events
+from ..repo.maintain.holds import MAX_HELD, Hold
 from ..repo.versions import Version
 from ..snapshot import async_save
 from . import targets

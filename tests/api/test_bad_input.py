@@ -232,7 +232,7 @@ def test_unstorable_step_metric_or_text_is_refused_before_the_first_pack(repo, n
 def test_repository_layer_refuses_an_unstorable_tree_before_writing(repo, tree):
     """saver.write_version (any writer below the frontend) refuses a tree msgpack cannot encode
     before its pack is written, as UnsupportedLeafError."""
-    from deltackpt.repo import saver
+    from deltackpt.repo.write import saver
     from deltackpt.repo.repository import Repository
     core = Repository(repo)
     blob = saver.BlobInput(("w",), bytes(range(256)) * 64, "uint8", 1, 256)

@@ -76,7 +76,7 @@ def _history(path: str, versions: int = 4, freeze: str | None = None):
 
 def _stats():
     """The live-restore counters of this process."""
-    from deltackpt.repo import live
+    from deltackpt.repo.read import live
     return live.stats
 
 
@@ -89,7 +89,7 @@ def _restore(repo: deltackpt.Repo, store: CountingStore, model, opt, rev: str) -
     """Restore and return the pack bytes it read."""
     repo.core.refresh_index()
     store.reset()
-    if "deltackpt.repo.live" in sys.modules:
+    if "deltackpt.repo.read.live" in sys.modules:
         _stats().reset()
     deltackpt.restore(model, repo, rev, optimizer=opt)
     return store.bytes_read_under("packs/")
@@ -271,7 +271,7 @@ def test_tied_weights_are_stepped_once(repo_path, topology):
         deltackpt.save(model, repo_path)
         saved.append(clone_state(model.state_dict()))
     deltackpt.Repo(repo_path).deltify(lag=1)
-    if "deltackpt.repo.live" in sys.modules:
+    if "deltackpt.repo.read.live" in sys.modules:
         _stats().reset()
     deltackpt.restore(model, repo_path, "latest~1", threads=1)
     assert_bit_identical(model.state_dict(), saved[1])

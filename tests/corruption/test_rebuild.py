@@ -10,7 +10,7 @@ import pytest
 
 import deltackpt
 from deltackpt.errors import CorruptObjectError
-from deltackpt.repo.rebuild import rebuild_index
+from deltackpt.repo.maintain.rebuild import rebuild_index
 
 from ._model import build, state_digest, survey
 

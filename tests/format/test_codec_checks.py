@@ -122,7 +122,7 @@ def test_a_keyframe_object_carrying_a_base_parameter_is_refused():
     """The base check of FORMAT.md §6 holds for keyframes too: a raw object whose parameters name a
     16-byte base disagrees with its entry's nil base (raw.md's "ignore any parameters" excepts it)."""
     from deltackpt.format.pack import PackEntry
-    from deltackpt.repo.reader import ChunkReader
+    from deltackpt.repo.read.reader import ChunkReader
     raw = bytes(8)
     cid = bytes(range(16))
     plain = objects.EncodedObject(0, 8, {}, raw).to_bytes()

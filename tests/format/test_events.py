@@ -14,7 +14,7 @@ from deltackpt.errors import CorruptObjectError, FormatVersionError
 from deltackpt.format import events as events_fmt
 from deltackpt.format.ids import hex_id
 from deltackpt.format.limits import EVENT_MAX_VALUES, MAX_EVENT_BYTES
-from deltackpt.repo import events
+from deltackpt.repo.maintain import events
 from deltackpt.repo.layout import EVENTS
 
 VID = "ab" * 16

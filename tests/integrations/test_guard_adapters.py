@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import deltackpt
-from deltackpt.repo import events
+from deltackpt.repo.maintain import events
 from deltackpt.training import Guard
 from tests.strategies import assert_bit_identical
 

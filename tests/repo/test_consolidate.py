@@ -1,5 +1,5 @@
 """Index files stay few: a new process opens a repository of many versions with a bounded number of
-reads (repo/consolidate.py), and a merge killed halfway leaves every version readable."""
+reads (repo/write/consolidate.py), and a merge killed halfway leaves every version readable."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 import deltackpt
 from deltackpt import api
-from deltackpt.repo.consolidate import MAX_INDEX_FILES
+from deltackpt.repo.write.consolidate import MAX_INDEX_FILES
 from deltackpt.store.counting import CountingStore
 from deltackpt.store.local import LocalStore
 

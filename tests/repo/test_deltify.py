@@ -115,7 +115,7 @@ def test_sparse_changes_are_forward_deltas_within_the_budget(tmp_path):
     smaller than the table; the deltas since a position's keyframe never exceed the head budget
     (x that keyframe), so the newest version reads at most (1 + budget) keyframes per chunk; every
     version loads bit-identical."""
-    from deltackpt.repo.head import HEAD_DELTA_BUDGET
+    from deltackpt.repo.write.head import HEAD_DELTA_BUDGET
     path = str(tmp_path / "r")
     tables = _rows(path, 12)
     api._OPEN.clear()
@@ -230,7 +230,7 @@ def test_deltify_is_bounded_and_resumable(tmp_path):
 def test_versions_retention_drops_first_never_cost_a_delta_write(tmp_path):
     """A training loop keeping the last 3 versions: gc after every save, deltification behind
     that window, so nothing is ever deltified (no delta write), and the kept versions load."""
-    from deltackpt.repo.retention import Retention
+    from deltackpt.repo.maintain.retention import Retention
     path = str(tmp_path / "r")
     torch.manual_seed(0)
     model = torch.nn.Linear(512, 512)
@@ -261,7 +261,7 @@ import os, sys, torch
 sys.path.insert(0, {ROOT!r})
 os.environ["DELTACKPT_DELTIFY"] = "on"
 import deltackpt
-from deltackpt.repo import background
+from deltackpt.repo.write import background
 from deltackpt.api.handles import open_core
 torch.manual_seed(0)
 w = torch.randn(1024, 1024)
@@ -350,7 +350,7 @@ def test_verify_racing_a_deltify_that_drops_packs_reports_no_damage(tmp_path):
     """Deltify deletes the packs its reverse deltas made redundant; a verify that listed them just
     before finds them gone, sees that no index names them any more, and reports nothing."""
     from deltackpt.repo.layout import PACKS
-    from deltackpt.repo.verify import run_verify
+    from deltackpt.repo.maintain.verify import run_verify
     from deltackpt.store.base import WrappingStore
 
     path = str(tmp_path / "r")

@@ -16,7 +16,8 @@ import torch
 
 import deltackpt
 from deltackpt.format import msgpack_io
-from deltackpt.repo import holds, locks
+from deltackpt.repo import locks
+from deltackpt.repo.maintain import holds
 from tests.conftest import ROOT
 
 needs_proc = pytest.mark.skipif(not os.path.exists("/proc/self/ns/pid") or locks._BOOT is None,
@@ -61,7 +62,7 @@ def test_a_dead_holders_hold_keeps_nothing(repo_path):
     vids = _versions(repo_path)
     code = textwrap.dedent(f"""
         import sys, time, deltackpt
-        from deltackpt.repo import holds
+        from deltackpt.repo.maintain import holds
         holds.Hold(deltackpt.Repo({repo_path!r}).core.store).set([{vids[0]!r}])
         print("held", flush=True)
         time.sleep(120)

@@ -12,7 +12,7 @@ import torch
 
 import deltackpt
 from deltackpt.errors import InvalidArgumentError
-from deltackpt.repo import saver
+from deltackpt.repo.write import saver
 from tests.conftest import file_digests, run_cli
 
 DAY = 86400.0

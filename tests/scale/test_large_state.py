@@ -17,7 +17,7 @@ import deltackpt
 from deltackpt.torchstate.planner import plan_blobs
 from deltackpt.torchstate.flatten import flatten
 from deltackpt.torchstate.tensor_bytes import StagedSource, copy_blob_to_device
-from deltackpt.repo import saver
+from deltackpt.repo.write import saver
 from tests.conftest import ROOT
 
 MiB = 1 << 20

@@ -15,7 +15,7 @@ from deltackpt.errors import CorruptObjectError, InvalidNameError, StoreError, U
 from deltackpt.format import index as index_fmt
 from deltackpt.format import refs
 from deltackpt.format.ids import from_hex, hex_id, is_hex_prefix
-from deltackpt.repo.packfile import read_entries
+from deltackpt.repo.read.packfile import read_entries
 from deltackpt.repo.repository import Repository
 from deltackpt.store.base import check_key
 

@@ -82,7 +82,7 @@ def test_one_save_in_flight(repo_path, monkeypatch):
     """A second background save waits until the first has committed before it snapshots."""
     gate = threading.Event()
     started = threading.Event()
-    from deltackpt.repo import saver
+    from deltackpt.repo.write import saver
     real = saver.write_version
 
     def slow_first(*a, **k):

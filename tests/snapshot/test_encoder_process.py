@@ -15,7 +15,7 @@ import torch
 
 import deltackpt
 from deltackpt.snapshot import async_save, staging
-from deltackpt.repo import encoder_process
+from deltackpt.repo.write import encoder_process
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.skipif(not encoder_process.supported(), reason="needs Linux memfd")

@@ -233,7 +233,7 @@ def test_bad_lazy_arguments_are_refused_before_anything_is_written(tmp_path):
 def test_lazy_save_through_the_encoder_process(repo_path, slow_copy, monkeypatch):
     """background="process": the lazy copy goes into the shared segment before the encoder process
     reads it, and the version is the state at the call."""
-    from deltackpt.repo import encoder_process
+    from deltackpt.repo.write import encoder_process
     if not encoder_process.supported():
         pytest.skip("no encoder process on this platform")
     model, (opt,), _, one_step = _setup("adamw")

@@ -78,7 +78,7 @@ def test_first_save_of_a_new_layout_prefaults_the_next_copy(repo_path):
 def test_prepare_for_the_encoder_process_pools_a_faulted_segment(repo_path, monkeypatch):
     """With background="process", prepare faults in shared segments, and the first save stages
     into one of them instead of creating its own."""
-    from deltackpt.repo import encoder_process
+    from deltackpt.repo.write import encoder_process
     if not encoder_process.supported():
         pytest.skip("no encoder process on this platform")
     ckpt = Checkpointer(repo_path, policy=1, background="process")

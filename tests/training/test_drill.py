@@ -13,7 +13,7 @@ import torch
 
 import deltackpt
 from deltackpt import priority
-from deltackpt.repo import events
+from deltackpt.repo.maintain import events
 from deltackpt.training import Checkpointer, training_state
 from deltackpt.training.policies import AnyOf, EveryN, YoungDaly
 from tests.conftest import run_cli

@@ -12,7 +12,7 @@ import torch
 import deltackpt
 from deltackpt import faults
 from deltackpt.errors import DivergenceError, InvalidArgumentError
-from deltackpt.repo import events
+from deltackpt.repo.maintain import events
 from deltackpt.training import Guard, Ratio, Spike, rng, targets
 from tests.strategies import assert_bit_identical
 from tests.training._guarded import make_run, train

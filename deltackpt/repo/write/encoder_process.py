@@ -42,10 +42,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DeltackptError, NotARepositoryError
-from ..format.manifest import TensorEntry
+from ...errors import DeltackptError, NotARepositoryError
+from ...format.manifest import TensorEntry
+from ..repository import Repository
 from . import saver
-from .repository import Repository
 
 _LEN = struct.Struct("<Q")
 MAX_OPEN_REPOS = 4   # repositories the child keeps open (each with its delta cache), least recently used dropped
@@ -148,7 +148,7 @@ class _Job:
 
 class EncoderProcess:
     """The parent's handle on one child.  :meth:`write_version` is the process twin of
-    :func:`deltackpt.repo.saver.write_version`.
+    :func:`deltackpt.repo.write.saver.write_version`.
 
     Example::
 
@@ -166,7 +166,7 @@ class EncoderProcess:
             # its own session: Ctrl-C (and any signal sent to the training job's process group) stops
             # the training process, never a save this child has received; the child exits when the
             # parent's end of the socket closes, however the parent went
-            self.proc = subprocess.Popen([sys.executable, "-m", "deltackpt.repo.encoder_process", str(child.fileno())],
+            self.proc = subprocess.Popen([sys.executable, "-m", "deltackpt.repo.write.encoder_process", str(child.fileno())],
                                          pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, env=env,
                                          start_new_session=True)
         except OSError as exc:

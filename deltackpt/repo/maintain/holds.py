@@ -25,10 +25,10 @@ import os
 import secrets
 from typing import Iterable
 
-from ..format.ids import ID_HEX_LEN, is_hex_prefix
-from ..store.base import Store
-from . import locks
-from .layout import MANIFESTS
+from ...format.ids import ID_HEX_LEN, is_hex_prefix
+from ...store.base import Store
+from .. import locks
+from ..layout import MANIFESTS
 
 HOLDS = locks.LOCKS + "hold-"
 #: versions one hold file keeps (33 bytes each: the body stays far below the 4096-byte lock limit)

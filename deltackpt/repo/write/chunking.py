@@ -7,7 +7,7 @@ tensor shape is always cut the same way and chunk i of one version lines up with
 
 from __future__ import annotations
 
-from ..format.limits import MAX_CHUNK_BYTES
+from ...format.limits import MAX_CHUNK_BYTES
 
 
 def chunk_bounds(nbytes: int, row_bytes: int, itemsize: int, target: int) -> list[tuple[int, int]]:

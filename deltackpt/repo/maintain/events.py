@@ -17,13 +17,13 @@ import socket
 import time
 from typing import Any
 
-from ..errors import DeltackptError, ObjectNotFoundError
-from ..format import events as events_fmt
-from ..format.events import Event
-from ..format.ids import ID_HEX_LEN, hex_id, is_hex_prefix
-from ..format.limits import MAX_EVENT_BYTES
-from .layout import EVENTS
-from .repository import Repository
+from ...errors import DeltackptError, ObjectNotFoundError
+from ...format import events as events_fmt
+from ...format.events import Event
+from ...format.ids import ID_HEX_LEN, hex_id, is_hex_prefix
+from ...format.limits import MAX_EVENT_BYTES
+from ..layout import EVENTS
+from ..repository import Repository
 
 #: drill records gc keeps (the newest); rollback records are rare and all kept
 KEEP_DRILLS = 16

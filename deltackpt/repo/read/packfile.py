@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import xxhash
 
-from ..errors import CorruptObjectError, FormatVersionError, LimitExceededError
-from ..format import pack as pack_fmt
-from ..format.limits import MAX_PACK_BYTES
-from ..format.pack import PackEntry
-from ..store.base import Store
-from .layout import pack_key
+from ...errors import CorruptObjectError, FormatVersionError, LimitExceededError
+from ...format import pack as pack_fmt
+from ...format.limits import MAX_PACK_BYTES
+from ...format.pack import PackEntry
+from ...store.base import Store
+from ..layout import pack_key
 
 HASH_PIECE_BYTES = 8 << 20
 """A streamed re-hash reads this much at a time: memory stays flat whatever the pack's size."""

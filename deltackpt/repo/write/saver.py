@@ -15,20 +15,21 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import threads
-from ..codecs.base import ChunkContext
-from ..codecs.registry import get as codec_of
-from ..errors import DeltackptError
-from ..format import refs
-from ..format.manifest import Blob, ChunkRef, Manifest, TensorEntry
-from . import abandon, background, commit, locks
+from ... import threads
+from ...codecs.base import ChunkContext
+from ...codecs.registry import get as codec_of
+from ...errors import DeltackptError
+from ...format import refs
+from ...format.manifest import Blob, ChunkRef, Manifest, TensorEntry
+from .. import locks
+from ..repository import Repository
+from . import abandon, background, commit
 from .arena import CopyArena
 from .chunk_encoder import SaveContext, encode_one
 from .chunking import chunk_bounds
 from .consolidate import consolidate
 from .packer import Packer
 from .presence import ChunkPresence
-from .repository import Repository
 
 WINDOW = 16  # chunks in flight per worker pool: bounds memory held by encoded results
 

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ..format import index as index_fmt
-from ..format.ids import hex_id
-from ..format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
-from ..format.pack import PackStream
-from .layout import INDEX, pack_key
-from .repository import Repository
+from ...format import index as index_fmt
+from ...format.ids import hex_id
+from ...format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
+from ...format.pack import PackStream
+from ..layout import INDEX, pack_key
+from ..repository import Repository
 
-if TYPE_CHECKING:
-    from .saver import SaveStats
+
+class PackCounts(Protocol):
+    """What a packer counts: a save's ``saver.SaveStats``, deltify's own counts."""
+
+    packs: int
+    objects_bytes: int
 
 
 class Packer:
@@ -25,7 +29,7 @@ class Packer:
     in :meth:`abort`, and one killed leaves only temp files the next save deletes once its lock
     is provably dead (spec/FORMAT.md §13)."""
 
-    def __init__(self, repo: Repository, stats: SaveStats, owner: str | None = None) -> None:
+    def __init__(self, repo: Repository, stats: PackCounts, owner: str | None = None) -> None:
         self.repo = repo
         self.stats = stats
         self.owner = owner

@@ -30,17 +30,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..codecs.base import ChunkContext
-from ..codecs.pipeline import BaseChunk, encode_chunk
-from ..codecs.registry import get as codec_of
-from ..errors import DeltackptError
-from ..format.objects import EncodedObject
-from . import locks
+from ...codecs.base import ChunkContext
+from ...codecs.pipeline import BaseChunk, encode_chunk
+from ...codecs.registry import get as codec_of
+from ...errors import DeltackptError
+from ...format.objects import EncodedObject
+from .. import locks
+from ..layout import DEFAULT_DELTIFY_LAG
+from ..repository import Repository
 from .head import DELTA_CODECS
-from .layout import DEFAULT_DELTIFY_LAG
 from .packer import Packer
-from .repository import Repository
-from .retention import history_order
 from .supersede import REWRITE_DEAD_FRACTION, drop_superseded
 
 #: the newest versions left as saved (latest and the one before it)
@@ -150,7 +149,7 @@ def _positions(repo: Repository, vid: str) -> dict[tuple, tuple[bytes, int, int,
 def _plan(repo: Repository, lag: int) -> tuple[list[_Candidate], set[bytes]]:
     """Every chunk of the versions older than the ``lag`` newest that is a keyframe, with the chunks
     at its position in newer versions; and the chunks the newest versions' chains need (untouched)."""
-    history = history_order(repo)  # newest first; past a removed ancestor, by time
+    history = repo.history_order()  # newest first; past a removed ancestor, by time
     if len(history) <= lag:
         return [], set()
     by_version = [_positions(repo, v) for v in history]
@@ -254,7 +253,7 @@ def _convert(repo: Repository, cand: _Candidate, overlay: dict[bytes, tuple[byte
 
 @dataclass
 class _PackCounts:
-    """What the packer counts (the fields of saver.SaveStats it uses)."""
+    """What the packer counts (packer.PackCounts)."""
 
     packs: int = 0
     objects_bytes: int = 0

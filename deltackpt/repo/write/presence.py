@@ -14,10 +14,10 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 
-from ..format.limits import MAX_CHAIN_DEPTH
-from ..format.pack import PackEntry
-from .layout import pack_key
-from .repository import Repository
+from ...format.limits import MAX_CHAIN_DEPTH
+from ...format.pack import PackEntry
+from ..layout import pack_key
+from ..repository import Repository
 
 
 class ChunkPresence:

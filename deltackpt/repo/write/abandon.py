@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from ..errors import SaveAbandonedError
+from ...errors import SaveAbandonedError
 
 _requested = threading.Event()
 

@@ -2,7 +2,7 @@
 
 Use it after ``verify`` reports a damaged or missing index file::
 
-    from deltackpt.repo.rebuild import rebuild_index
+    from deltackpt.repo.maintain.rebuild import rebuild_index
     report = rebuild_index(repo.core)        # repo = deltackpt.Repo(path)
     assert repo.verify().ok
 
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import DeltackptError
-from ..format import index as index_fmt
-from ..format.ids import from_hex, hex_id
-from ..format.pack import PackEntry
-from . import locks, packfile
-from .layout import INDEX, PACKS, pack_key
-from .repository import Repository
+from ...errors import DeltackptError
+from ...format import index as index_fmt
+from ...format.ids import from_hex, hex_id
+from ...format.pack import PackEntry
+from .. import locks
+from ..layout import INDEX, PACKS, pack_key
+from ..read import packfile
+from ..repository import Repository
 
 
 @dataclass

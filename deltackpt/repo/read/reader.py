@@ -6,14 +6,15 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from ..codecs import registry
-from ..errors import CorruptObjectError, DeltackptError, ObjectNotFoundError
-from ..format import objects
-from ..format.ids import digest
-from ..format.limits import MAX_CHAIN_DEPTH
-from ..format.manifest import Blob
-from ..format.pack import PackEntry
-from .layout import pack_key
+from ...codecs import registry
+from ...errors import CorruptObjectError, DeltackptError, ObjectNotFoundError
+from ...format import objects
+from ...format.ids import digest
+from ...format.limits import MAX_CHAIN_DEPTH
+from ...format.manifest import Blob
+from ...format.pack import PackEntry
+from ..layout import pack_key
+from .copies import PackGone
 from .live import rehydrate
 
 
@@ -24,10 +25,6 @@ from .live import rehydrate
 READ_GAP = 0
 READ_SPAN = 8 * 1024 * 1024
 MAX_COPIES_TRIED = 8   # damaged copies of one chunk skipped before a read gives up
-
-
-class _PackGone(CorruptObjectError):
-    """A pack named by the index is missing (gc repacked it, or it was lost)."""
 
 
 class DecodedCache:
@@ -67,7 +64,7 @@ class ChunkReader:
         try:
             data = self.store.get(pack_key(pack_id), e.offset, e.length)
         except (ObjectNotFoundError, FileNotFoundError):
-            raise _PackGone(f"chunk {e.chunk_id.hex()} in pack {pack_id}: pack file is missing") from None
+            raise PackGone(f"chunk {e.chunk_id.hex()} in pack {pack_id}: pack file is missing") from None
         return self._check_object(pack_id, e, data)
 
     @staticmethod
@@ -95,7 +92,7 @@ class ChunkReader:
         while True:
             try:
                 return self._read_chunk(cid, out, None if avoid else first, avoid)
-            except _PackGone:
+            except PackGone:
                 if refreshed:
                     raise
                 # gc may have repacked (and rebased) this chunk since our index was loaded: look again
@@ -119,13 +116,13 @@ class ChunkReader:
         for pid, e in copies:
             try:
                 return pid, e, self.read_object(pid, e)
-            except _PackGone:
+            except PackGone:
                 continue
             except CorruptObjectError as exc:
                 damaged = damaged or exc
         if damaged is not None:
             raise damaged
-        raise _PackGone(f"chunk {cid.hex()}: every pack holding it ({', '.join(p for p, _ in copies)}) is missing")
+        raise PackGone(f"chunk {cid.hex()}: every pack holding it ({', '.join(p for p, _ in copies)}) is missing")
 
     def _read_chunk(self, cid: bytes, out: memoryview | None, first=None,
                     avoid: "set[tuple[str, int]] | frozenset" = frozenset()) -> bytes | memoryview:

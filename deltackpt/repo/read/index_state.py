@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..errors import CorruptObjectError, DeltackptError, ObjectNotFoundError
-from ..format import index as index_fmt
-from ..format.limits import MAX_INDEX_BYTES
-from ..format.pack import PackEntry
+from ...errors import CorruptObjectError, DeltackptError, ObjectNotFoundError
+from ...format import index as index_fmt
+from ...format.limits import MAX_INDEX_BYTES
+from ...format.pack import PackEntry
+from ..layout import INDEX
 from .copies import Copy, Resolution, resolve
-from .layout import INDEX
 
 
 class IndexState:

@@ -6,20 +6,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..errors import ConflictError, UnknownVersionError, UnsupportedLeafError
-from ..format import refs
-from ..format.ids import hex_id
-from ..format.manifest import Manifest
-from . import locks
-from .layout import LATEST_REF, MANIFESTS, TAGS
-from .repository import Repository
+from ...errors import ConflictError, UnknownVersionError, UnsupportedLeafError
+from ...format import refs
+from ...format.ids import hex_id
+from ...format.manifest import Manifest
+from .. import locks
+from ..layout import LATEST_REF, MANIFESTS, TAGS
+from ..repository import Repository
 
 #: how often a commit re-parents after losing the swap of ``latest`` before giving up
 SWAP_RETRIES = 16
 
 
 def writer_name() -> str:
-    from .. import __version__
+    from ... import __version__
     return f"deltackpt {__version__}"
 
 

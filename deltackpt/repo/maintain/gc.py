@@ -10,63 +10,31 @@ Order (each step leaves every kept version restorable if the process dies right 
 4. write one consolidated index, then delete the old index files;
 5. delete packs no index refers to, and temp files, older than the grace period; then drill
    records beyond the newest 16 (events.py) and the holds of processes that are gone (holds.py);
-6. deltify what the kept versions still hold whole (deltify.py, its own crash-safe order).
+6. deltify what the kept versions still hold whole (write/deltify.py, its own crash-safe order).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from .. import faults
-from ..codecs import registry
-from ..codecs.base import ChunkContext
-from ..errors import ConflictError, CorruptObjectError
-from ..format import index as index_fmt
-from ..format.ids import hex_id
-from ..format.limits import MAX_INDEX_BYTES, PACK_MAX_OBJECTS, PACK_TARGET_BYTES
-from ..format.objects import EncodedObject
-from ..format.pack import PackBuilder, PackEntry
-from . import events, holds, locks
-from .deltify import DEFAULT_LAG, deltify_locked
-from .gc_plan import GcPlan, plan_gc
-from .layout import INDEX, MANIFESTS, TAGS, pack_key
-from .repository import Repository
+from ... import faults
+from ...codecs import registry
+from ...codecs.base import ChunkContext
+from ...errors import ConflictError, CorruptObjectError
+from ...format import index as index_fmt
+from ...format.ids import hex_id
+from ...format.limits import MAX_INDEX_BYTES, PACK_MAX_OBJECTS, PACK_TARGET_BYTES
+from ...format.objects import EncodedObject
+from ...format.pack import PackBuilder, PackEntry
+from .. import locks
+from ..layout import INDEX, MANIFESTS, TAGS, pack_key
+from ..repository import Repository
+from ..write.deltify import DEFAULT_LAG, deltify_locked
+from . import events, holds
+from .gc_plan import GcPlan, GcReport, plan_gc
 from .retention import Retention
 
 DEFAULT_GRACE_SECONDS = 600.0
-
-
-@dataclass
-class GcReport:
-    """What gc removed (or would remove, with ``dry_run``)."""
-
-    dry_run: bool
-    kept: dict[str, list[str]] = field(default_factory=dict)
-    removed: list[str] = field(default_factory=list)
-    reclaimed_bytes: int = 0
-    packs_deleted: int = 0
-    packs_rewritten: int = 0
-    chunks_rebased: int = 0
-    bases_kept: int = 0
-    temps_deleted: int = 0
-    chunks_deltified: int = 0      # kept keyframes re-stored as deltas against newer chunks (deltify.py)
-    deltified_bytes: int = 0       # the bytes deltification wrote (its deltas, objects of packs it rewrote)
-    deltify_freed_bytes: int = 0   # and the pack bytes it removed; not in reclaimed_bytes (gc's own,
-                                   # which a dry run reports exactly): the disk's change adds both
-    events_deleted: int = 0
-    tags_deleted: list[str] = field(default_factory=list)
-    steps: dict[str, int | None] = field(default_factory=dict)  # version id -> step, for reports
-
-    def to_json(self) -> dict[str, Any]:
-        return {"dry_run": self.dry_run, "kept": self.kept, "removed": self.removed,
-                "reclaimed_bytes": self.reclaimed_bytes, "packs_deleted": self.packs_deleted,
-                "packs_rewritten": self.packs_rewritten, "chunks_rebased": self.chunks_rebased,
-                "bases_kept": self.bases_kept, "temps_deleted": self.temps_deleted,
-                "chunks_deltified": self.chunks_deltified, "deltified_bytes": self.deltified_bytes,
-                "deltify_freed_bytes": self.deltify_freed_bytes,
-                "events_deleted": self.events_deleted,
-                "tags_deleted": self.tags_deleted, "steps": self.steps}
 
 
 #: how often gc plans again because tags moved while it planned, before giving up

@@ -19,13 +19,13 @@ other's copies, and inside a save lock (or gc's), so gc is not running.
 
 from __future__ import annotations
 
-from ..format import index as index_fmt
-from ..format.ids import hex_id
-from ..format.limits import MAX_INDEX_BYTES
-from ..format.pack import PackBuilder, PackEntry
-from . import locks
-from .layout import INDEX, PACKS, pack_key
-from .repository import Repository
+from ...format import index as index_fmt
+from ...format.ids import hex_id
+from ...format.limits import MAX_INDEX_BYTES
+from ...format.pack import PackBuilder, PackEntry
+from .. import locks
+from ..layout import INDEX, PACKS, pack_key
+from ..repository import Repository
 
 REWRITE_DEAD_FRACTION = 0.2   # rewrite a pack once this much of it is redundant (gc uses the same)
 _NEW = "new"                   # the pack being built, while planning

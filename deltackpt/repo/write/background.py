@@ -21,8 +21,8 @@ import os
 import threading
 import weakref
 
-from .. import priority, threads
-from ..errors import DeltackptError
+from ... import priority, threads
+from ...errors import DeltackptError
 from . import deltify as deltify_mod
 
 #: deltify in the background after each save (``DELTACKPT_DELTIFY=off`` turns it off)

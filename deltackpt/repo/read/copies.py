@@ -21,9 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
-from ..format.pack import PackEntry
+from ...errors import CorruptObjectError
+from ...format.pack import PackEntry
 
 Copy = tuple[str, PackEntry]  # (pack id, entry)
+
+
+class PackGone(CorruptObjectError):
+    """A pack named by the index is missing (gc repacked it, or it was lost): read another copy."""
 
 
 @dataclass

@@ -22,9 +22,9 @@ it is what decides between paying bytes at every save and paying them at restore
 
 from __future__ import annotations
 
-from ..codecs.base import ChunkContext
-from ..codecs.pipeline import BaseChunk, ChunkEncoding, encode_chunk, sample_fits
-from ..codecs.registry import SCALED_DELTA, SPARSE, SUB_DELTA, XOR_DELTA
+from ...codecs.base import ChunkContext
+from ...codecs.pipeline import BaseChunk, ChunkEncoding, encode_chunk, sample_fits
+from ...codecs.registry import SCALED_DELTA, SPARSE, SUB_DELTA, XOR_DELTA
 
 #: forward deltas since a position's keyframe may add up to this fraction of the keyframe's stored size
 HEAD_DELTA_BUDGET = 0.5

@@ -12,9 +12,9 @@ import operator
 import time
 from dataclasses import dataclass
 
-from ..errors import InvalidArgumentError
+from ...errors import InvalidArgumentError
+from ..repository import Repository
 from .holds import held
-from .repository import Repository
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class Retention:
     def select(self, repo: Repository, now: float | None = None) -> dict[str, list[str]]:
         """Map each kept version id to the reasons it is kept."""
         now = time.time() if now is None else now
-        history = history_order(repo)  # newest first
+        history = repo.history_order()  # newest first
         kept: dict[str, list[str]] = {}
 
         def keep(vid: str, why: str) -> None:
@@ -131,22 +131,6 @@ def check_metric_recorded(repo: Repository, metric: str) -> None:
         raise InvalidArgumentError(f"keep_best (--keep-best): no version of {repo.location} records a number for the "
                                    f"metric {metric!r:.80}, so the rule would keep nothing; metrics recorded: "
                                    f"{names}; nothing was removed")
-
-
-def history_order(repo: Repository) -> list[str]:
-    """Every version, newest first by history: ``latest``, its parent, its parent's parent, ...;
-    then the versions not on that line (an ancestor gc removed cuts it; a manifest whose ref never
-    moved is not on it), newest first by the time their writer's clock recorded."""
-    by_time = repo.history()
-    present = set(by_time)
-    line: list[str] = []
-    seen: set[str] = set()
-    vid = repo.latest()
-    while vid is not None and vid in present and vid not in seen:
-        line.append(vid)
-        seen.add(vid)
-        vid = repo.manifest(vid).parent
-    return line + [v for v in by_time if v not in seen]
 
 
 def _count(name: str, value: object, minimum: int) -> int | None:

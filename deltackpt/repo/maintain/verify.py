@@ -14,12 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..codecs import registry
-from ..errors import DeltackptError
-from ..format import refs
-from . import events, packfile
-from .layout import EVENTS, LATEST_REF, MANIFESTS, PACKS, TAGS, pack_key
-from .repository import Repository
+from ...codecs import registry
+from ...errors import DeltackptError
+from ...format import refs
+from ..layout import EVENTS, LATEST_REF, MANIFESTS, PACKS, TAGS, pack_key
+from ..read import packfile
+from ..repository import Repository
+from . import events
 
 
 @dataclass

@@ -16,13 +16,13 @@ are harmless, and the next run merges them again.  It runs inside a save lock, s
 
 from __future__ import annotations
 
-from ..format import index as index_fmt
-from ..format.ids import hex_id
-from ..format.limits import MAX_INDEX_BYTES
-from ..format.pack import PackEntry
-from . import locks
-from .layout import INDEX
-from .repository import Repository
+from ...format import index as index_fmt
+from ...format.ids import hex_id
+from ...format.limits import MAX_INDEX_BYTES
+from ...format.pack import PackEntry
+from .. import locks
+from ..layout import INDEX
+from ..repository import Repository
 
 #: merge index files once a repository holds more than this many
 MAX_INDEX_FILES = 16

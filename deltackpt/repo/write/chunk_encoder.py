@@ -9,16 +9,16 @@ from typing import Any
 
 import numpy as np
 
-from ..codecs.base import ChunkContext
-from ..codecs.floats import max_abs_err
-from ..codecs.pipeline import BaseChunk, encode_chunk
-from ..format.ids import digest
-from ..format.objects import EncodedObject
-from .delta_cache import ChunkMemo, next_star_base
+from ...codecs.base import ChunkContext
+from ...codecs.floats import max_abs_err
+from ...codecs.pipeline import BaseChunk, encode_chunk
+from ...format.ids import digest
+from ...format.objects import EncodedObject
+from ..delta_cache import ChunkMemo, next_star_base
+from ..repository import Repository
 from .head import delta_budget, encode_changed
 from .packer import Packer
 from .presence import ChunkPresence
-from .repository import Repository
 
 
 @dataclass

@@ -22,16 +22,24 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ..codecs import registry
-from ..errors import CorruptObjectError, DeltackptError
-from ..format.ids import digest
-from ..format.limits import MAX_CHAIN_DEPTH
-from ..format.pack import PackEntry
+from ...codecs import registry
+from ...errors import CorruptObjectError, DeltackptError
+from ...format import objects
+from ...format.ids import digest
+from ...format.limits import MAX_CHAIN_DEPTH
+from ...format.pack import PackEntry
+from .copies import PackGone
 
-if TYPE_CHECKING:
-    from .reader import ChunkReader
+
+class ObjectSource(Protocol):
+    """What live rollback reads through (a repository's :class:`~.reader.ChunkReader`, which calls
+    :func:`rehydrate`; so this module never imports the reader)."""
+
+    def entries_for(self, cid: bytes) -> list[tuple[str, PackEntry]]: ...
+
+    def read_object(self, pack_id: str, e: PackEntry) -> objects.EncodedObject: ...
 
 Link = tuple[bytes, str, PackEntry]   # the chunk id, the pack holding the copy used, its entry
 
@@ -67,7 +75,7 @@ class Path:
     cost: int             # stored bytes read
 
 
-def _target_chain(repo: "ChunkReader", cid: bytes, size: int) -> tuple[list[Link], int] | None:
+def _target_chain(repo: ObjectSource, cid: bytes, size: int) -> tuple[list[Link], int] | None:
     """The target's chain through best copies, target first, and a normal read's stored bytes
     (the whole chain); None when a link is unindexed, of another size, or the chain loops."""
     chain: list[Link] = []
@@ -86,7 +94,7 @@ def _target_chain(repo: "ChunkReader", cid: bytes, size: int) -> tuple[list[Link
     return chain, cost
 
 
-def plan(repo: "ChunkReader", cid: bytes, live: bytes, size: int) -> Path | None:
+def plan(repo: ObjectSource, cid: bytes, live: bytes, size: int) -> Path | None:
     """The cheapest path from the live chunk to ``cid`` that beats a normal read, or None."""
     found = _target_chain(repo, cid, size)
     if found is None:
@@ -122,7 +130,7 @@ def _invertible(encoding: int) -> bool:
         return False
 
 
-def _undo(repo: "ChunkReader", path: Path, dest: memoryview) -> bool:
+def _undo(repo: ObjectSource, path: Path, dest: memoryview) -> bool:
     """Undo the live chunk's deltas in place; False (the destination then holds anything) when
     one cannot be read or does not land on its base."""
     for c, pid, e in path.undo:
@@ -136,17 +144,15 @@ def _undo(repo: "ChunkReader", path: Path, dest: memoryview) -> bool:
     return True
 
 
-def _apply(repo: "ChunkReader", path: Path, dest: memoryview) -> bool:
+def _apply(repo: ObjectSource, path: Path, dest: memoryview) -> bool:
     """Apply the target's deltas above the meeting link in place, each hash-checked; False when a
     pack is gone (a normal read looks again), CorruptObjectError when a link is corrupt."""
-    from .reader import _PackGone
-
     for c, pid, e in path.apply:
         what = f"chunk {c.hex()} in pack {pid}"
         try:
             obj = repo.read_object(pid, e)
             registry.get(obj.encoding).apply_into(dest, obj.params, obj.payload)
-        except _PackGone:
+        except PackGone:
             return False
         except CorruptObjectError as exc:
             raise CorruptObjectError(f"{what}: {exc}") from None
@@ -157,7 +163,7 @@ def _apply(repo: "ChunkReader", path: Path, dest: memoryview) -> bool:
     return True
 
 
-def rehydrate(repo: "ChunkReader", cid: bytes, dest: memoryview) -> bool:
+def rehydrate(repo: ObjectSource, cid: bytes, dest: memoryview) -> bool:
     """Make ``dest`` hold chunk ``cid`` from what it holds now; False when a normal read must."""
     live = digest(dest)
     if live == cid:

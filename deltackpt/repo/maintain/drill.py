@@ -23,16 +23,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .. import priority
-from .. import threads as worker_threads
-from ..errors import CorruptObjectError, DeltackptError
-from ..format.events import DRILL
-from ..format.ids import digest
-from ..format.limits import EVENT_MAX_TEXT
-from ..format.manifest import Blob
-from ..store.counting import ReadMeter
+from ... import priority
+from ... import threads as worker_threads
+from ...errors import CorruptObjectError, DeltackptError
+from ...format.events import DRILL
+from ...format.ids import digest
+from ...format.limits import EVENT_MAX_TEXT
+from ...format.manifest import Blob
+from ...store.counting import ReadMeter
+from ..repository import Repository
 from . import events
-from .repository import Repository
 
 BATCH_BYTES = 256 << 20
 

@@ -1,23 +1,54 @@
 """gc's first step: read the index, manifests and refs once and decide what goes (the versions
 outside the retention policy, the chunks only they need, the packs to keep, rewrite or delete).
-Nothing here writes; gc.py acts on the plan in its crash-safe order."""
+Nothing here writes; gc.py acts on the plan in its crash-safe order.  The report gc returns
+(:class:`GcReport`) is defined here, where planning starts filling it, so gc.py imports this module
+and never the other way round."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Any
 
-from ..errors import CorruptObjectError
-from ..format.pack import PackEntry
-from .layout import MANIFESTS, PACKS, pack_key
-from .repository import Repository
+from ...errors import CorruptObjectError
+from ...format.pack import PackEntry
+from ..layout import MANIFESTS, PACKS, pack_key
+from ..repository import Repository
 from .retention import Retention
 
-if TYPE_CHECKING:
-    from .gc import GcReport
-
 REPACK_DEAD_FRACTION = 0.2
+
+
+@dataclass
+class GcReport:
+    """What gc removed (or would remove, with ``dry_run``)."""
+
+    dry_run: bool
+    kept: dict[str, list[str]] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
+    reclaimed_bytes: int = 0
+    packs_deleted: int = 0
+    packs_rewritten: int = 0
+    chunks_rebased: int = 0
+    bases_kept: int = 0
+    temps_deleted: int = 0
+    chunks_deltified: int = 0      # kept keyframes re-stored as deltas against newer chunks (deltify.py)
+    deltified_bytes: int = 0       # the bytes deltification wrote (its deltas, objects of packs it rewrote)
+    deltify_freed_bytes: int = 0   # and the pack bytes it removed; not in reclaimed_bytes (gc's own,
+                                   # which a dry run reports exactly): the disk's change adds both
+    events_deleted: int = 0
+    tags_deleted: list[str] = field(default_factory=list)
+    steps: dict[str, int | None] = field(default_factory=dict)  # version id -> step, for reports
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dry_run": self.dry_run, "kept": self.kept, "removed": self.removed,
+                "reclaimed_bytes": self.reclaimed_bytes, "packs_deleted": self.packs_deleted,
+                "packs_rewritten": self.packs_rewritten, "chunks_rebased": self.chunks_rebased,
+                "bases_kept": self.bases_kept, "temps_deleted": self.temps_deleted,
+                "chunks_deltified": self.chunks_deltified, "deltified_bytes": self.deltified_bytes,
+                "deltify_freed_bytes": self.deltify_freed_bytes,
+                "events_deleted": self.events_deleted,
+                "tags_deleted": self.tags_deleted, "steps": self.steps}
 
 
 def _pack_files(repo: Repository) -> dict[str, int]:

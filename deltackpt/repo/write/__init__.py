@@ -1,0 +1,16 @@
+"""The write path: how chunks get into the store and take their final form.
+
+``saver`` runs a save: ``chunking`` cuts blobs, ``chunk_encoder`` dedups each chunk against what is
+stored (``presence``: only chunks whose packs still exist) and chooses its form (``head``: whole or
+a small forward delta), ``packer`` streams the objects into packs and writes one index file, and
+``commit`` names the manifest under the refs lock.  ``arena`` holds a save's private chunk copies,
+``abandon`` stops saves in flight at exit, ``encoder_process`` runs saves in a child process for
+background saves.  After committing, a save keeps the index files few (``consolidate``) and pokes
+the repository's background thread (``background``), which re-stores older versions' keyframes as
+deltas (``deltify``) and drops the packs that made redundant (``supersede``).
+
+What it may import: the repository's floor (``..repository``, ``..layout``, ``..locks``,
+``..versions``, ``..delta_cache``), ``..read`` through the repository, ``format``, ``codecs``,
+``store`` and the top-level helpers.  It must not import ``..maintain``: maintenance calls the
+write path (gc deltifies), never the reverse.
+"""
