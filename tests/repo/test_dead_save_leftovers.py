@@ -91,12 +91,15 @@ def test_the_next_save_removes_what_a_killed_save_left_and_nothing_of_a_live_one
     resumes and commits, and every version loads bit for bit."""
     repo = str(tmp_path / "repo")
     deltackpt.save({"w": torch.ones(8)}, repo, step=0)
-    killed = _start(repo, 1, fault="pack.fsync:2:kill")
+    # B first, frozen before A starts: had A died before B took its save lock, B's own start
+    # would have cleared A's leftovers (correctly), leaving this test nothing to look at
     frozen = _start(repo, 2, fault="pack.fsync:2:stop")
+    killed = None
     try:
+        _until(lambda: proc_state(frozen.pid) == "T", "save B to freeze")
+        killed = _start(repo, 1, fault="pack.fsync:2:kill")
         killed.communicate(timeout=120)
         assert killed.returncode == -signal.SIGKILL
-        _until(lambda: proc_state(frozen.pid) == "T", "save B to freeze")
         left = _files(repo, "tmp")
         assert any(f"-{killed.pid}-" in n for n in left), left   # A's sealed pack, held aside
         mine = [n for n in left if f"-{frozen.pid}-" in n]
@@ -113,7 +116,7 @@ def test_the_next_save_removes_what_a_killed_save_left_and_nothing_of_a_live_one
         assert "committed" in out, err
     finally:
         for p in (killed, frozen):
-            if p.poll() is None:
+            if p is not None and p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
     r = deltackpt.Repo(repo)
     assert sorted(v.step for v in r.log()) == [0, 2, 3]
