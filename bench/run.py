@@ -66,6 +66,7 @@ class _Run:
 def _save_all(run: _Run, order, state, base: str, v: int) -> None:
     for s in order:   # save, interleaved
         dt, cpu, n = timed_cpu(s.save, state, _dir(base, s, v))
+        s.settle()
         r = run.res[s.name]
         r["bytes"].append(n)
         r["save"].append(dt)

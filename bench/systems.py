@@ -65,7 +65,14 @@ def _fsync_dir(path: str) -> None:
 
 
 def _size(d: str) -> int:
-    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
+    total = 0
+    for r, _, fs in os.walk(d):
+        for f in fs:
+            try:
+                total += os.path.getsize(os.path.join(r, f))
+            except FileNotFoundError:
+                pass  # a temp file renamed or removed meanwhile
+    return total
 
 
 class System:
@@ -78,6 +85,9 @@ class System:
 
     def load(self, d: str) -> Any:
         raise NotImplementedError
+
+    def settle(self) -> None:
+        """Wait, untimed, for work the save left running in the background."""
 
     def load_layer(self, d: str, prefix: str) -> dict[str, torch.Tensor]:
         raise NotImplementedError
@@ -133,6 +143,12 @@ class Deltackpt(System):
             deltackpt.Repo.init(d, delta_base=self.delta_base)
         self.last = deltackpt.save(state, d, step=int(state.get("step", 0)), encoding=self.encoding)
         return _size(d) - before
+
+    def settle(self):
+        # the deltification a save starts in the background (idle priority): finished before the
+        # next timed operation, so it neither runs inside one nor leaves the size half-way
+        from deltackpt.repo.write import background
+        background.wait_all_idle(600.0)
 
     def load(self, d, version="latest"):
         import deltackpt

@@ -53,13 +53,15 @@ def check_model(model: Any, state: Any, *, strict: bool, where: str) -> None:
 def check_optimizer(optimizer: Any, saved: Any, *, where: str) -> None:
     """Refuse ``saved`` if ``optimizer.load_state_dict(saved)`` would (its group structure), before
     any write.  ``saved`` may hold tensor references not read yet: only its plain layout is looked at."""
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(groups, list) or getattr(optimizer, "_optimizer_load_state_dict_pre_hooks", None):
+        # not torch's layout (a wrapper of several optimizers saving {name: state_dict}), or hooks
+        # that rewrite the state first: the optimizer decides
+        return
     if not isinstance(saved, Mapping) or not isinstance(saved.get("param_groups"), list) \
             or not isinstance(saved.get("state"), Mapping):
         raise StateMismatchError(f"{where}: its 'optimizer' entry is not an optimizer state_dict "
                                  "(no 'state' and 'param_groups'); nothing was restored")
-    groups = getattr(optimizer, "param_groups", None)
-    if not isinstance(groups, list) or getattr(optimizer, "_optimizer_load_state_dict_pre_hooks", None):
-        return  # not torch's layout, or hooks that rewrite the state first: the optimizer decides
     saved_groups = saved["param_groups"]
     if len(saved_groups) != len(groups):
         raise StateMismatchError(f"{where}: the optimizer has {len(groups)} parameter group(s), the version "

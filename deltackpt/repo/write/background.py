@@ -135,6 +135,18 @@ def after_commit(repo) -> None:
         deltifier(repo).poke()
 
 
+def wait_all_idle(timeout: float | None = None) -> bool:
+    """Wait until every background deltifier of this process is idle; False if one still runs
+    after ``timeout`` seconds (each gets the whole timeout).  For benchmarks and tests that measure
+    a repository between saves.
+
+    Example::
+
+        deltackpt.save(state, "ckpt"); wait_all_idle(60.0)
+    """
+    return all(d.wait_idle(timeout) for d in list(_workers.values()))
+
+
 def _stop_all() -> None:
     for d in list(_workers.values()):
         d.stop()
