@@ -12,12 +12,13 @@
 
 The floor, here at the top level: ``repository`` (the open repository: config, refs, manifests,
 revisions; it builds on ``read/`` for the index and chunk reads), and what every part shares and
-that imports no part: ``layout`` (keys), ``locks``, ``versions`` (what ``log`` reports),
-``delta_cache`` (the bases of the next deltas, which the repository handle keeps between saves).
+that imports no part: ``layout`` (keys), ``locks`` (over ``lock_holders``, which judges whether a
+lock's holder process lives), ``versions`` (what ``log`` reports), ``delta_cache`` (the bases of
+the next deltas, which the repository handle keeps between saves).
 
 The layers (import-linter checks them): ``maintain -> write -> repository -> read -> (layout |
-locks | versions | delta_cache)``; each part keeps its own modules in layers too, so no import
-circle forms anywhere.  Maintenance calls the write path (gc deltifies at its end), never the
+locks | versions | delta_cache) -> lock_holders``; each part keeps its own modules in layers too,
+so no import circle forms anywhere.  Maintenance calls the write path (gc deltifies at its end), never the
 reverse; a save and a read know nothing of gc.
 
 What it may import: ``format``, ``codecs``, ``store`` and the top-level ``errors``/``faults``/

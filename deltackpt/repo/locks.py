@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import os
 import secrets
-import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ from .. import threads
 from ..errors import ObjectNotFoundError, RepositoryLockedError, StoreError
 from ..format import msgpack_io
 from ..store.base import Store
+from .lock_holders import BOOT, HOST, describe, holder_state, pid_namespace, start_time
 
 LOCKS = "locks/"
 GC_LOCK = "locks/gc"
@@ -27,7 +27,6 @@ STALE_SECONDS = 6 * 3600.0
 #: how often a save or gc refreshes its lock file, so that a holder nobody can prove alive (another
 #: host or pid namespace) never outlives its lease while it runs; the lease is 12 renewals long
 RENEW_SECONDS = STALE_SECONDS / 12
-HOST = socket.gethostname()
 #: the locks gc may take with an empty body on a full disk (:func:`_put_lock`).  They are written
 #: durably, so that after a power cut an empty one is always a full disk's.  Every other lock is
 #: written without fsync (a lock matters only while its holder lives): an empty or unreadable one
@@ -35,44 +34,11 @@ HOST = socket.gethostname()
 MAY_BE_EMPTY = (GC_LOCK, REFS_LOCK)
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def _boot_id() -> str | None:
-    return _read("/proc/sys/kernel/random/boot_id")
-
-
-def _pid_ns() -> str | None:
-    """The pid namespace this process lives in (``pid:[4026531836]``): a pid means the same
-    process only to readers in the same namespace of the same boot."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-def _start_time(pid: int) -> int | None:
-    """Clock ticks since boot at which ``pid`` started (tells a reused pid from the holder)."""
-    stat = _read(f"/proc/{pid}/stat")
-    try:
-        return int(stat.rsplit(")", 1)[1].split()[19]) if stat else None
-    except (IndexError, ValueError):
-        return None
-
-
-_BOOT = _boot_id()
-
-
 def _body(kind: str, token: str = "", **extra: object) -> bytes:
     """A lock body naming this process; ``extra`` fields follow the common ones (a hold's versions)."""
     pid = os.getpid()
     return msgpack_io.pack({"host": HOST, "pid": pid, "time": time.time(), "kind": kind, "token": token,
-                            "pidns": _pid_ns(), "boot": _BOOT, "start": _start_time(pid), **extra})
+                            "pidns": pid_namespace(), "boot": BOOT, "start": start_time(pid), **extra})
 
 
 class Holder(dict):
@@ -104,48 +70,6 @@ def _holder(store: Store, key: str) -> Holder | None:
     return out
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid >= 1 << 31:
-        return False  # no process has it (pid_t is 32 bits; os.kill would raise OverflowError)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie (killed child not yet reaped) still answers kill(0): look at its state
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _holder_state(info: dict) -> str:
-    """``"dead"`` or ``"alive"`` when this process can tell, else ``"unknown"``.
-
-    A pid can be judged only by a process that sees the same pids: same host name, same pid
-    namespace, same boot.  A sidecar container sharing the host name (``--uts=host``, a Kubernetes
-    pod) has its own pid namespace, where the saver's pid may be free or someone else's; a lock
-    written before a reboot, or by an older deltackpt that did not record namespace and boot,
-    cannot be judged either.  Those wait for the lease."""
-    pid = info.get("pid")
-    ns, boot = _pid_ns(), _BOOT
-    if (info.get("host") != HOST or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0
-            or ns is None or boot is None or info.get("pidns") != ns or info.get("boot") != boot):
-        return "unknown"
-    if pid == os.getpid():
-        return "unknown"  # our own lock (another thread's, or left by a failed release): the lease decides
-    if not _pid_alive(pid):
-        return "dead"
-    start = info.get("start")
-    if isinstance(start, int) and not isinstance(start, bool):
-        now_start = _start_time(pid)
-        if now_start is not None and now_start != start:
-            return "dead"  # the pid was reused by a process that started later
-    return "alive"
-
-
 def is_stale(store: Store, key: str, info: dict | None) -> bool:
     """May ``key`` (whose body was ``info``) be broken?  Gone, or its holder provably dead, or
     (holder not provably alive) older than the lease ``STALE_SECONDS``."""
@@ -153,7 +77,7 @@ def is_stale(store: Store, key: str, info: dict | None) -> bool:
         return True
     if not info and key not in MAY_BE_EMPTY:
         return True   # no live holder's body is empty or torn (written whole, then linked)
-    state = _holder_state(info) if info else "unknown"
+    state = holder_state(info) if info else "unknown"
     if state == "dead":
         return True
     if state == "alive":
@@ -163,24 +87,6 @@ def is_stale(store: Store, key: str, info: dict | None) -> bool:
     except FileNotFoundError:
         return True
     return age > STALE_SECONDS
-
-
-def describe(info: dict | None) -> str:
-    """The holder a lock body names, for an error message; fields of any type or size (a body may be
-    damaged or hostile) give one short line."""
-    if not info:
-        return "an unknown process"
-    when = info.get("time")
-    try:
-        since = time.ctime(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else None
-    except (OverflowError, ValueError, OSError):
-        since = None
-    return f"pid {_field(info.get('pid'))} on {_field(info.get('host'))} since {since or 'an unknown time'}"
-
-
-def _field(value: object) -> str:
-    text = value if isinstance(value, str) else repr(value)
-    return " ".join(text.split())[:64] or "?"
 
 
 def _break(store: Store, key: str, kind: str, info: dict) -> None:
@@ -260,7 +166,7 @@ def live_save_locks(store: Store) -> list[tuple[str, dict | None]]:
         if key.startswith(LOCKS + "save-"):
             info = _holder(store, key)
             if is_stale(store, key, info):
-                if info and _holder_state(info) == "dead":
+                if info and holder_state(info) == "dead":
                     _delete_temps_of(store, key)
                 store.delete(key, site="lock.save.break")
             else:
@@ -288,7 +194,7 @@ def clear_dead_saves(store: Store, own: str) -> None:
         if key == own or not key.startswith(LOCKS + "save-") or key.endswith(".break"):
             continue
         info = _holder(store, key)
-        if info and _holder_state(info) == "dead":
+        if info and holder_state(info) == "dead":
             _delete_temps_of(store, key)
             _break(store, key, "save", info)
 

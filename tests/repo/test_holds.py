@@ -16,11 +16,11 @@ import torch
 
 import deltackpt
 from deltackpt.format import msgpack_io
-from deltackpt.repo import locks
+from deltackpt.repo import lock_holders, locks
 from deltackpt.repo.maintain import holds
 from tests.conftest import ROOT
 
-needs_proc = pytest.mark.skipif(not os.path.exists("/proc/self/ns/pid") or locks._BOOT is None,
+needs_proc = pytest.mark.skipif(not os.path.exists("/proc/self/ns/pid") or lock_holders.BOOT is None,
                                 reason="needs Linux /proc (pid namespaces, boot id)")
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from deltackpt.errors import RepositoryLockedError
 from deltackpt.format import msgpack_io
-from deltackpt.repo import locks
+from deltackpt.repo import lock_holders, locks
 from deltackpt.store import LocalStore
 
 
@@ -43,10 +43,10 @@ def _gc_waits_for(store: LocalStore, key: str) -> None:
 
 
 def _ours() -> dict:
-    return {"pidns": os.readlink("/proc/self/ns/pid"), "boot": locks._BOOT}
+    return {"pidns": os.readlink("/proc/self/ns/pid"), "boot": lock_holders.BOOT}
 
 
-needs_proc = pytest.mark.skipif(not os.path.exists("/proc/self/ns/pid") or locks._BOOT is None,
+needs_proc = pytest.mark.skipif(not os.path.exists("/proc/self/ns/pid") or lock_holders.BOOT is None,
                                 reason="needs Linux /proc (pid namespaces, boot id)")
 
 
@@ -90,7 +90,7 @@ def test_reused_pid_does_not_keep_a_dead_holders_lock(tmp_path):
     store = LocalStore(tmp_path)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        start = locks._start_time(other.pid)
+        start = lock_holders.start_time(other.pid)
         key = _save_lock(store, "reused", pid=other.pid, start=start - 1, **_ours())
         assert locks.is_stale(store, key, locks._holder(store, key))
         key = _save_lock(store, "live", pid=other.pid, start=start, **_ours())
@@ -107,7 +107,7 @@ def test_provably_live_holder_keeps_its_lock_past_the_lease(tmp_path):
     store = LocalStore(tmp_path)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        key = _save_lock(store, "long", pid=other.pid, start=locks._start_time(other.pid), **_ours())
+        key = _save_lock(store, "long", pid=other.pid, start=lock_holders.start_time(other.pid), **_ours())
         old = time.time() - locks.STALE_SECONDS - 3600
         os.utime(store._path(key), (old, old))
         _gc_waits_for(store, key)

@@ -18,11 +18,11 @@ import deltackpt
 from deltackpt.cli import main as cli
 from deltackpt.errors import RepositoryLockedError
 from deltackpt.format import msgpack_io
-from deltackpt.repo import locks
+from deltackpt.repo import lock_holders, locks
 from deltackpt.store import LocalStore
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/ns/pid") or locks._BOOT is None,
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/ns/pid") or lock_holders.BOOT is None,
                                 reason="needs Linux /proc (pid namespaces, boot id)")
 
 
@@ -35,7 +35,7 @@ def _dead_pid() -> int:
 def _plant(repo: str, key: str, **fields) -> None:
     """A lock body as this host, pid namespace and boot would write it, with ``fields`` replaced."""
     body = {"host": locks.HOST, "pid": _dead_pid(), "time": time.time(), "kind": key.rsplit("/", 1)[-1],
-            "token": "t", "pidns": os.readlink("/proc/self/ns/pid"), "boot": locks._BOOT, "start": None}
+            "token": "t", "pidns": os.readlink("/proc/self/ns/pid"), "boot": lock_holders.BOOT, "start": None}
     body.update(fields)
     LocalStore(repo).put_atomic(key, msgpack_io.pack(body))
 
