@@ -205,7 +205,8 @@ class Repo(Handle):
     def deltify(self, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None) -> DeltifyReport:
         """Re-store what older versions hold whole as deltas against newer versions, now (saves do
         it in the background, a bounded step at a time; gc does it for what it keeps).  The ``lag``
-        newest versions are left as saved; ``max_bytes`` bounds the keyframe bytes re-encoded.
+        newest versions are left as saved (by default latest alone); past ``max_bytes`` of
+        replaced copies only the packs already begun are finished.
 
         Example::
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import deltackpt
 
+from ..repo.layout import DEFAULT_DELTIFY_LAG
 from . import commands
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_ERROR, EXIT_BUG, EXIT_INTERRUPTED = 0, commands.EXIT_PROBLEMS, 2, 3, 4, 130
@@ -70,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     _gc(command("gc", commands.cmd_gc, "remove versions outside the retention rules"))
     sp = command("deltify", commands.cmd_deltify, "store what older versions hold whole as deltas against "
                  "newer versions (saves do it in the background, gc too)")
-    sp.add_argument("--lag", type=int, default=2, metavar="N", help="the N newest versions are left as saved (default 2)")
+    sp.add_argument("--lag", type=int, default=DEFAULT_DELTIFY_LAG, metavar="N",
+                    help=f"the N newest versions are left as saved (default {DEFAULT_DELTIFY_LAG})")
     sp.add_argument("--max-bytes", type=int, metavar="BYTES", help="re-encode at most this many bytes of whole chunks")
     sp = command("verify", commands.cmd_verify, "re-hash every object; name every version a bad object belongs to")
     sp.add_argument("--quick", action="store_true", help="check structure only, do not decode chunks")

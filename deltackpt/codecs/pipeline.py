@@ -132,13 +132,14 @@ def _encode_lossy(raw: bytes, ctx: ChunkContext, mode: str, base: BaseChunk | No
     return lossy
 
 
-def sample_fits(raw: bytes, ctx: ChunkContext, base: BaseChunk, ratio: float, prefer: int | None = None) -> bool:
-    """Whether a delta of ``raw`` against ``base`` looks no larger than ``ratio`` x ``len(raw)``,
+def sample_delta_fraction(raw: bytes, ctx: ChunkContext, base: BaseChunk, prefer: int | None = None) -> float | None:
+    """About how large a delta of ``raw`` against ``base`` is, as a fraction of ``len(raw)``,
     judged on a sample (64 KiB, or a quarter of a smaller chunk) with the dense codec that won
-    here last time, else xor-delta.  Cheap enough to ask before every delta encode of a position
-    whose last change was dense; a sparse change passes (unchanged rows XOR to zeros)."""
+    here last time, else xor-delta; None for a chunk too small to sample (under 4 KiB).  Cheap
+    enough to ask before every delta encode of a position whose last change was dense; a sparse
+    change comes out small (unchanged rows XOR to zeros)."""
     if len(raw) < 4096:
-        return False
+        return None
     align = max(ctx.row_bytes if ctx.row_bytes and ctx.row_bytes <= _SAMPLE else 1, 16)
     if len(raw) > 2 * _SAMPLE:
         s = _sample(raw, align)
@@ -147,7 +148,7 @@ def sample_fits(raw: bytes, ctx: ChunkContext, base: BaseChunk, ratio: float, pr
         s = slice(start, min(len(raw), start + max(align, (len(raw) // 4 // align) * align)))
     codec = get(prefer if prefer in (XOR_DELTA, SUB_DELTA, SCALED_DELTA) else XOR_DELTA)
     enc = codec.encode(raw[s], ctx, base.data[s])
-    return enc is None or len(enc.payload) <= 1.1 * ratio * (s.stop - s.start)
+    return 0.0 if enc is None else len(enc.payload) / (s.stop - s.start)
 
 
 def _sample_winner(raw: bytes, ctx: ChunkContext, base: BaseChunk | None, dense: list[int]) -> list[int]:

@@ -11,7 +11,7 @@ TAGS = "refs/tags/"
 EVENTS = "events/"
 DEFAULT_DELTA_CACHE_BYTES = 4 << 30
 DEFAULT_DECODED_CACHE_BYTES = 256 << 20
-DEFAULT_DELTIFY_LAG = 2   # the newest versions deltification leaves as saved (deltify.py)
+DEFAULT_DELTIFY_LAG = 1   # the newest versions deltification leaves as saved (deltify.py)
 
 
 def pack_key(pack_id: str) -> str:

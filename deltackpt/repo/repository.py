@@ -122,6 +122,7 @@ class Repository(ChunkReader, IndexState):
         self._manifests: dict[str, Manifest] = {}
         self._lock = threading.RLock()
         self.deltify_lag = DEFAULT_DELTIFY_LAG  # newest versions background deltification leaves alone
+        self.deltify_memo: Any = None  # what deltification found not worth doing, so later runs skip it
         self.refresh_index()
 
     def _init(self, chunk_bytes: int | None, keyframe_interval: int | None, delta_base: str | None) -> None:

@@ -51,19 +51,28 @@ class Resolution:
             return (inf if d is None else d + 1), *copy_key(c)
         return sorted(copies, key=rank)
 
-    def height(self, cid: bytes) -> int:
-        """The longest chain of chosen deltas that leads to ``cid`` (0: no chunk decodes through it).
-        Re-storing ``cid`` as a delta makes every such chain one link longer."""
+    def _kids(self) -> dict[bytes, list[bytes]]:
         if self._children is None:
             children: dict[bytes, list[bytes]] = {}  # built whole before publishing: threads share it
             for c, (_pid, e) in self.best.items():
                 if e.base is not None:
                     children.setdefault(e.base, []).append(c)
             self._children = children
+        return self._children
+
+    def height_outside(self, cid: bytes, skip: Iterable[bytes]) -> int:
+        """:meth:`height`, leaving out the chains that start with a chunk in ``skip`` (chunks
+        about to be re-stored with ``cid``, which will no longer read through it)."""
+        skip = skip if isinstance(skip, (set, frozenset)) else set(skip)
+        return max((self.height(k) + 1 for k in self._kids().get(cid, ()) if k not in skip), default=0)
+
+    def height(self, cid: bytes) -> int:
+        """The longest chain of chosen deltas that leads to ``cid`` (0: no chunk decodes through it).
+        Re-storing ``cid`` as a delta makes every such chain one link longer."""
+        children = self._kids()
         if cid in self._heights:
             return self._heights[cid]
         # iterative post-order: chains may be up to MAX_CHAIN_DEPTH long
-        children = self._children
         stack = [(cid, False)]
         while stack:
             node, done = stack.pop()

@@ -2,8 +2,8 @@
 a bounded step at a time, so it never competes with the training loop for a core.
 
 A save commits, then calls :func:`after_commit`; the repository's thread wakes up and runs
-:func:`deltify.deltify` steps (each at most ``STEP_BYTES`` of keyframes, under a save lock) until no
-candidate is left.  It leaves the ``lag`` newest versions alone: a training loop with a
+:func:`deltify.deltify` steps (each begins at most ``STEP_BYTES`` of replaced copies, under a save
+lock) until no candidate is left or a step finds nothing worth doing.  It leaves the ``lag`` newest versions alone: a training loop with a
 ``keep_last=N`` retention sets ``lag`` to N (``Repository.deltify_lag``), so versions retention is
 about to drop never cost a delta write.
 
@@ -113,8 +113,8 @@ class Deltifier:
             self.chunks_done += report.chunks
             self.written_bytes += report.written_bytes
             del repo
-            if report.remaining == 0:
-                return
+            if report.remaining == 0 or report.chunks == 0:
+                return  # done, or nothing more is worth doing until the next save
 
 
 def deltifier(repo) -> Deltifier:

@@ -16,7 +16,7 @@ from ...format.ids import digest
 from ...format.objects import EncodedObject
 from ..delta_cache import ChunkMemo, next_star_base
 from ..repository import Repository
-from .head import delta_budget, encode_changed
+from .head import delta_budget, encode_changed, stays_whole
 from .packer import Packer
 from .presence import ChunkPresence
 
@@ -31,6 +31,7 @@ class ChunkResult:
     depth: int
     err: float
     lossy: bool
+    lasting: bool = False    # a keyframe likely to stay whole (head.stays_whole): packed apart
 
 
 @dataclass
@@ -130,15 +131,18 @@ def encode_head(sv: SaveContext, data, src: bytes, ctx: ChunkContext, memo: Chun
                 ChunkMemo(src, data, 0, src, owner=owner, anchor_bytes=size))
     base, budget = _head_base(sv, memo, len(data))
     overhead = 12 + 24  # object header and the base id in its parameters
-    choice, dense = encode_changed(data, ctx, base, budget, prefer=memo.winner if memo is not None else None,
-                                   probe=memo is not None and memo.dense, overhead=overhead)
+    chosen = encode_changed(data, ctx, base, budget, prefer=memo.winner if memo is not None else None,
+                            probe=memo is not None and memo.dense, overhead=overhead)
+    choice, dense = chosen.encoding, chosen.dense
     params = dict(choice.encoded.params)
     base_id = choice.base.chunk_id if choice.base is not None else None
     if base_id is not None:
         params["base"] = base_id
     head = EncodedObject(choice.encoding, len(data), params, b"").head()
     size = len(head) + len(choice.encoded.payload)
-    r = ChunkResult(src, len(data), [head, choice.encoded.payload], choice.encoding, base_id, choice.depth, 0.0, False)
+    lasting = base_id is None and stays_whole(chosen.delta_fraction, len(data), size)
+    r = ChunkResult(src, len(data), [head, choice.encoded.payload], choice.encoding, base_id, choice.depth, 0.0, False,
+                    lasting)
     if base_id is not None:
         assert memo is not None
         return r, ChunkMemo(src, data, choice.depth, src, winner=choice.encoding, owner=owner,

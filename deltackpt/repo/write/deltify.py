@@ -1,19 +1,30 @@
-"""Deltification: older versions' keyframes re-stored, after the fact, as deltas against newer chunks.
+"""Deltification: older versions' chunks re-stored, after the fact, as deltas against newer chunks.
 
 A save writes each changed chunk once, in its cheapest durable form (head.py): whole, or a small
-forward delta.  So every version is written as the newest one, and its changed chunks keep their
-keyframes once newer versions replace them.  As git does at repack time, this step turns those
-keyframes into *reverse deltas* against the chunk at the same position in the next version (XOR is
-symmetric, an integer difference changes sign, sparse rows keep the old rows), for the versions
-still in the repository, and drops the packs the keyframes leave redundant.  A version that
-retention removes before this step reaches it never costs a delta write.
+forward delta.  So every version is written as the newest one, and its changed chunks keep that
+form once newer versions replace them.  As git does at repack time, this step turns them into
+*reverse deltas* against the chunk at the same position in the next version (XOR is symmetric, an
+integer difference changes sign, sparse rows keep the old rows), for the versions still in the
+repository, and drops the packs the old copies leave redundant.  A version that retention removes
+before this step reaches it never costs a delta write.
 
-What it never touches: the ``lag`` newest versions (a rollback of a step or two, and the versions a
-``keep_last`` policy is about to drop), and any chunk their chains need, so the newest version stays
-one keyframe plus a bounded cheap delta per chunk.  A keyframe keeps its form when no newer chunk at
-its position can be its base (every one descends from it: a chain's anchor), when the delta would
-not be smaller, or when chains through it would grow past the keyframe interval (a *retained*
-keyframe, as in format 2).
+It works a *period* at a time: a keyframe and the forward deltas that decode through it at its
+position, once a newer chunk there no longer does.  The whole period is re-stored in reverse, each
+chunk against the next newer one, so a period of sparse row updates keeps about its deltas' bytes
+(re-storing its keyframe alone would keep every forward delta and add one holding all the
+period's rows); only when that is no smaller is the keyframe re-stored alone.
+
+What it is worth: a delta must be at most ``KEEP_IF_ABOVE`` of what it replaces, and it is written
+only when every pack it frees ends at least half redundant (supersede.py rewrites a pack at that
+fraction: each byte a rewrite copies then frees at least one); the rest waits until more of its
+pack is redundant.  What a run found not worth it is remembered on the repository handle, so the
+background steps after each save do not encode it again.
+
+What it never touches: the ``lag`` newest versions (by default the newest alone, so a repository
+keeps about format 2's bytes; a ``keep_last`` policy raises it to the versions it is about to drop),
+and any chunk their chains need, so the newest version stays one keyframe plus a bounded cheap
+delta per chunk.  A keyframe keeps its form when the delta would not be small enough or when chains
+through it would grow past the keyframe interval (a *retained* keyframe, as in format 2).
 
 When it runs: after saves, in the background at idle priority, a bounded step at a time
 (background.py); at the end of gc; and on request (``Repo.deltify``, ``deltackpt deltify``).  A
@@ -27,8 +38,9 @@ save lock, so gc never runs meanwhile.
 from __future__ import annotations
 
 import time
+from collections import ChainMap
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 from ...codecs.base import ChunkContext
 from ...codecs.pipeline import BaseChunk, encode_chunk
@@ -38,24 +50,31 @@ from ...format.objects import EncodedObject
 from .. import locks
 from ..layout import DEFAULT_DELTIFY_LAG
 from ..repository import Repository
-from .head import DELTA_CODECS
+from .head import DELTA_CODECS, KEEP_WHOLE_ABOVE
 from .packer import Packer
 from .supersede import REWRITE_DEAD_FRACTION, drop_superseded
 
-#: the newest versions left as saved (latest and the one before it)
+#: the newest versions left as saved (latest)
 DEFAULT_LAG = DEFAULT_DELTIFY_LAG
-#: keyframe bytes one background step re-encodes at most (its memory: two chunks at a time)
+#: replaced bytes after which a background step only finishes the packs it began
 STEP_BYTES = 256 << 20
-#: a reverse delta replaces a keyframe only when at most this fraction of its size
-KEEP_IF_ABOVE = 0.9
+#: a reverse delta replaces a keyframe only when at most this fraction of its size (saves head.py
+#: writes keyframes predicted to stay whole by the same figure apart)
+KEEP_IF_ABOVE = KEEP_WHOLE_ABOVE
+#: forward deltas a period may hold (a writer keeps chains within K; this bounds a damaged repository)
+MAX_PERIOD = 1024
+#: encoded deltas held back at most while deciding which of them free their packs (memory)
+BATCH_BYTES = 128 << 20
+#: rounds an unbounded run makes at most
+MAX_ROUNDS = 4
 
 
 @dataclass
 class DeltifyReport:
     """What one deltify run did."""
 
-    chunks: int = 0             # keyframes re-stored as deltas
-    keyframe_bytes: int = 0     # their keyframes' stored bytes
+    chunks: int = 0             # chunks re-stored as reverse deltas
+    keyframe_bytes: int = 0     # the stored bytes of the copies they replace (keyframes, forward deltas)
     written_bytes: int = 0      # bytes written: new deltas, packs rewritten, index files
     freed_bytes: int = 0        # bytes deleted: packs dropped or replaced, index files replaced
     remaining: int = 0          # candidates left for a later run (bounded work)
@@ -76,16 +95,18 @@ class _Candidate:
     row_bytes: int
     dtype: str
     successors: tuple[bytes, ...]   # the chunks at its position in newer versions, nearest first
+    forward_of: bytes | None = None  # a forward delta: the older chunk at its position it is read through
 
 
 def deltify(repo: Repository, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None,
             stop: Callable[[], bool] | None = None) -> DeltifyReport:
-    """Re-store the keyframes of versions older than the ``lag`` newest as reverse deltas, at most
-    ``max_bytes`` of keyframes (all when None); ``stop()`` true ends the run early, at a safe point.
+    """Re-store the chunks of versions older than the ``lag`` newest as reverse deltas; past
+    ``max_bytes`` of replaced copies (no bound when None) only the packs already begun are
+    finished; ``stop()`` true ends the run early, at a safe point.
 
     Example::
 
-        report = deltify(repo, lag=2)
+        report = deltify(repo, lag=1)
         report.chunks, report.freed_bytes
     """
     with locks.save_lock(repo.store):
@@ -99,25 +120,69 @@ def deltify_locked(repo: Repository, *, lag: int = DEFAULT_LAG, max_bytes: int |
     report = DeltifyReport()
     if repo.config.delta_base != "child" or repo.config.keyframe_interval <= 0:
         return report  # forward chains and stars are already deltas; format 1 readers follow no reverse delta
+    # Dropping packs can leave a rewritten one mostly redundant in turn: an unbounded run goes on
+    # until a round re-stores nothing (bounded runs leave that to the next step).
+    for _round in range(1 if max_bytes is not None else MAX_ROUNDS):
+        before = report.chunks
+        if not _round_locked(repo, lag, max_bytes, stop, report) or report.chunks == before:
+            break
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _round_locked(repo: Repository, lag: int, max_bytes: int | None, stop: Callable[[], bool] | None,
+                  report: DeltifyReport) -> bool:
+    """One pass of :func:`deltify_locked`, adding to ``report``; False when ``stop`` ended it."""
     repo.refresh_index()
+    undo = report.chunks, report.keyframe_bytes, dict(report.encodings)
     candidates, head = _plan(repo, max(1, lag))
-    candidates = _worth_it(repo, candidates)
+    periods = _periods(_worth_it(repo, candidates))
     stats = _PackCounts()
     packer = Packer(repo, stats)
-    restored: set[bytes] = set()
-    overlay: dict[bytes, tuple[bytes, int]] = {}   # chunk -> (new base, new depth), decided this run
+    ledger = _Ledger(repo)
+    memo = repo.deltify_memo if isinstance(repo.deltify_memo, _Memo) else _Memo()
+    repo.deltify_memo = memo
+    restored: dict[bytes, bytes] = {}                # chunk -> the base of its new copy
+    overlay: dict[bytes, tuple[bytes, int]] = {}     # chunk -> (new base, new depth), decided this run
+    batch: list[_Converted] = []
+
+    def commit() -> None:
+        for conv in _settle(batch, ledger, overlay, memo):
+            for r in conv.results:
+                packer.add(r)
+                restored[r.cid] = r.base
+                name = codec_of(r.encoding).name
+                report.encodings[name] = report.encodings.get(name, 0) + 1
+            for pid, length in conv.replaced:
+                ledger.dead[pid] = ledger.dead.get(pid, 0) + length
+            report.chunks += len(conv.results)
+            report.keyframe_bytes += conv.old_bytes
+        batch.clear()
+
+    res = repo.resolution
+    touched: set[str] = set()   # packs whose copies this run re-stores
+    over = False                # max_bytes reached: only finish the packs already begun
     try:
-        for i, cand in enumerate(candidates):
+        for period in periods:
             if stop is not None and stop():
                 packer.abort()  # asked to stop (the process is ending): leave everything as it was
-                report.remaining = len(candidates)
-                report.chunks = 0
-                return report
-            if max_bytes is not None and report.keyframe_bytes >= max_bytes:
-                report.remaining = len(candidates) - i
-                break
-            if _convert(repo, cand, overlay, packer, report) is not None:
-                restored.add(cand.chunk_id)
+                report.chunks, report.keyframe_bytes, report.encodings = undo
+                report.remaining = len(periods)
+                return False
+            packs = {res.best[c.chunk_id][0] for c in period if c.chunk_id in res.best}
+            if period[-1].chunk_id in memo.too_large or any(memo.waiting.get(p) == ledger.dead.get(p) for p in packs):
+                continue  # found not worth it before, and nothing has changed since
+            over = over or (max_bytes is not None and report.keyframe_bytes + sum(c.old_bytes for c in batch) >= max_bytes)
+            if over and not packs <= touched:
+                report.remaining += 1  # a pack only partly re-stored frees nothing: finish begun ones only
+                continue
+            conv = _convert_period(repo, period, overlay, memo)
+            if conv is not None:
+                batch.append(conv)
+                touched.update(pid for pid, _length in conv.replaced)
+                if sum(c.new_bytes for c in batch) >= BATCH_BYTES:
+                    commit()
+        commit()
     except BaseException:
         packer.abort()
         raise
@@ -125,9 +190,8 @@ def deltify_locked(repo: Repository, *, lag: int = DEFAULT_LAG, max_bytes: int |
     report.written_bytes += stats.objects_bytes + packer.index_bytes
     if restored:
         freed, written = drop_superseded(repo, restored, head)
-        report.freed_bytes, report.written_bytes = freed, report.written_bytes + written
-    report.seconds = time.perf_counter() - t0
-    return report
+        report.freed_bytes, report.written_bytes = report.freed_bytes + freed, report.written_bytes + written
+    return True
 
 
 def _positions(repo: Repository, vid: str) -> dict[tuple, tuple[bytes, int, int, int, str]]:
@@ -163,17 +227,26 @@ def _plan(repo: Repository, lag: int) -> tuple[list[_Candidate], set[bytes]]:
             if cid in seen:
                 continue
             seen.add(cid)
-            if res.depth.get(cid) != 0 or not raw_len:
-                continue  # a delta already (or unreadable: verify reports it, nothing to gain here)
-            if any(e.base is not None for _pid, e in repo.entries_for(cid)):
-                continue  # deltified before; its keyframe stays only inside a pack kept for others
+            depth = res.depth.get(cid)
+            if depth is None or not raw_len:
+                continue  # unreadable: verify reports it, nothing to gain here
             succ: list[bytes] = []
             for j in range(i - 1, -1, -1):
                 nxt = by_version[j].get(key)
                 if nxt is not None and nxt[0] != cid and nxt[1] == raw_len and nxt[0] not in succ:
                     succ.append(nxt[0])
-            if succ:
+            if not succ:
+                continue
+            bases = {e.base for _pid, e in repo.entries_for(cid)}
+            if depth == 0:
+                if bases - {None}:
+                    continue  # deltified before; its keyframe stays only inside a pack kept for others
                 out.append(_Candidate(cid, raw_len, itemsize, row, dtype, tuple(succ)))
+                continue
+            prev = by_version[i + 1].get(key) if i + 1 < len(by_version) else None
+            if prev is None or bases != {prev[0]}:
+                continue  # a reverse delta already, or a delta of some other chunk (a value that came back)
+            out.append(_Candidate(cid, raw_len, itemsize, row, dtype, tuple(succ), forward_of=prev[0]))
     return out, head
 
 
@@ -200,7 +273,26 @@ def _worth_it(repo: Repository, candidates: list[_Candidate]) -> list[_Candidate
     return sorted(out, key=lambda c: order[c.chunk_id])
 
 
-def _chain(repo: Repository, cid: bytes, overlay: dict[bytes, tuple[bytes, int]]) -> list[bytes]:
+def _periods(candidates: list[_Candidate]) -> list[list[_Candidate]]:
+    """The candidates as periods, newest period first: a keyframe and the forward deltas read
+    through it at its position (each period newest chunk first, its keyframe last)."""
+    order = {c.chunk_id: i for i, c in enumerate(candidates)}
+    after: dict[bytes, _Candidate] = {}
+    for c in candidates:
+        if c.forward_of is not None:
+            after.setdefault(c.forward_of, c)  # a second forward delta of the same base stays as it is
+    out: list[list[_Candidate]] = []
+    for c in candidates:
+        if c.forward_of is not None:
+            continue
+        period = [c]
+        while period[-1].chunk_id in after and len(period) <= MAX_PERIOD:
+            period.append(after.pop(period[-1].chunk_id))
+        out.append(period[::-1])
+    return sorted(out, key=lambda p: order[p[0].chunk_id])
+
+
+def _chain(repo: Repository, cid: bytes, overlay: Mapping[bytes, tuple[bytes, int]]) -> list[bytes]:
     """The chunks ``cid`` decodes through (itself first), this run's decisions included."""
     out: list[bytes] = []
     cur: bytes | None = cid
@@ -215,39 +307,140 @@ def _chain(repo: Repository, cid: bytes, overlay: dict[bytes, tuple[bytes, int]]
     return out
 
 
-def _convert(repo: Repository, cand: _Candidate, overlay: dict[bytes, tuple[bytes, int]],
-             packer: Packer, report: DeltifyReport) -> bytes | None:
-    """Re-store one keyframe as a reverse delta against the nearest newer chunk at its position that
-    does not decode through it; returns that base, or None when the keyframe stays."""
+@dataclass
+class _Converted:
+    """One period (or its keyframe alone) re-stored, not yet packed."""
+
+    results: list[_Result]
+    replaced: list[tuple[str, int]]   # the copies read until now: (pack id, stored bytes)
+    uses: set[bytes]                  # chunks re-stored earlier in this run that its chains rely on
+
+    @property
+    def old_bytes(self) -> int:
+        return sum(length for _pid, length in self.replaced)
+
+    @property
+    def new_bytes(self) -> int:
+        return sum(len(p) for r in self.results for p in r.parts)
+
+
+@dataclass
+class _Memo:
+    """What earlier runs of this process found not worth doing (kept on the repository handle):
+    periods whose deltas are too large next to what they would replace, for good (chunks never
+    change), and packs too little of which a conversion would free, until more of them is dead."""
+
+    too_large: set[bytes] = field(default_factory=set)   # a period's keyframe id
+    waiting: dict[str, int] = field(default_factory=dict)  # pack id -> its dead bytes then
+
+
+class _Ledger:
+    """Per pack: its stored bytes and how many of them no chunk reads (a copy of a chunk that
+    reads another copy, or one this run has re-stored)."""
+
+    def __init__(self, repo: Repository) -> None:
+        res = repo.resolution
+        self.size: dict[str, int] = {}
+        self.dead: dict[str, int] = {}
+        for pid, entries in repo.pack_entries.items():
+            self.size[pid] = sum(e.length for e in entries)
+            self.dead[pid] = sum(e.length for e in entries if res.best.get(e.chunk_id, (None,))[0] != pid)
+
+
+def _settle(batch: list[_Converted], ledger: _Ledger, overlay: dict[bytes, tuple[bytes, int]],
+            memo: _Memo) -> list[_Converted]:
+    """The conversions of ``batch`` worth packing: those whose every replaced copy sits in a pack
+    that will then be dropped or rewritten (``REWRITE_DEAD_FRACTION`` of it dead).  A delta written
+    beside a copy that stays only makes the repository larger.  Dropping one conversion can leave
+    another's pack short of the threshold, or its chains without a base it relied on: repeat until
+    none changes.  The dropped ones' decisions leave ``overlay``."""
+    kept = list(batch)
+    gone: set[bytes] = set()
+    while True:
+        dead = dict(ledger.dead)
+        for conv in kept:
+            for pid, length in conv.replaced:
+                dead[pid] = dead.get(pid, 0) + length
+        short = {pid for conv in kept for pid, _ in conv.replaced
+                 if dead[pid] < REWRITE_DEAD_FRACTION * ledger.size.get(pid, 0)}
+        bad = [conv for conv in kept if conv.uses & gone or any(pid in short for pid, _ in conv.replaced)]
+        if not bad:
+            return kept
+        for pid in short:
+            memo.waiting[pid] = ledger.dead.get(pid, 0)
+        for conv in bad:
+            kept.remove(conv)
+            for r in conv.results:
+                gone.add(r.cid)
+                overlay.pop(r.cid, None)
+
+
+def _convert_period(repo: Repository, period: list[_Candidate], overlay: dict[bytes, tuple[bytes, int]],
+                    memo: _Memo) -> _Converted | None:
+    """Re-store a period as reverse deltas, each chunk against the next newer one (its keyframe
+    against the chunk that was its first forward delta), when that is at most ``KEEP_IF_ABOVE`` x
+    what the period stores now; else its keyframe alone against the nearest newer chunk that does
+    not decode through it.  The decisions go into ``overlay``; nothing is written yet."""
+    res = repo.resolution
+    local: dict[bytes, tuple[bytes, int]] = {}
+    inside = {c.chunk_id for c in period}
+    conv = _Converted([], [], set())
+    for cand in period if len(period) > 1 else ():
+        best = res.best.get(cand.chunk_id)
+        got = _reverse_one(repo, cand, local, overlay, inside, conv.uses) if best is not None else None
+        if got is None:
+            conv = _Converted([], [], set())
+            break
+        conv.results.append(got)
+        conv.replaced.append((best[0], best[1].length))
+        local[cand.chunk_id] = (got.base, got.depth)
+    if not conv.results or conv.new_bytes > KEEP_IF_ABOVE * conv.old_bytes:
+        keyframe = period[-1]
+        best = res.best.get(keyframe.chunk_id)
+        if best is None or best[1].base is not None:
+            return None
+        conv = _Converted([], [(best[0], best[1].length)], set())
+        got = _reverse_one(repo, keyframe, {}, overlay, frozenset(), conv.uses)
+        if got is None:
+            return None
+        conv.results.append(got)
+        if conv.new_bytes > KEEP_IF_ABOVE * conv.old_bytes:
+            memo.too_large.add(keyframe.chunk_id)
+            return None
+    for r in conv.results:
+        overlay[r.cid] = (r.base, r.depth)
+    return conv
+
+
+def _reverse_one(repo: Repository, cand: _Candidate, local: dict[bytes, tuple[bytes, int]],
+                 overlay: Mapping[bytes, tuple[bytes, int]], inside: frozenset[bytes] | set[bytes],
+                 uses: set[bytes]) -> _Result | None:
+    """``cand`` as a reverse delta against the nearest newer chunk at its position that does not
+    decode through it (``local``: its period's decisions so far, ``overlay``: the run's), within
+    depth K for it and for every chain outside ``inside`` (its period, re-stored with it) that
+    reads through it; None when there is none or a chunk is damaged.  Adds to ``uses`` the chunks
+    re-stored earlier in the run that the choice relied on."""
     res = repo.resolution
     k = repo.config.keyframe_interval
-    best = res.best.get(cand.chunk_id)
-    if best is None or best[1].base is not None:
-        return None
-    kf_len = best[1].length
-    height = res.height(cand.chunk_id)
+    view = ChainMap(local, overlay)
+    height = res.height_outside(cand.chunk_id, inside)
     for succ in cand.successors:
-        chain = _chain(repo, succ, overlay)
+        chain = _chain(repo, succ, view)
+        uses.update(c for c in chain if c in overlay and c not in local)
         if cand.chunk_id in chain:
-            continue  # a forward delta of this keyframe: it cannot be this one's base
-        depth = overlay[succ][1] if succ in overlay else res.depth.get(succ)
+            continue  # a forward delta of this chunk: it cannot be this one's base
+        depth = view[succ][1] if succ in view else res.depth.get(succ)
         if depth is None or height + depth + 1 > k:
             continue
         try:
             old = repo.read_chunk(cand.chunk_id)
             new = repo.read_chunk(succ)
         except DeltackptError:
-            return None  # damaged: verify names it; a keyframe that stays is no loss
+            return None  # damaged: verify names it; a chunk that keeps its copy is no loss
         parts, encoding = _reverse_delta(old, succ, new, depth, cand)
-        if parts is None or sum(len(p) for p in parts) > KEEP_IF_ABOVE * kf_len:
+        if parts is None:
             return None
-        packer.add(_Result(cand.chunk_id, cand.raw_len, parts, encoding, succ, depth + 1))
-        overlay[cand.chunk_id] = (succ, depth + 1)
-        report.chunks += 1
-        report.keyframe_bytes += kf_len
-        name = codec_of(encoding).name
-        report.encodings[name] = report.encodings.get(name, 0) + 1
-        return succ
+        return _Result(cand.chunk_id, cand.raw_len, parts, encoding, succ, depth + 1)
     return None
 
 

@@ -13,22 +13,29 @@ hold when each changed chunk is written once, in its cheapest form that keeps th
 A dense change (a full fine-tune's weights and moments: a delta is ~0.7 of a keyframe) is thus
 written once, whole, and the newest version reads it as one object; a sparse one (an embedding
 table: a delta is ~5 % of a keyframe) costs its delta.  Older versions become reverse deltas later,
-off the save's path, and only while retention keeps them (deltify.py).
+off the save's path, and only while retention keeps them (deltify.py).  A keyframe whose change
+was no delta away (its delta was above ``KEEP_WHOLE_ABOVE`` of it: Adam's moments often are) will
+most likely stay whole there too: the packer puts such keyframes in a pack of their own, so
+deltification drops the others' packs without copying them out.
 
-Why a budget relative to the keyframe (bench/WRITE_POLICY.md has the measurements): it bounds what
+Why a budget relative to the keyframe (bench/DELTAS.md, "The sparse knob", has the measurements): it bounds what
 reading the newest version costs, (1 + budget) x a keyframe per chunk, whatever the workload, and
 it is what decides between paying bytes at every save and paying them at restore.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ...codecs.base import ChunkContext
-from ...codecs.pipeline import BaseChunk, ChunkEncoding, encode_chunk, sample_fits
+from ...codecs.pipeline import BaseChunk, ChunkEncoding, encode_chunk, sample_delta_fraction
 from ...codecs.registry import SCALED_DELTA, SPARSE, SUB_DELTA, XOR_DELTA
 
 #: forward deltas since a position's keyframe may add up to this fraction of the keyframe's stored size
 HEAD_DELTA_BUDGET = 0.5
 DELTA_CODECS = (XOR_DELTA, SUB_DELTA, SCALED_DELTA, SPARSE)
+#: deltification keeps a keyframe whole when its reverse delta would be above this fraction of it
+KEEP_WHOLE_ABOVE = 0.95
 
 
 def delta_budget(anchor_bytes: int, chain_bytes: int, budget: float = HEAD_DELTA_BUDGET) -> int:
@@ -36,17 +43,37 @@ def delta_budget(anchor_bytes: int, chain_bytes: int, budget: float = HEAD_DELTA
     return int(budget * anchor_bytes) - chain_bytes if anchor_bytes > 0 else 0
 
 
+@dataclass(frozen=True)
+class HeadChoice:
+    """What :func:`encode_changed` chose for a changed chunk."""
+
+    encoding: ChunkEncoding
+    dense: bool                  # a delta was tried and did not fit
+    delta_fraction: float | None  # about how large a delta against the previous chunk was (x raw size), if tried
+
+
 def encode_changed(raw, ctx: ChunkContext, base: BaseChunk | None, max_bytes: int, *, prefer: int | None = None,
-                   probe: bool = False, overhead: int = 0) -> tuple[ChunkEncoding, bool]:
+                   probe: bool = False, overhead: int = 0) -> HeadChoice:
     """A forward delta of ``raw`` against ``base`` whose stored size (payload + ``overhead``) fits
-    ``max_bytes``, else ``raw`` as a keyframe; returns (the encoding, whether a delta was tried and
-    did not fit).  ``probe``: the last change at this position did not fit, so a 64 KiB sample is
-    compared first and a dense change costs one keyframe encode, not a delta encode as well."""
+    ``max_bytes``, else ``raw`` as a keyframe.  ``probe``: the last change at this position did
+    not fit, so a 64 KiB sample is compared first and a dense change costs one keyframe encode,
+    not a delta encode as well."""
     if base is not None and max_bytes > overhead and len(base.data) == len(raw):
-        if probe and not sample_fits(raw, ctx, base, (max_bytes - overhead) / max(len(raw), 1), prefer):
-            return encode_chunk(raw, ctx), True
+        if probe:
+            frac = sample_delta_fraction(raw, ctx, base, prefer)
+            if frac is None or frac * len(raw) > 1.1 * (max_bytes - overhead):
+                return HeadChoice(encode_chunk(raw, ctx), True, frac)
         choice = encode_chunk(raw, ctx, base=base, candidates=DELTA_CODECS, prefer=prefer, keyframe_interval=1 << 30)
         if choice.base is not None and len(choice.encoded.payload) + overhead <= max_bytes:
-            return choice, False
-        return encode_chunk(raw, ctx), True
-    return encode_chunk(raw, ctx), False
+            return HeadChoice(choice, False, None)
+        frac = len(choice.encoded.payload) / max(len(raw), 1) if choice.base is not None else None
+        return HeadChoice(encode_chunk(raw, ctx), True, frac)
+    return HeadChoice(encode_chunk(raw, ctx), False, None)
+
+
+def stays_whole(delta_fraction: float | None, raw_len: int, keyframe_bytes: int) -> bool:
+    """Whether a keyframe just written will most likely never be re-stored as a delta: the
+    change that made it was a delta of at least ``KEEP_WHOLE_ABOVE`` x its size (a change as
+    dense as the last one leaves deltification the same choice).  Such keyframes go to a pack of
+    their own, so that deltification drops the packs of the others without copying them."""
+    return delta_fraction is not None and delta_fraction * raw_len > KEEP_WHOLE_ABOVE * keyframe_bytes

@@ -23,6 +23,10 @@ class Packer:
     """Streams objects into pack files as they arrive (the write syscalls overlap the workers'
     encoding), then writes one index file for the packs of this save.
 
+    Keyframes likely to stay whole (``r.lasting``: head.stays_whole) go to a pack of their own,
+    so that deltification, which later drops the packs of the keyframes it re-stores as deltas,
+    finds those packs wholly redundant and never copies the lasting ones out of them.
+
     A full pack is sealed (durable, held aside as a temp file named after ``owner``, the save
     lock), and every pack is published under its final name only in :meth:`finish`, right before
     the index: a save stopped earlier (an error, Ctrl-C, a second Ctrl-C at exit) deletes them all
@@ -33,8 +37,7 @@ class Packer:
         self.repo = repo
         self.stats = stats
         self.owner = owner
-        self.stream: PackStream | None = None
-        self.writer = None
+        self.open: dict[bool, tuple[PackStream, object]] = {}   # lasting? -> the pack being written
         self.sealed: list = []   # writers of full packs, published by finish()
         self.written: dict[str, tuple[int, list]] = {}
         self.index_bytes = 0   # the index file finish() wrote
@@ -42,19 +45,18 @@ class Packer:
 
     def add(self, r) -> None:
         assert r.parts is not None
-        if self.stream is None:
-            self.writer = self.repo.store.writer(site="pack", owner=self.owner)
-            self.stream = PackStream(self.writer.write)
-        self.stream.add(r.cid, r.parts, encoding=r.encoding, raw_len=r.raw_len, base=r.base, depth=r.depth)
+        lane = bool(getattr(r, "lasting", False))
+        if lane not in self.open:
+            writer = self.repo.store.writer(site="pack", owner=self.owner)
+            self.open[lane] = (PackStream(writer.write), writer)
+        stream = self.open[lane][0]
+        stream.add(r.cid, r.parts, encoding=r.encoding, raw_len=r.raw_len, base=r.base, depth=r.depth)
         self.pending.add(r.cid)
-        if self.stream.size >= PACK_TARGET_BYTES or len(self.stream) >= PACK_MAX_OBJECTS:
-            self.flush()
+        if stream.size >= PACK_TARGET_BYTES or len(stream) >= PACK_MAX_OBJECTS:
+            self._seal(lane)
 
-    def flush(self) -> None:
-        if self.stream is None:
-            return
-        stream, writer = self.stream, self.writer
-        self.stream = self.writer = None
+    def _seal(self, lane: bool) -> None:
+        stream, writer = self.open.pop(lane)
         pid = stream.finish()
         writer.seal(pack_key(pid))
         self.sealed.append(writer)
@@ -62,12 +64,15 @@ class Packer:
         self.stats.packs += 1
         self.stats.objects_bytes += stream.size
 
+    def flush(self) -> None:
+        for lane in sorted(self.open):
+            self._seal(lane)
+
     def abort(self) -> None:
-        """Delete every pack of this save not yet published (the one being written included)."""
-        for w in [self.writer, *self.sealed]:
-            if w is not None:
-                w.abort()
-        self.stream = self.writer = None
+        """Delete every pack of this save not yet published (those being written included)."""
+        for w in [*(w for _s, w in self.open.values()), *self.sealed]:
+            w.abort()
+        self.open = {}
         self.sealed = []
 
     def finish(self) -> None:

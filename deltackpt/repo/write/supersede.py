@@ -19,6 +19,8 @@ other's copies, and inside a save lock (or gc's), so gc is not running.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from ...format import index as index_fmt
 from ...format.ids import hex_id
 from ...format.limits import MAX_INDEX_BYTES
@@ -27,7 +29,8 @@ from .. import locks
 from ..layout import INDEX, PACKS, pack_key
 from ..repository import Repository
 
-REWRITE_DEAD_FRACTION = 0.2   # rewrite a pack once this much of it is redundant (gc uses the same)
+#: rewrite a pack once this much of it is redundant: each byte a rewrite copies then frees at least one
+REWRITE_DEAD_FRACTION = 0.5
 _NEW = "new"                   # the pack being built, while planning
 
 
@@ -35,35 +38,61 @@ def _plan(repo: Repository, candidates: set[str], protected: set[bytes],
           on_disk: set[str]) -> dict[str, list[PackEntry]]:
     """For each candidate pack, the objects that must survive its removal (copied elsewhere).
     Only copies in packs ``on_disk`` count: the index outlives a lost pack, and counting its copies
-    would drop the only readable one."""
+    would drop the only readable one.
+
+    Kept objects are chosen outward from what already resolves: each round keeps the objects of
+    chunks that have no copy outside the candidates, then resolves again, so that a chunk whose
+    delta elsewhere reads through one kept keyframe is not kept as well (keeping every unresolved
+    object at once would keep whole packs of redundant keyframes).  Only when no round makes
+    progress (copies elsewhere that resolve only through each other) is every object that would
+    resolve kept."""
+    usable = lambda pid: pid not in candidates and pid in on_disk  # noqa: E731
     keep: dict[str, list[PackEntry]] = {pid: [] for pid in candidates}
+    kept: set[tuple[str, int]] = set()
+    strict = True
     while True:  # keeping an object can only make more chunks resolve: this settles
-        extra = [(e.chunk_id, (_NEW, e)) for kept in keep.values() for e in kept]
-        res = repo.resolve_copies(lambda pid: pid not in candidates and pid in on_disk, extra)
+        extra = [(e.chunk_id, (_NEW, e)) for entries in keep.values() for e in entries]
+        res = repo.resolve_copies(usable, extra)
         grew = False
-        for pid in candidates:
-            kept = {e.chunk_id for e in keep[pid]}
+        for pid in sorted(candidates):
             for e in repo.pack_entries.get(pid, ()):
-                if e.chunk_id in kept:
+                if (pid, e.offset) in kept:
                     continue
                 depth = res.depth.get(e.chunk_id)
-                if depth is None or (depth > 0 and e.chunk_id in protected):
-                    keep[pid].append(e)
-                    kept.add(e.chunk_id)
-                    grew = True
-        if not grew:
-            return keep
+                if depth is not None and not (depth > 0 and e.chunk_id in protected):
+                    continue
+                if e.base is not None and e.base not in res.depth:
+                    continue  # it would not resolve yet: wait until its base does
+                if strict and depth is None and any(usable(q) for q, _e in repo.entries_for(e.chunk_id)):
+                    continue  # a copy elsewhere may resolve once other chunks do
+                keep[pid].append(e)
+                kept.add((pid, e.offset))
+                grew = True
+        if grew:
+            strict = True
+        elif strict:
+            strict = False
+        else:
+            break
+    # a chunk still unresolved has no copy that resolves at all: keep every one (verify reports it)
+    res = repo.resolve_copies(usable, [(e.chunk_id, (_NEW, e)) for entries in keep.values() for e in entries])
+    for pid in candidates:
+        keep[pid].extend(e for e in repo.pack_entries.get(pid, ())
+                         if (pid, e.offset) not in kept and e.chunk_id not in res.depth)
+    return keep
 
 
-def drop_superseded(repo: Repository, restored: set[bytes], protected: set[bytes]) -> tuple[int, int]:
-    """Remove the packs whose keyframes of ``restored`` chunks are now redundant; ``protected``:
-    chunks whose copy must stay as it is (those the newest versions read).  Returns (bytes deleted,
-    bytes written): the packs and index files each side, so the repository shrinks by the difference."""
+def drop_superseded(repo: Repository, restored: Mapping[bytes, bytes], protected: set[bytes]) -> tuple[int, int]:
+    """Remove the packs whose copies of ``restored`` chunks ({chunk: the base of its new copy}) are
+    now redundant; ``protected``: chunks whose copy must stay as it is (those the newest versions
+    read).  Returns (bytes deleted, bytes written): the packs and index files each side, so the
+    repository shrinks by the difference."""
     store = repo.store
     with locks.refs_lock(store):
         repo.refresh_index()
         on_disk = {key.rsplit("/", 1)[-1] for key in store.list(PACKS)}
-        candidates = {pid for cid in restored for pid, e in repo.entries_for(cid) if e.base is None and pid in on_disk}
+        candidates = {pid for cid, base in restored.items() for pid, e in repo.entries_for(cid)
+                      if e.base != base and pid in on_disk}
         if not candidates:
             return 0, 0
         keep = _plan(repo, candidates, protected, on_disk)
