@@ -19,15 +19,16 @@ def _pack_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(path, "packs")) for f in fs)
 
 
-def _sparse_run(path: str, saves: int, **init) -> list[torch.Tensor]:
-    """An embedding table (4 chunks) of which each save moves 300 random rows."""
+def _sparse_run(path: str, saves: int, *, skew: float = 1.0, **init) -> list[torch.Tensor]:
+    """An embedding table (4 chunks) of which each save moves 300 random rows (``skew`` > 1: most
+    of them near the top, so its chunks' periods end at different saves)."""
     g = torch.Generator().manual_seed(1)
     deltackpt.Repo.init(path, **init)
     table = torch.randn(32768, 64, generator=g)
     out = []
     for step in range(saves):
         if step:
-            idx = torch.randint(0, table.shape[0], (300,), generator=g)
+            idx = (torch.rand(300, generator=g) ** skew * table.shape[0]).long()
             table[idx] += 0.01 * torch.randn(300, 64, generator=g)
         deltackpt.save({"emb": table}, path, step=step)
         out.append(table.clone())
@@ -142,3 +143,35 @@ def test_keyframes_that_will_stay_whole_are_packed_apart(tmp_path, monkeypatch):
 def _blobs(repo: Repository, vid: str):
     m = repo.manifest(vid)
     return [(".".join(map(str, t.key)), m.blobs[t.blob]) for t in m.tensors]
+
+
+def test_what_deltify_remembers_never_changes_what_it_ends_up_doing(tmp_path, monkeypatch):
+    """The first save's pack holds a drifting tensor, a tensor that first changes at the third save,
+    and noise.  Leaving the two newest versions alone, deltify can re-store only the drifting one
+    out of that pack, too little of it: it waits.  Once only the newest is left alone (as after
+    the next save), the late tensor's first chunks are candidates too, and the pack is mostly
+    redundant: the run on the same handle must take it up, as a handle that remembers nothing
+    does, and not skip it as found not worth it before."""
+    monkeypatch.setattr(background, "AUTO", False)
+    sizes = []
+    for forget in (False, True):
+        path = str(tmp_path / f"forget{forget}")
+        g = torch.Generator().manual_seed(4)
+        deltackpt.Repo.init(path)
+        w, late = torch.randn(1 << 20, generator=g), torch.randn(3 << 19, generator=g)
+        for step in range(3):
+            w = w + 1e-3 * torch.randn(w.shape, generator=g)
+            if step == 2:
+                late = late + 1e-3 * torch.randn(late.shape, generator=g)
+            deltackpt.save({"w": w, "late": late, "noise": torch.randn(1 << 20, generator=g)}, path, step=step)
+        api._OPEN.clear()
+        repo = deltackpt.Repo(path)
+        assert repo.deltify(lag=2).chunks == 0
+        if forget:
+            repo.core.deltify_memo = None
+        assert repo.deltify(lag=1).chunks > 0
+        api._OPEN.clear()
+        sizes.append(_pack_bytes(path))
+        got = deltackpt.load(path)
+        assert torch.equal(got["w"], w) and torch.equal(got["late"], late)
+    assert sizes[0] == sizes[1], sizes

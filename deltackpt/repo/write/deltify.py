@@ -146,8 +146,26 @@ def _round_locked(repo: Repository, lag: int, max_bytes: int | None, stop: Calla
     overlay: dict[bytes, tuple[bytes, int]] = {}     # chunk -> (new base, new depth), decided this run
     batch: list[_Converted] = []
 
-    def commit() -> None:
-        for conv in _settle(batch, ledger, overlay, memo):
+    res = repo.resolution
+    period_packs = [{res.best[c.chunk_id][0] for c in period if c.chunk_id in res.best} for period in periods]
+    last_use = {pid: i for i, packs in enumerate(period_packs) for pid in packs}
+    offered: dict[str, int] = {}   # pack -> stored bytes of the candidates' copies in it
+    for period in periods:
+        for c in period:
+            if c.chunk_id in res.best:
+                pid, e = res.best[c.chunk_id]
+                offered[pid] = offered.get(pid, 0) + e.length
+
+    def state(pid: str) -> tuple[int, int]:
+        return ledger.dead.get(pid, 0), offered.get(pid, 0)
+    batch_packs: set[str] = set()
+
+    def commit(upto: int) -> None:
+        kept, short = _settle(batch, ledger, overlay)
+        for pid in short:  # remembered only once no later period of this run could add to it
+            if last_use.get(pid, -1) <= upto:
+                memo.waiting[pid] = state(pid)
+        for conv in kept:
             for r in conv.results:
                 packer.add(r)
                 restored[r.cid] = r.base
@@ -158,20 +176,22 @@ def _round_locked(repo: Repository, lag: int, max_bytes: int | None, stop: Calla
             report.chunks += len(conv.results)
             report.keyframe_bytes += conv.old_bytes
         batch.clear()
+        batch_packs.clear()
 
-    res = repo.resolution
     touched: set[str] = set()   # packs whose copies this run re-stores
     over = False                # max_bytes reached: only finish the packs already begun
     try:
-        for period in periods:
+        for i, period in enumerate(periods):
             if stop is not None and stop():
                 packer.abort()  # asked to stop (the process is ending): leave everything as it was
                 report.chunks, report.keyframe_bytes, report.encodings = undo
                 report.remaining = len(periods)
                 return False
-            packs = {res.best[c.chunk_id][0] for c in period if c.chunk_id in res.best}
-            if period[-1].chunk_id in memo.too_large or any(memo.waiting.get(p) == ledger.dead.get(p) for p in packs):
-                continue  # found not worth it before, and nothing has changed since
+            packs = period_packs[i]
+            if batch and sum(c.new_bytes for c in batch) >= BATCH_BYTES and not packs & batch_packs:
+                commit(i - 1)  # a batch ends between packs: one split across two would be judged by half
+            if _key(period) in memo.too_large or any(memo.waiting.get(p) == state(p) for p in packs):
+                continue  # found not worth it before, and nothing it depends on has changed since
             over = over or (max_bytes is not None and report.keyframe_bytes + sum(c.old_bytes for c in batch) >= max_bytes)
             if over and not packs <= touched:
                 report.remaining += 1  # a pack only partly re-stored frees nothing: finish begun ones only
@@ -180,9 +200,8 @@ def _round_locked(repo: Repository, lag: int, max_bytes: int | None, stop: Calla
             if conv is not None:
                 batch.append(conv)
                 touched.update(pid for pid, _length in conv.replaced)
-                if sum(c.new_bytes for c in batch) >= BATCH_BYTES:
-                    commit()
-        commit()
+                batch_packs.update(pid for pid, _length in conv.replaced)
+        commit(len(periods))
     except BaseException:
         packer.abort()
         raise
@@ -292,6 +311,10 @@ def _periods(candidates: list[_Candidate]) -> list[list[_Candidate]]:
     return sorted(out, key=lambda p: order[p[0].chunk_id])
 
 
+def _key(period: list[_Candidate]) -> tuple[bytes, ...]:
+    return tuple(c.chunk_id for c in period)
+
+
 def _chain(repo: Repository, cid: bytes, overlay: Mapping[bytes, tuple[bytes, int]]) -> list[bytes]:
     """The chunks ``cid`` decodes through (itself first), this run's decisions included."""
     out: list[bytes] = []
@@ -328,10 +351,11 @@ class _Converted:
 class _Memo:
     """What earlier runs of this process found not worth doing (kept on the repository handle):
     periods whose deltas are too large next to what they would replace, for good (chunks never
-    change), and packs too little of which a conversion would free, until more of them is dead."""
+    change), and packs too little of which a conversion would free, until more of them is dead or
+    more of it becomes a candidate (a newer version pushes its chunks out of the newest ones)."""
 
-    too_large: set[bytes] = field(default_factory=set)   # a period's keyframe id
-    waiting: dict[str, int] = field(default_factory=dict)  # pack id -> its dead bytes then
+    too_large: set[tuple[bytes, ...]] = field(default_factory=set)       # a period's chunk ids
+    waiting: dict[str, tuple[int, int]] = field(default_factory=dict)  # pack -> (dead, candidate bytes) then
 
 
 class _Ledger:
@@ -347,15 +371,17 @@ class _Ledger:
             self.dead[pid] = sum(e.length for e in entries if res.best.get(e.chunk_id, (None,))[0] != pid)
 
 
-def _settle(batch: list[_Converted], ledger: _Ledger, overlay: dict[bytes, tuple[bytes, int]],
-            memo: _Memo) -> list[_Converted]:
+def _settle(batch: list[_Converted], ledger: _Ledger,
+            overlay: dict[bytes, tuple[bytes, int]]) -> tuple[list[_Converted], set[str]]:
     """The conversions of ``batch`` worth packing: those whose every replaced copy sits in a pack
     that will then be dropped or rewritten (``REWRITE_DEAD_FRACTION`` of it dead).  A delta written
     beside a copy that stays only makes the repository larger.  Dropping one conversion can leave
     another's pack short of the threshold, or its chains without a base it relied on: repeat until
-    none changes.  The dropped ones' decisions leave ``overlay``."""
+    none changes.  The dropped ones' decisions leave ``overlay``.  Returns the conversions kept and
+    the packs that fell short."""
     kept = list(batch)
     gone: set[bytes] = set()
+    dropped_for: set[str] = set()   # the packs that fell short
     while True:
         dead = dict(ledger.dead)
         for conv in kept:
@@ -365,9 +391,8 @@ def _settle(batch: list[_Converted], ledger: _Ledger, overlay: dict[bytes, tuple
                  if dead[pid] < REWRITE_DEAD_FRACTION * ledger.size.get(pid, 0)}
         bad = [conv for conv in kept if conv.uses & gone or any(pid in short for pid, _ in conv.replaced)]
         if not bad:
-            return kept
-        for pid in short:
-            memo.waiting[pid] = ledger.dead.get(pid, 0)
+            return kept, dropped_for
+        dropped_for |= short
         for conv in bad:
             kept.remove(conv)
             for r in conv.results:
@@ -405,7 +430,7 @@ def _convert_period(repo: Repository, period: list[_Candidate], overlay: dict[by
             return None
         conv.results.append(got)
         if conv.new_bytes > KEEP_IF_ABOVE * conv.old_bytes:
-            memo.too_large.add(keyframe.chunk_id)
+            memo.too_large.add(_key(period))
             return None
     for r in conv.results:
         overlay[r.cid] = (r.base, r.depth)
