@@ -12,10 +12,11 @@ save's bytes are its own), then:
 * **as saved**: bytes written per later save (every file the save created or replaced), CPU per
   save, and the newest version read cold from a fresh handle (bytes fetched, objects decoded per
   chunk, seconds);
-* **deltified**: ``Repo.deltify(lag=2)`` (the previous default, which left latest~1 whole too) and
-  the repository's size per version, then ``Repo.deltify()`` (the default, lag 1, as format 2 kept
-  only the newest version whole): the bytes both wrote and their CPU, the size per version, and
-  the reads of latest … latest~K;
+* **deltified**: ``Repo.deltify()`` once (the default, lag 1: format 2 also kept only the newest
+  version whole), its bytes written and CPU, the repository's size per version and the reads of
+  latest … latest~K; and, on a copy, ``deltify(lag=2)`` (the previous default), its size;
+* **after every save**: a fresh repository where each save is followed by ``deltify()``, as the
+  background thread runs it: bytes written by saves and by deltify, and the size at the end;
 * **keep_last=3**: a fresh repository where every save is followed by ``gc(keep_last=3)`` and a
   deltify behind that window, as a Checkpointer with that retention runs them: bytes written by
   saves, gc and deltify.
@@ -24,6 +25,7 @@ save's bytes are its own), then:
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -119,15 +121,17 @@ def measure(files: list[str]) -> dict:
         out["tsize_total"] = sum(tsizes)
         out["latest_as_saved"] = _read(path, "latest", files, n - 1)
         out["stored_as_saved"] = _du(path) / sum(tsizes)
+        two = os.path.join(tmp, "lag2")   # the previous default, latest~1 left whole as well, on a copy
+        shutil.copytree(path, two)
+        out["deltify_lag2"] = deltackpt.Repo(two).deltify(lag=2).to_json()
+        api._OPEN.clear()
+        out["stored_deltified_lag2"] = _du(two) / sum(tsizes)
+        shutil.rmtree(two)
         before = _files(path)
         c0 = time.process_time()
-        two = deltackpt.Repo(path).deltify(lag=2)   # the previous default: latest~1 left whole as well
-        api._OPEN.clear()
-        out["stored_deltified_lag2"] = _du(path) / sum(tsizes)
-        report = deltackpt.Repo(path).deltify()     # then the default (lag 1), as background steps would
+        report = deltackpt.Repo(path).deltify()
         out["deltify"] = {**report.to_json(), "cpu_s": time.process_time() - c0,
-                          "written": _written(before, _files(path)), "lag2": two.to_json()}
-        out["deltify"]["chunks"] += two.chunks
+                          "written": _written(before, _files(path))}
         api._OPEN.clear()
         out["stored_deltified"] = _du(path) / sum(tsizes)
         out["total_written"] = (sum(s["written"] for s in saves) + out["deltify"]["written"]) / sum(tsizes)
@@ -135,6 +139,18 @@ def measure(files: list[str]) -> dict:
         out["reads"] = [_read(path, "latest" if b == 0 else f"latest~{b}", files, n - 1 - b)
                         for b in range(min(k, n - 1) + 1)]
         api._OPEN.clear()
+
+        steps = os.path.join(tmp, "steps")   # deltify after every save, as the background thread does
+        deltackpt.Repo.init(steps)
+        ssaves, stsizes = _save_all(steps, files, after=lambda: {"deltified": deltackpt.Repo(steps).deltify().chunks})
+        api._OPEN.clear()
+        out["after_every_save"] = {
+            "saves_written": sum(s["written"] for s in ssaves) / sum(stsizes),
+            "deltify_written": sum(s["maintenance_written"] for s in ssaves) / sum(stsizes),
+            "deltify_cpu_s": sum(s["maintenance_cpu_s"] for s in ssaves),
+            "stored": _du(steps) / sum(stsizes),
+            "latest": _read(steps, "latest", files, n - 1)}
+        shutil.rmtree(steps)
 
         kept = os.path.join(tmp, "keep3")
         deltackpt.Repo.init(kept)
@@ -156,18 +172,21 @@ def measure(files: list[str]) -> dict:
 
 HEADER = ["| workload | written / save, median (mean) | CPU s / save (/ torch.save+fsync) | latest as saved: read / objects per chunk / "
           "cold s | deltify: written / all versions (chunks) | repository / all versions: as saved → deltified (lag 2) | "
-          "total written / all versions | latest~1 … ~K read (objects) | keep_last=3: saves / maintenance written, "
-          "chunks deltified | bit-identical |", "|---|---|---|---|---|---|---|---|---|---|"]
+          "total written / all versions | deltify after every save: repository / total written | "
+          "latest~1 … ~K read (objects) | keep_last=3: saves / maintenance written, "
+          "chunks deltified | bit-identical |", "|---|---|---|---|---|---|---|---|---|---|---|"]
 
 
 def rows(name: str, x: dict) -> list[str]:
     ls = x["latest_as_saved"]
     older = " / ".join(f"{r['read_ratio']:.2f} ({r['objects_mean']:.2f})" for r in x["reads"][1:])
     k3 = x["keep3"]
-    ok = all(r["ok"] for r in x["reads"]) and ls["ok"] and k3["latest"]["ok"]
+    ev = x["after_every_save"]
+    ok = all(r["ok"] for r in x["reads"]) and ls["ok"] and k3["latest"]["ok"] and ev["latest"]["ok"]
     return [f"| {name} | {x['written_per_save']:.3f} ({x['written_per_save_mean']:.3f}) | {x['cpu_per_save_s']:.2f} ({x.get('cpu_per_save_ratio', float('nan')):.1f}x) | "
             f"{ls['read_ratio']:.2f} / {ls['objects_mean']:.2f} / {ls['cold_s']:.2f} | "
             f"{x['deltify']['written'] / x['tsize_total']:.3f} ({x['deltify']['chunks']} chunks) | "
-            f"{x['stored_as_saved']:.3f} → {x['stored_deltified']:.3f} ({x.get('stored_deltified_lag2', float('nan')):.3f}) | {x['total_written']:.3f} | {older} | "
+            f"{x['stored_as_saved']:.3f} → {x['stored_deltified']:.3f} ({x.get('stored_deltified_lag2', float('nan')):.3f}) | {x['total_written']:.3f} | "
+            f"{ev['stored']:.3f} / {ev['saves_written'] + ev['deltify_written']:.3f} | {older} | "
             f"{k3['saves_written']:.3f} / {k3['maintenance_written']:.3f}, {k3['deltified_chunks']} | "
             f"{'yes' if ok else 'NO'} |"]

@@ -161,7 +161,7 @@ def _round_locked(repo: Repository, lag: int, max_bytes: int | None, stop: Calla
     batch_packs: set[str] = set()
 
     def commit(upto: int) -> None:
-        kept, short = _settle(batch, ledger, overlay)
+        kept, short = _settle(repo, batch, ledger, overlay)
         for pid in short:  # remembered only once no later period of this run could add to it
             if last_use.get(pid, -1) <= upto:
                 memo.waiting[pid] = state(pid)
@@ -336,7 +336,6 @@ class _Converted:
 
     results: list[_Result]
     replaced: list[tuple[str, int]]   # the copies read until now: (pack id, stored bytes)
-    uses: set[bytes]                  # chunks re-stored earlier in this run that its chains rely on
 
     @property
     def old_bytes(self) -> int:
@@ -371,7 +370,7 @@ class _Ledger:
             self.dead[pid] = sum(e.length for e in entries if res.best.get(e.chunk_id, (None,))[0] != pid)
 
 
-def _settle(batch: list[_Converted], ledger: _Ledger,
+def _settle(repo: Repository, batch: list[_Converted], ledger: _Ledger,
             overlay: dict[bytes, tuple[bytes, int]]) -> tuple[list[_Converted], set[str]]:
     """The conversions of ``batch`` worth packing: those whose every replaced copy sits in a pack
     that will then be dropped or rewritten (``REWRITE_DEAD_FRACTION`` of it dead).  A delta written
@@ -389,7 +388,8 @@ def _settle(batch: list[_Converted], ledger: _Ledger,
                 dead[pid] = dead.get(pid, 0) + length
         short = {pid for conv in kept for pid, _ in conv.replaced
                  if dead[pid] < REWRITE_DEAD_FRACTION * ledger.size.get(pid, 0)}
-        bad = [conv for conv in kept if conv.uses & gone or any(pid in short for pid, _ in conv.replaced)]
+        bad = [conv for conv in kept if any(pid in short for pid, _ in conv.replaced)
+               or (gone and not _still_bounded(repo, conv, overlay))]
         if not bad:
             return kept, dropped_for
         dropped_for |= short
@@ -398,6 +398,33 @@ def _settle(batch: list[_Converted], ledger: _Ledger,
             for r in conv.results:
                 gone.add(r.cid)
                 overlay.pop(r.cid, None)
+
+
+def _still_bounded(repo: Repository, conv: _Converted, overlay: Mapping[bytes, tuple[bytes, int]]) -> bool:
+    """Whether ``conv``'s chunks still decode through their new bases within depth K, with the
+    run's decisions as they stand (a conversion it relied on may have been dropped since: the chunk
+    keeps its old form, which may lead back through this one, or be a longer chain)."""
+    k = repo.config.keyframe_interval
+    res = repo.resolution
+    for r in conv.results:
+        seen: set[bytes] = set()
+        cur: bytes | None = r.cid
+        links = 0
+        while cur is not None:
+            if cur in seen:
+                return False  # a cycle: the old form of a chunk it relied on reads through it
+            seen.add(cur)
+            if cur in overlay:
+                cur = overlay[cur][0]
+            else:
+                best = res.best.get(cur)
+                if best is None:
+                    return False
+                cur = best[1].base
+            links += cur is not None
+        if links + r.height > k:
+            return False
+    return True
 
 
 def _convert_period(repo: Repository, period: list[_Candidate], overlay: dict[bytes, tuple[bytes, int]],
@@ -409,12 +436,12 @@ def _convert_period(repo: Repository, period: list[_Candidate], overlay: dict[by
     res = repo.resolution
     local: dict[bytes, tuple[bytes, int]] = {}
     inside = {c.chunk_id for c in period}
-    conv = _Converted([], [], set())
+    conv = _Converted([], [])
     for cand in period if len(period) > 1 else ():
         best = res.best.get(cand.chunk_id)
-        got = _reverse_one(repo, cand, local, overlay, inside, conv.uses) if best is not None else None
+        got = _reverse_one(repo, cand, local, overlay, inside) if best is not None else None
         if got is None:
-            conv = _Converted([], [], set())
+            conv = _Converted([], [])
             break
         conv.results.append(got)
         conv.replaced.append((best[0], best[1].length))
@@ -424,8 +451,8 @@ def _convert_period(repo: Repository, period: list[_Candidate], overlay: dict[by
         best = res.best.get(keyframe.chunk_id)
         if best is None or best[1].base is not None:
             return None
-        conv = _Converted([], [(best[0], best[1].length)], set())
-        got = _reverse_one(repo, keyframe, {}, overlay, frozenset(), conv.uses)
+        conv = _Converted([], [(best[0], best[1].length)])
+        got = _reverse_one(repo, keyframe, {}, overlay, frozenset())
         if got is None:
             return None
         conv.results.append(got)
@@ -439,19 +466,17 @@ def _convert_period(repo: Repository, period: list[_Candidate], overlay: dict[by
 
 def _reverse_one(repo: Repository, cand: _Candidate, local: dict[bytes, tuple[bytes, int]],
                  overlay: Mapping[bytes, tuple[bytes, int]], inside: frozenset[bytes] | set[bytes],
-                 uses: set[bytes]) -> _Result | None:
+                 ) -> _Result | None:
     """``cand`` as a reverse delta against the nearest newer chunk at its position that does not
     decode through it (``local``: its period's decisions so far, ``overlay``: the run's), within
     depth K for it and for every chain outside ``inside`` (its period, re-stored with it) that
-    reads through it; None when there is none or a chunk is damaged.  Adds to ``uses`` the chunks
-    re-stored earlier in the run that the choice relied on."""
+    reads through it; None when there is none or a chunk is damaged."""
     res = repo.resolution
     k = repo.config.keyframe_interval
     view = ChainMap(local, overlay)
     height = res.height_outside(cand.chunk_id, inside)
     for succ in cand.successors:
         chain = _chain(repo, succ, view)
-        uses.update(c for c in chain if c in overlay and c not in local)
         if cand.chunk_id in chain:
             continue  # a forward delta of this chunk: it cannot be this one's base
         depth = view[succ][1] if succ in view else res.depth.get(succ)
@@ -465,7 +490,7 @@ def _reverse_one(repo: Repository, cand: _Candidate, local: dict[bytes, tuple[by
         parts, encoding = _reverse_delta(old, succ, new, depth, cand)
         if parts is None:
             return None
-        return _Result(cand.chunk_id, cand.raw_len, parts, encoding, succ, depth + 1)
+        return _Result(cand.chunk_id, cand.raw_len, parts, encoding, succ, depth + 1, height)
     return None
 
 
@@ -487,6 +512,7 @@ class _Result:
     encoding: int
     base: bytes
     depth: int
+    height: int = 0   # the longest chain outside its period that reads through it
 
 
 def _reverse_delta(old, base_id: bytes, base, base_depth: int, cand: _Candidate) -> tuple[list | None, int]:
