@@ -64,11 +64,14 @@ class Repo(Handle):
         return cls(location, create=True, **kwargs)
 
     def close(self) -> None:
-        """Drop this process's handle and its delta cache."""
+        """Drop this process's handle and its delta cache, and stop its background deltification
+        at a safe point (so that the folder can be deleted next)."""
+        from ..repo.write import background
         from ..snapshot.async_save import on_repo_close
         forget(self.core)
         self.core.delta_cache.clear()
         on_repo_close(self.core)
+        background.stop_for(self.core)
 
     @property
     def location(self) -> str:

@@ -285,6 +285,28 @@ if sys.argv[1] == "wait":
     assert deltackpt.Repo(path2).verify().ok and len(deltackpt.Repo(path2).log()) == 5
 
 
+def test_closing_a_handle_stops_its_background_deltification(tmp_path, monkeypatch):
+    """``Repo.close`` stops the handle's deltification at a safe point and waits for it, so the
+    folder can be deleted right after (a benchmark's rmtree once raced the deltifier's lock file)."""
+    import shutil
+
+    from deltackpt.repo.write import background
+    monkeypatch.setattr(background, "AUTO", True)
+    path = str(tmp_path / "r")
+    torch.manual_seed(0)
+    w = torch.randn(1024, 1024)
+    for i in range(6):
+        w += 0.01 * torch.randn(1024, 1024)
+        deltackpt.save({"w": w}, path, step=i)
+    repo = deltackpt.Repo(path)
+    d = background.deltifier(repo.core)
+    assert d._thread is not None
+    repo.close()
+    assert not d._thread.is_alive()
+    shutil.rmtree(path)
+    assert not os.path.exists(path)
+
+
 def test_values_that_come_back_form_no_unreadable_cycle(tmp_path):
     """A tensor that alternates between two values (A, B, A, B, ...) gets copies naming each other as
     bases once deltified; every version still loads, latest stays whole, and gc keeps them

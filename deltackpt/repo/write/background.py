@@ -135,6 +135,16 @@ def after_commit(repo) -> None:
         deltifier(repo).poke()
 
 
+def stop_for(repo, timeout: float = EXIT_WAIT_SECONDS) -> None:
+    """Stop a repository handle's background deltifier, if it has one, at its next safe point
+    (``Repo.close``: the caller may delete the folder next)."""
+    d = getattr(repo, "_deltifier", None)
+    if d is not None:
+        d.stop(timeout)
+        with _workers_lock:
+            _workers.pop(id(d), None)
+
+
 def wait_all_idle(timeout: float | None = None) -> bool:
     """Wait until every background deltifier of this process is idle; False if one still runs
     after ``timeout`` seconds (each gets the whole timeout).  For benchmarks and tests that measure
