@@ -52,6 +52,7 @@ from ..layout import DEFAULT_DELTIFY_LAG
 from ..repository import Repository
 from .head import DELTA_CODECS, KEEP_WHOLE_ABOVE
 from .packer import Packer
+from .deltify_plan import Candidate, group_periods, period_key, plan, worth_it
 from .supersede import REWRITE_DEAD_FRACTION, drop_superseded
 
 #: the newest versions left as saved (latest)
@@ -61,9 +62,6 @@ STEP_BYTES = 256 << 20
 #: a reverse delta replaces a keyframe only when at most this fraction of its size (saves head.py
 #: writes keyframes predicted to stay whole by the same figure apart)
 KEEP_IF_ABOVE = KEEP_WHOLE_ABOVE
-#: forward deltas a period may hold (a writer keeps chains within K; this bounds a damaged repository)
-MAX_PERIOD = 1024
-#: encoded deltas held back at most while deciding which of them free their packs (memory)
 BATCH_BYTES = 128 << 20
 #: rounds an unbounded run makes at most
 MAX_ROUNDS = 4
@@ -85,17 +83,6 @@ class DeltifyReport:
         return {"chunks": self.chunks, "keyframe_bytes": self.keyframe_bytes, "written_bytes": self.written_bytes,
                 "freed_bytes": self.freed_bytes, "remaining": self.remaining, "seconds": round(self.seconds, 3),
                 "encodings": self.encodings}
-
-
-@dataclass(frozen=True)
-class _Candidate:
-    chunk_id: bytes
-    raw_len: int
-    itemsize: int
-    row_bytes: int
-    dtype: str
-    successors: tuple[bytes, ...]   # the chunks at its position in newer versions, nearest first
-    forward_of: bytes | None = None  # a forward delta: the older chunk at its position it is read through
 
 
 def deltify(repo: Repository, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None,
@@ -135,8 +122,8 @@ def _round_locked(repo: Repository, lag: int, max_bytes: int | None, stop: Calla
     """One pass of :func:`deltify_locked`, adding to ``report``; False when ``stop`` ended it."""
     repo.refresh_index()
     undo = report.chunks, report.keyframe_bytes, dict(report.encodings)
-    candidates, head = _plan(repo, max(1, lag))
-    periods = _periods(_worth_it(repo, candidates))
+    candidates, head = plan(repo, max(1, lag))
+    periods = group_periods(worth_it(repo, candidates))
     stats = _PackCounts()
     packer = Packer(repo, stats)
     ledger = _Ledger(repo)
@@ -190,7 +177,7 @@ def _round_locked(repo: Repository, lag: int, max_bytes: int | None, stop: Calla
             packs = period_packs[i]
             if batch and sum(c.new_bytes for c in batch) >= BATCH_BYTES and not packs & batch_packs:
                 commit(i - 1)  # a batch ends between packs: one split across two would be judged by half
-            if _key(period) in memo.too_large or any(memo.waiting.get(p) == state(p) for p in packs):
+            if period_key(period) in memo.too_large or any(memo.waiting.get(p) == state(p) for p in packs):
                 continue  # found not worth it before, and nothing it depends on has changed since
             over = over or (max_bytes is not None and report.keyframe_bytes + sum(c.old_bytes for c in batch) >= max_bytes)
             if over and not packs <= touched:
@@ -211,108 +198,6 @@ def _round_locked(repo: Repository, lag: int, max_bytes: int | None, stop: Calla
         freed, written = drop_superseded(repo, restored, head)
         report.freed_bytes, report.written_bytes = report.freed_bytes + freed, report.written_bytes + written
     return True
-
-
-def _positions(repo: Repository, vid: str) -> dict[tuple, tuple[bytes, int, int, int, str]]:
-    """A version's chunks by position (its blob's first tensor's key path, chunk index)."""
-    m = repo.manifest(vid)
-    owner: dict[int, tuple] = {}
-    for t in m.tensors:
-        owner.setdefault(t.blob, (tuple(t.key), t.dtype))
-    out = {}
-    for bi, blob in enumerate(m.blobs):
-        if bi not in owner:
-            continue
-        key, dtype = owner[bi]
-        for ci, c in enumerate(blob.chunks):
-            out[(key, ci)] = (c.chunk_id, c.raw_len, blob.itemsize, blob.row_bytes, dtype)
-    return out
-
-
-def _plan(repo: Repository, lag: int) -> tuple[list[_Candidate], set[bytes]]:
-    """Every chunk of the versions older than the ``lag`` newest that is a keyframe, with the chunks
-    at its position in newer versions; and the chunks the newest versions' chains need (untouched)."""
-    history = repo.history_order()  # newest first; past a removed ancestor, by time
-    if len(history) <= lag:
-        return [], set()
-    by_version = [_positions(repo, v) for v in history]
-    head_direct = {c[0] for pos in by_version[:lag] for c in pos.values()}
-    head = repo.chunk_closure(c for c in head_direct if repo.has_chunk(c))
-    res = repo.resolution
-    seen: set[bytes] = set(head)
-    out: list[_Candidate] = []
-    for i in range(lag, len(by_version)):
-        for key, (cid, raw_len, itemsize, row, dtype) in by_version[i].items():
-            if cid in seen:
-                continue
-            seen.add(cid)
-            depth = res.depth.get(cid)
-            if depth is None or not raw_len:
-                continue  # unreadable: verify reports it, nothing to gain here
-            succ: list[bytes] = []
-            for j in range(i - 1, -1, -1):
-                nxt = by_version[j].get(key)
-                if nxt is not None and nxt[0] != cid and nxt[1] == raw_len and nxt[0] not in succ:
-                    succ.append(nxt[0])
-            if not succ:
-                continue
-            bases = {e.base for _pid, e in repo.entries_for(cid)}
-            if depth == 0:
-                if bases - {None}:
-                    continue  # deltified before; its keyframe stays only inside a pack kept for others
-                out.append(_Candidate(cid, raw_len, itemsize, row, dtype, tuple(succ)))
-                continue
-            prev = by_version[i + 1].get(key) if i + 1 < len(by_version) else None
-            if prev is None or bases != {prev[0]}:
-                continue  # a reverse delta already, or a delta of some other chunk (a value that came back)
-            out.append(_Candidate(cid, raw_len, itemsize, row, dtype, tuple(succ), forward_of=prev[0]))
-    return out, head
-
-
-def _worth_it(repo: Repository, candidates: list[_Candidate]) -> list[_Candidate]:
-    """The candidates whose keyframes' packs deltification would actually free: a pack holding
-    them is dropped or rewritten only once enough of it is redundant (supersede.py's threshold),
-    and a delta written for a keyframe that stays beside it makes the repository larger.  Those
-    keyframes wait until more of their pack is superseded (or for gc)."""
-    res = repo.resolution
-    by_pack: dict[str, list[_Candidate]] = {}
-    for cand in candidates:
-        best = res.best.get(cand.chunk_id)
-        if best is not None:
-            by_pack.setdefault(best[0], []).append(cand)
-    out: list[_Candidate] = []
-    for pid, cands in by_pack.items():
-        entries = repo.pack_entries.get(pid, [])
-        total = sum(e.length for e in entries)
-        going = {c.chunk_id for c in cands}
-        dead = sum(e.length for e in entries if e.chunk_id in going or res.best.get(e.chunk_id, (None,))[0] != pid)
-        if total and dead >= REWRITE_DEAD_FRACTION * total:
-            out.extend(cands)
-    order = {c.chunk_id: i for i, c in enumerate(candidates)}
-    return sorted(out, key=lambda c: order[c.chunk_id])
-
-
-def _periods(candidates: list[_Candidate]) -> list[list[_Candidate]]:
-    """The candidates as periods, newest period first: a keyframe and the forward deltas read
-    through it at its position (each period newest chunk first, its keyframe last)."""
-    order = {c.chunk_id: i for i, c in enumerate(candidates)}
-    after: dict[bytes, _Candidate] = {}
-    for c in candidates:
-        if c.forward_of is not None:
-            after.setdefault(c.forward_of, c)  # a second forward delta of the same base stays as it is
-    out: list[list[_Candidate]] = []
-    for c in candidates:
-        if c.forward_of is not None:
-            continue
-        period = [c]
-        while period[-1].chunk_id in after and len(period) <= MAX_PERIOD:
-            period.append(after.pop(period[-1].chunk_id))
-        out.append(period[::-1])
-    return sorted(out, key=lambda p: order[p[0].chunk_id])
-
-
-def _key(period: list[_Candidate]) -> tuple[bytes, ...]:
-    return tuple(c.chunk_id for c in period)
 
 
 def _chain(repo: Repository, cid: bytes, overlay: Mapping[bytes, tuple[bytes, int]]) -> list[bytes]:
@@ -427,7 +312,7 @@ def _still_bounded(repo: Repository, conv: _Converted, overlay: Mapping[bytes, t
     return True
 
 
-def _convert_period(repo: Repository, period: list[_Candidate], overlay: dict[bytes, tuple[bytes, int]],
+def _convert_period(repo: Repository, period: list[Candidate], overlay: dict[bytes, tuple[bytes, int]],
                     memo: _Memo) -> _Converted | None:
     """Re-store a period as reverse deltas, each chunk against the next newer one (its keyframe
     against the chunk that was its first forward delta), when that is at most ``KEEP_IF_ABOVE`` x
@@ -457,14 +342,14 @@ def _convert_period(repo: Repository, period: list[_Candidate], overlay: dict[by
             return None
         conv.results.append(got)
         if conv.new_bytes > KEEP_IF_ABOVE * conv.old_bytes:
-            memo.too_large.add(_key(period))
+            memo.too_large.add(period_key(period))
             return None
     for r in conv.results:
         overlay[r.cid] = (r.base, r.depth)
     return conv
 
 
-def _reverse_one(repo: Repository, cand: _Candidate, local: dict[bytes, tuple[bytes, int]],
+def _reverse_one(repo: Repository, cand: Candidate, local: dict[bytes, tuple[bytes, int]],
                  overlay: Mapping[bytes, tuple[bytes, int]], inside: frozenset[bytes] | set[bytes],
                  ) -> _Result | None:
     """``cand`` as a reverse delta against the nearest newer chunk at its position that does not
@@ -515,7 +400,7 @@ class _Result:
     height: int = 0   # the longest chain outside its period that reads through it
 
 
-def _reverse_delta(old, base_id: bytes, base, base_depth: int, cand: _Candidate) -> tuple[list | None, int]:
+def _reverse_delta(old, base_id: bytes, base, base_depth: int, cand: Candidate) -> tuple[list | None, int]:
     """The smallest lossless delta of ``old`` against ``base`` as object parts, or (None, 0)."""
     ctx = ChunkContext(cand.dtype, cand.itemsize, cand.row_bytes)
     choice = encode_chunk(bytes(old), ctx, base=BaseChunk(base_id, bytes(base), base_depth), candidates=DELTA_CODECS,

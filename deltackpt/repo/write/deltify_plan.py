@@ -1,0 +1,132 @@
+"""What deltification can re-store (deltify.py): the *candidates* of the versions older than the
+newest ``lag`` (chunks stored whole, or as forward deltas of the chunk before them at their
+position), grouped into *periods* (a keyframe and the forward deltas read through it), with the
+chunks at their position in newer versions that may serve as bases.  A cheap first filter drops
+those whose packs would not end redundant enough even if every candidate in them went.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..repository import Repository
+from .supersede import REWRITE_DEAD_FRACTION
+
+#: forward deltas a period may hold (a writer keeps chains within K; this bounds a damaged repository)
+MAX_PERIOD = 1024
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A chunk deltification may re-store as a reverse delta."""
+
+    chunk_id: bytes
+    raw_len: int
+    itemsize: int
+    row_bytes: int
+    dtype: str
+    successors: tuple[bytes, ...]   # the chunks at its position in newer versions, nearest first
+    forward_of: bytes | None = None  # a forward delta: the older chunk at its position it is read through
+
+
+def _positions(repo: Repository, vid: str) -> dict[tuple, tuple[bytes, int, int, int, str]]:
+    """A version's chunks by position (its blob's first tensor's key path, chunk index)."""
+    m = repo.manifest(vid)
+    owner: dict[int, tuple] = {}
+    for t in m.tensors:
+        owner.setdefault(t.blob, (tuple(t.key), t.dtype))
+    out = {}
+    for bi, blob in enumerate(m.blobs):
+        if bi not in owner:
+            continue
+        key, dtype = owner[bi]
+        for ci, c in enumerate(blob.chunks):
+            out[(key, ci)] = (c.chunk_id, c.raw_len, blob.itemsize, blob.row_bytes, dtype)
+    return out
+
+
+def plan(repo: Repository, lag: int) -> tuple[list[Candidate], set[bytes]]:
+    """Every chunk of the versions older than the ``lag`` newest that is a keyframe or a forward
+    delta of the chunk before it at its position, newest version first, with the chunks at its
+    position in newer versions; and the chunks the newest versions' chains need (untouched)."""
+    history = repo.history_order()  # newest first; past a removed ancestor, by time
+    if len(history) <= lag:
+        return [], set()
+    by_version = [_positions(repo, v) for v in history]
+    head_direct = {c[0] for pos in by_version[:lag] for c in pos.values()}
+    head = repo.chunk_closure(c for c in head_direct if repo.has_chunk(c))
+    res = repo.resolution
+    seen: set[bytes] = set(head)
+    out: list[Candidate] = []
+    for i in range(lag, len(by_version)):
+        for key, (cid, raw_len, itemsize, row, dtype) in by_version[i].items():
+            if cid in seen:
+                continue
+            seen.add(cid)
+            depth = res.depth.get(cid)
+            if depth is None or not raw_len:
+                continue  # unreadable: verify reports it, nothing to gain here
+            succ: list[bytes] = []
+            for j in range(i - 1, -1, -1):
+                nxt = by_version[j].get(key)
+                if nxt is not None and nxt[0] != cid and nxt[1] == raw_len and nxt[0] not in succ:
+                    succ.append(nxt[0])
+            if not succ:
+                continue
+            bases = {e.base for _pid, e in repo.entries_for(cid)}
+            if depth == 0:
+                if bases - {None}:
+                    continue  # deltified before; its keyframe stays only inside a pack kept for others
+                out.append(Candidate(cid, raw_len, itemsize, row, dtype, tuple(succ)))
+                continue
+            prev = by_version[i + 1].get(key) if i + 1 < len(by_version) else None
+            if prev is None or bases != {prev[0]}:
+                continue  # a reverse delta already, or a delta of some other chunk (a value that came back)
+            out.append(Candidate(cid, raw_len, itemsize, row, dtype, tuple(succ), forward_of=prev[0]))
+    return out, head
+
+
+def worth_it(repo: Repository, candidates: list[Candidate]) -> list[Candidate]:
+    """The candidates whose keyframes' packs deltification would actually free: a pack holding
+    them is dropped or rewritten only once enough of it is redundant (supersede.py's threshold),
+    and a delta written for a keyframe that stays beside it makes the repository larger.  Those
+    keyframes wait until more of their pack is superseded (or for gc)."""
+    res = repo.resolution
+    by_pack: dict[str, list[Candidate]] = {}
+    for cand in candidates:
+        best = res.best.get(cand.chunk_id)
+        if best is not None:
+            by_pack.setdefault(best[0], []).append(cand)
+    out: list[Candidate] = []
+    for pid, cands in by_pack.items():
+        entries = repo.pack_entries.get(pid, [])
+        total = sum(e.length for e in entries)
+        going = {c.chunk_id for c in cands}
+        dead = sum(e.length for e in entries if e.chunk_id in going or res.best.get(e.chunk_id, (None,))[0] != pid)
+        if total and dead >= REWRITE_DEAD_FRACTION * total:
+            out.extend(cands)
+    order = {c.chunk_id: i for i, c in enumerate(candidates)}
+    return sorted(out, key=lambda c: order[c.chunk_id])
+
+
+def group_periods(candidates: list[Candidate]) -> list[list[Candidate]]:
+    """The candidates as periods, newest period first: a keyframe and the forward deltas read
+    through it at its position (each period newest chunk first, its keyframe last)."""
+    order = {c.chunk_id: i for i, c in enumerate(candidates)}
+    after: dict[bytes, Candidate] = {}
+    for c in candidates:
+        if c.forward_of is not None:
+            after.setdefault(c.forward_of, c)  # a second forward delta of the same base stays as it is
+    out: list[list[Candidate]] = []
+    for c in candidates:
+        if c.forward_of is not None:
+            continue
+        period = [c]
+        while period[-1].chunk_id in after and len(period) <= MAX_PERIOD:
+            period.append(after.pop(period[-1].chunk_id))
+        out.append(period[::-1])
+    return sorted(out, key=lambda p: order[p[0].chunk_id])
+
+
+def period_key(period: list[Candidate]) -> tuple[bytes, ...]:
+    return tuple(c.chunk_id for c in period)
