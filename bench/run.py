@@ -26,6 +26,7 @@ import torch
 from bench import coldcache, read_threads, report, rollback
 from bench.measure import digests, machine_limits, rss, same, tensor_bytes, timed, timed_cpu
 from bench.scratch import scratch
+from bench.systems import _size as repo_size
 from bench.systems import layer_keys, split, systems
 from bench.workloads import workloads
 
@@ -65,8 +66,12 @@ class _Run:
 
 def _save_all(run: _Run, order, state, base: str, v: int) -> None:
     for s in order:   # save, interleaved
-        dt, cpu, n = timed_cpu(s.save, state, _dir(base, s, v))
+        d = _dir(base, s, v)
+        before = repo_size(d) if s.versioned and os.path.isdir(d) else 0
+        dt, cpu, n = timed_cpu(s.save, state, d)
         s.settle()
+        if s.versioned:  # the repository's growth once the background deltification the save started is done
+            n = repo_size(d) - before
         r = run.res[s.name]
         r["bytes"].append(n)
         r["save"].append(dt)
