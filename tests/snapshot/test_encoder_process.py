@@ -111,6 +111,23 @@ def test_killed_encoder_fails_the_save_with_a_typed_error_and_the_next_save_rest
     assert deltackpt.Repo(repo_path).verify().ok
 
 
+def test_a_lost_connection_restarts_the_encoder_even_before_the_child_can_be_reaped(repo_path, process_mode):
+    """A killed child closes its socket a moment before the kernel lets it be reaped, so "is it
+    still running" can say yes right after a save saw it die (a loaded machine showed it).  The save
+    that lost the connection marks the process; the next save starts a new one.  Simulated with a
+    child that is alive but whose connection is gone."""
+    import socket
+    deltackpt.save(_state(0), repo_path, step=0, blocking=False).wait()
+    enc = async_save._encoder
+    enc.sock.shutdown(socket.SHUT_RDWR)
+    with pytest.raises(encoder_process.EncoderProcessError, match=r"during the save of step 1"):
+        deltackpt.save(_state(1), repo_path, step=1, blocking=False).wait()
+    assert enc.proc.poll() is None   # still running: only the mark tells
+    v = deltackpt.save(_state(2), repo_path, step=2, blocking=False).wait()
+    assert async_save._encoder is not enc and v.step == 2
+    assert deltackpt.Repo(repo_path).verify().ok
+
+
 def test_an_error_in_the_encoder_process_is_raised_in_the_parent_with_its_type(repo_path, process_mode):
     """A tag that already exists is refused at commit, in the child; the parent gets the same
     ConflictError, and the earlier version is untouched."""

@@ -176,10 +176,13 @@ class EncoderProcess:
             child.close()
         self.sock = parent
         self.lock = threading.Lock()
+        self.lost = False   # a save found the connection gone: the next one starts a new process
 
     @property
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        # a save that lost the connection marks it: a child killed a moment ago has closed its
+        # socket before the kernel lets it be reaped, so poll() alone can still say "running"
+        return not self.lost and self.proc.poll() is None
 
     def write_version(self, repo: Repository, blobs: list, tensors: list[TensorEntry], tree: Any, *,
                       segment: SharedSegment, workers: int | None = None, **kwargs: Any) -> tuple[str, saver.SaveStats]:
@@ -207,6 +210,7 @@ class EncoderProcess:
             except OSError:
                 reply = None
         if reply is None:
+            self.lost = True
             code = self.proc.poll()
             raise EncoderProcessError(
                 f"the encoder process (pid {self.proc.pid}) died during the save of step {kwargs.get('step')} "
