@@ -52,7 +52,7 @@ from ..layout import DEFAULT_DELTIFY_LAG
 from ..repository import Repository
 from .head import DELTA_CODECS, KEEP_WHOLE_ABOVE
 from .packer import Packer
-from .deltify_plan import Candidate, group_periods, period_key, plan, worth_it
+from .deltify_plan import Candidate, PackLedger, group_periods, period_key, plan, worth_it
 from .supersede import REWRITE_DEAD_FRACTION, drop_superseded
 
 #: the newest versions left as saved (latest)
@@ -123,10 +123,10 @@ def _round_locked(repo: Repository, lag: int, max_bytes: int | None, stop: Calla
     repo.refresh_index()
     undo = report.chunks, report.keyframe_bytes, dict(report.encodings)
     candidates, head = plan(repo, max(1, lag))
-    periods = group_periods(worth_it(repo, candidates))
+    ledger = PackLedger(repo)
+    periods = group_periods(worth_it(repo, candidates, ledger))
     stats = _PackCounts()
     packer = Packer(repo, stats)
-    ledger = _Ledger(repo)
     memo = repo.deltify_memo if isinstance(repo.deltify_memo, _Memo) else _Memo()
     repo.deltify_memo = memo
     restored: dict[bytes, bytes] = {}                # chunk -> the base of its new copy
@@ -134,18 +134,23 @@ def _round_locked(repo: Repository, lag: int, max_bytes: int | None, stop: Calla
     batch: list[_Converted] = []
 
     res = repo.resolution
-    period_packs = [{res.best[c.chunk_id][0] for c in period if c.chunk_id in res.best} for period in periods]
-    last_use = {pid: i for i, packs in enumerate(period_packs) for pid in packs}
-    offered: dict[str, int] = {}   # pack -> stored bytes of the candidates' copies in it
-    for period in periods:
+    period_packs: list[set[str]] = []
+    last_use: dict[str, int] = {}   # pack -> the last period with a copy in it
+    offered: dict[str, int] = {}    # pack -> stored bytes of the candidates' copies in it
+    for i, period in enumerate(periods):
+        packs = set()
         for c in period:
             if c.chunk_id in res.best:
                 pid, e = res.best[c.chunk_id]
+                packs.add(pid)
+                last_use[pid] = i
                 offered[pid] = offered.get(pid, 0) + e.length
+        period_packs.append(packs)
 
     def state(pid: str) -> tuple[int, int]:
         return ledger.dead.get(pid, 0), offered.get(pid, 0)
     batch_packs: set[str] = set()
+    held = {"new": 0, "old": 0}   # the batch's encoded bytes and the stored bytes they replace
 
     def commit(upto: int) -> None:
         kept, short = _settle(repo, batch, ledger, overlay)
@@ -164,6 +169,7 @@ def _round_locked(repo: Repository, lag: int, max_bytes: int | None, stop: Calla
             report.keyframe_bytes += conv.old_bytes
         batch.clear()
         batch_packs.clear()
+        held["new"] = held["old"] = 0
 
     touched: set[str] = set()   # packs whose copies this run re-stores
     over = False                # max_bytes reached: only finish the packs already begun
@@ -175,17 +181,19 @@ def _round_locked(repo: Repository, lag: int, max_bytes: int | None, stop: Calla
                 report.remaining = len(periods)
                 return False
             packs = period_packs[i]
-            if batch and sum(c.new_bytes for c in batch) >= BATCH_BYTES and not packs & batch_packs:
+            if batch and held["new"] >= BATCH_BYTES and not packs & batch_packs:
                 commit(i - 1)  # a batch ends between packs: one split across two would be judged by half
             if period_key(period) in memo.too_large or any(memo.waiting.get(p) == state(p) for p in packs):
                 continue  # found not worth it before, and nothing it depends on has changed since
-            over = over or (max_bytes is not None and report.keyframe_bytes + sum(c.old_bytes for c in batch) >= max_bytes)
+            over = over or (max_bytes is not None and report.keyframe_bytes + held["old"] >= max_bytes)
             if over and not packs <= touched:
                 report.remaining += 1  # a pack only partly re-stored frees nothing: finish begun ones only
                 continue
             conv = _convert_period(repo, period, overlay, memo)
             if conv is not None:
                 batch.append(conv)
+                held["new"] += conv.new_bytes
+                held["old"] += conv.old_bytes
                 touched.update(pid for pid, _length in conv.replaced)
                 batch_packs.update(pid for pid, _length in conv.replaced)
         commit(len(periods))
@@ -200,8 +208,9 @@ def _round_locked(repo: Repository, lag: int, max_bytes: int | None, stop: Calla
     return True
 
 
-def _chain(repo: Repository, cid: bytes, overlay: Mapping[bytes, tuple[bytes, int]]) -> list[bytes]:
-    """The chunks ``cid`` decodes through (itself first), this run's decisions included."""
+def _chain(repo: Repository, cid: bytes, overlay: Mapping[bytes, tuple[bytes, int]]) -> tuple[list[bytes], bool]:
+    """The chunks ``cid`` decodes through (itself first), this run's decisions included, and
+    whether the chain ends in a keyframe (not in a loop or a chunk with no copy)."""
     out: list[bytes] = []
     cur: bytes | None = cid
     res = repo.resolution
@@ -211,8 +220,10 @@ def _chain(repo: Repository, cid: bytes, overlay: Mapping[bytes, tuple[bytes, in
             cur = overlay[cur][0]
         else:
             best = res.best.get(cur)
-            cur = best[1].base if best is not None else None
-    return out
+            if best is None:
+                return out, False
+            cur = best[1].base
+    return out, cur is None
 
 
 @dataclass
@@ -242,20 +253,7 @@ class _Memo:
     waiting: dict[str, tuple[int, int]] = field(default_factory=dict)  # pack -> (dead, candidate bytes) then
 
 
-class _Ledger:
-    """Per pack: its stored bytes and how many of them no chunk reads (a copy of a chunk that
-    reads another copy, or one this run has re-stored)."""
-
-    def __init__(self, repo: Repository) -> None:
-        res = repo.resolution
-        self.size: dict[str, int] = {}
-        self.dead: dict[str, int] = {}
-        for pid, entries in repo.pack_entries.items():
-            self.size[pid] = sum(e.length for e in entries)
-            self.dead[pid] = sum(e.length for e in entries if res.best.get(e.chunk_id, (None,))[0] != pid)
-
-
-def _settle(repo: Repository, batch: list[_Converted], ledger: _Ledger,
+def _settle(repo: Repository, batch: list[_Converted], ledger: PackLedger,
             overlay: dict[bytes, tuple[bytes, int]]) -> tuple[list[_Converted], set[str]]:
     """The conversions of ``batch`` worth packing: those whose every replaced copy sits in a pack
     that will then be dropped or rewritten (``REWRITE_DEAD_FRACTION`` of it dead).  A delta written
@@ -290,25 +288,10 @@ def _still_bounded(repo: Repository, conv: _Converted, overlay: Mapping[bytes, t
     run's decisions as they stand (a conversion it relied on may have been dropped since: the chunk
     keeps its old form, which may lead back through this one, or be a longer chain)."""
     k = repo.config.keyframe_interval
-    res = repo.resolution
     for r in conv.results:
-        seen: set[bytes] = set()
-        cur: bytes | None = r.cid
-        links = 0
-        while cur is not None:
-            if cur in seen:
-                return False  # a cycle: the old form of a chunk it relied on reads through it
-            seen.add(cur)
-            if cur in overlay:
-                cur = overlay[cur][0]
-            else:
-                best = res.best.get(cur)
-                if best is None:
-                    return False
-                cur = best[1].base
-            links += cur is not None
-        if links + r.height > k:
-            return False
+        chain, closed = _chain(repo, r.cid, overlay)
+        if not closed or len(chain) - 1 + r.height > k:
+            return False  # a loop (the old form of a chunk it relied on reads through it), or too deep
     return True
 
 
@@ -361,8 +344,7 @@ def _reverse_one(repo: Repository, cand: Candidate, local: dict[bytes, tuple[byt
     view = ChainMap(local, overlay)
     height = res.height_outside(cand.chunk_id, inside)
     for succ in cand.successors:
-        chain = _chain(repo, succ, view)
-        if cand.chunk_id in chain:
+        if cand.chunk_id in _chain(repo, succ, view)[0]:
             continue  # a forward delta of this chunk: it cannot be this one's base
         depth = view[succ][1] if succ in view else res.depth.get(succ)
         if depth is None or height + depth + 1 > k:

@@ -86,7 +86,20 @@ def plan(repo: Repository, lag: int) -> tuple[list[Candidate], set[bytes]]:
     return out, head
 
 
-def worth_it(repo: Repository, candidates: list[Candidate]) -> list[Candidate]:
+class PackLedger:
+    """Per pack: its stored bytes and how many of them no chunk reads (a copy of a chunk that
+    reads another copy, or one this run has re-stored)."""
+
+    def __init__(self, repo: Repository) -> None:
+        res = repo.resolution
+        self.size: dict[str, int] = {}
+        self.dead: dict[str, int] = {}
+        for pid, entries in repo.pack_entries.items():
+            self.size[pid] = sum(e.length for e in entries)
+            self.dead[pid] = sum(e.length for e in entries if res.best.get(e.chunk_id, (None,))[0] != pid)
+
+
+def worth_it(repo: Repository, candidates: list[Candidate], ledger: PackLedger) -> list[Candidate]:
     """The candidates whose keyframes' packs deltification would actually free: a pack holding
     them is dropped or rewritten only once enough of it is redundant (supersede.py's threshold),
     and a delta written for a keyframe that stays beside it makes the repository larger.  Those
@@ -99,10 +112,10 @@ def worth_it(repo: Repository, candidates: list[Candidate]) -> list[Candidate]:
             by_pack.setdefault(best[0], []).append(cand)
     out: list[Candidate] = []
     for pid, cands in by_pack.items():
-        entries = repo.pack_entries.get(pid, [])
-        total = sum(e.length for e in entries)
         going = {c.chunk_id for c in cands}
-        dead = sum(e.length for e in entries if e.chunk_id in going or res.best.get(e.chunk_id, (None,))[0] != pid)
+        dead = ledger.dead.get(pid, 0) + sum(e.length for e in repo.pack_entries.get(pid, ())
+                                             if e.chunk_id in going and res.best[e.chunk_id][0] == pid)
+        total = ledger.size.get(pid, 0)
         if total and dead >= REWRITE_DEAD_FRACTION * total:
             out.extend(cands)
     order = {c.chunk_id: i for i, c in enumerate(candidates)}
