@@ -164,7 +164,6 @@ def _measure(work: str, size: int, tensors: int, delta_cache: int, anchor: bool)
         v2 = repo.save(state, step=2)
         inc_s = time.perf_counter() - t0
     named = _file_model(files, state)   # restore into file-backed destinations
-    deltackpt.api._OPEN.clear()
     repo = deltackpt.Repo(repo_path)
     with PeakAnon() as restore_mem:
         t0 = time.perf_counter()

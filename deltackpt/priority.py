@@ -23,11 +23,9 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
-
-_supported: bool | None = None
-_lock = threading.Lock()
 
 
 def _probe() -> bool:
@@ -52,13 +50,11 @@ def _probe() -> bool:
     return bool(result and result[0])
 
 
+@functools.lru_cache(maxsize=None)
 def idle_supported() -> bool:
-    """True when background saves can run under SCHED_IDLE and be boosted back (probed once)."""
-    global _supported
-    with _lock:
-        if _supported is None:
-            _supported = _probe()
-        return _supported
+    """True when background saves can run under SCHED_IDLE and be boosted back: a fact about this
+    process, probed once (two threads asking at once only repeat a harmless try)."""
+    return _probe()
 
 
 def run_idle(idle: bool) -> None:
@@ -80,7 +76,7 @@ def boost() -> None:
     to wait for a background save, which must no longer yield to anything.  (A thread the
     application itself put under SCHED_IDLE is returned to normal too: Linux does not tell which
     thread started which.)"""
-    if not _supported:
+    if not idle_supported():
         return
     # again until a pass finds none: a thread an idle thread starts while we list inherits
     # SCHED_IDLE, and a missed encoder thread under a loaded machine starves the save it serves
@@ -105,7 +101,7 @@ def boost() -> None:
 def boost_thread(tid: int) -> None:
     """Put the thread ``tid`` of this process back to normal priority if it is under SCHED_IDLE
     (a lazy snapshot copy the optimizer now waits for)."""
-    if not _supported:
+    if not idle_supported():
         return
     try:
         if os.sched_getscheduler(tid) == os.SCHED_IDLE:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -19,9 +22,9 @@ settings.register_profile("nightly", max_examples=2000, deadline=None,
 settings.load_profile(os.environ.get("DELTACKPT_HYPOTHESIS", "ci" if os.environ.get("CI") else "default"))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# saves deltify older versions in a background thread; a test that counts packs, bytes or objects
-# must not race it, so the suite (and the processes it starts) turns it off and deltifies on purpose
-# (tests/repo/test_deltify.py runs the background thread itself)
+# a save deltifies older versions after it commits (a bounded step, in its own thread); tests that
+# count packs, bytes or objects expect a save's own writes, so the suite (and the processes it
+# starts) turns that off and deltifies on purpose (tests/repo/test_deltify.py turns it on)
 os.environ["DELTACKPT_DELTIFY"] = "off"
 
 
@@ -31,13 +34,49 @@ def repo_path(tmp_path):
     return str(tmp_path / "repo")
 
 
+def _open_files() -> dict[int, str]:
+    """This process's open file descriptors that name a temp file or a shared-memory segment."""
+    out = {}
+    tmp = tempfile.gettempdir()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue   # closed meanwhile (the listing's own descriptor)
+        if target.startswith((tmp + "/", "/memfd:")):
+            out[int(fd)] = target
+    return out
+
+
 @pytest.fixture(autouse=True)
-def _fresh_handles():
-    """Each test starts with no cached repository handles (and so no delta cache)."""
-    from deltackpt import api
-    api._OPEN.clear()
+def _nothing_left_running():
+    """Every test leaves no deltackpt thread alive and no file of its own open, as frameworks check
+    their plugins (Lightning's conftest fails a test that leaves a thread behind): a handle's
+    close(), a blocking save's return and a background save's wait() end everything they started."""
+    threads_before = set(threading.enumerate())
+    files_before = _open_files()
     yield
-    api._OPEN.clear()
+    left = [t.name for t in threading.enumerate()
+            if t not in threads_before and t.is_alive() and t.name.startswith("deltackpt")]
+    files = {fd: t for fd, t in _open_files().items() if files_before.get(fd) != t}
+    if left or files:
+        gc.collect()   # a handle nobody closed, dropped by the test: its memory goes, its threads must not
+        files = {fd: t for fd, t in _open_files().items() if files_before.get(fd) != t}
+        left = [t.name for t in threading.enumerate()
+                if t not in threads_before and t.is_alive() and t.name.startswith("deltackpt")]
+    assert not left, f"test left deltackpt threads running: {left}"
+    assert not files, f"test left files open: {sorted(files.values())[:5]}"
+
+
+def drain_background() -> None:
+    """Collect every background save of this process still in flight or uncollected (a test's
+    teardown: what a failed save left for the next save must not leak into the next test)."""
+    from deltackpt.snapshot import at_exit
+    for runtime in at_exit.runtimes():
+        try:
+            runtime.drain()
+        except BaseException:  # noqa: BLE001 - the test asserted what it expected of it
+            pass
 
 
 def run_cli(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:

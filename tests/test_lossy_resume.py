@@ -94,5 +94,5 @@ def _resume_run(repo_path, encoding, resumes, every, width, teacher):
         inexact += not version.exact
         deltackpt.restore(model, repo_path, "latest", optimizer=opt)
     resumed += _train(model, opt, range(1 + resumes * every, 1 + (resumes + 1) * every), teacher)
-    used = {e.encoding for _cid, _pid, e in deltackpt.Repo(repo_path).core.index_items()}
+    used = {e.encoding for _cid, _pid, e in deltackpt.Repo(repo_path).core.index.items()}
     return used, resumed, inexact

@@ -5,8 +5,13 @@ What it may import: :mod:`deltackpt.snapshot` (background saves), :mod:`deltackp
 (state <-> leaves) and the torch-free core (``repo``, ``format``, ``store``).  Never
 :mod:`deltackpt.training` or :mod:`deltackpt.integrations`: they are built on this package.
 Inside it, ``repo`` (the Repo class) sits on ``saving`` and ``loading``, which sit on
-``handles`` (one open Repository per location); import-linter holds that order, so no circle
-can come back.  torch is imported only by the functions that move tensors.
+``handles`` (:class:`~.handles.Handle`: the owner of everything work on a repository starts and
+holds; a function given a path opens one for the call and closes it); import-linter holds that
+order, so no circle can come back.  torch is imported only by the functions that move tensors.
+
+``internal`` is the one declared internal API :mod:`deltackpt.training` and
+:mod:`deltackpt.integrations` may use beyond the public names (import-linter forbids them
+``deltackpt.repo`` and ``deltackpt.snapshot``).
 
 Example::
 
@@ -15,7 +20,7 @@ Example::
     deltackpt.restore(model, "ckpt", "latest~1")
 """
 
-from .handles import _OPEN, portable_location  # noqa: F401  (_OPEN: tests and forked workers clear it)
+from .handles import portable_location
 from .loading import load, restore
 from .repo import Repo, gc, open_repo
 from .saving import save

@@ -1,82 +1,162 @@
-"""Opening a repository: one :class:`Repository` per location and process, shared by every handle.
+"""A repository handle: the one owner of everything work on a repository starts and holds.
 
-Every public function takes a path, a URL, a :class:`~deltackpt.store.base.Store` or a
-:class:`deltackpt.Repo`; :func:`open_core` turns any of them into this process's Repository for
-that location.  Sharing it is what lets the delta cache (the last saved bytes, which the next save
-stores its deltas against) outlive single ``deltackpt.save(obj, path)`` calls.
+:class:`Handle` (the base of :class:`deltackpt.Repo`) holds the torch-free
+:class:`~deltackpt.repo.repository.Repository` it reads, the
+:class:`~deltackpt.repo.write.session.WriteSession` its saves write through (settings, the delta
+bases kept between saves) and, once a background save needs it, a
+:class:`~deltackpt.snapshot.runtime.SaveRuntime` (the save thread, staging memory, lazy copies,
+the encoder process).  :meth:`Handle.close` finishes the background work and releases all of it.
+Nothing is shared between handles and nothing is kept per process: a function given a path
+(``deltackpt.save(state, "ckpt")``) opens a handle for that call and closes it before returning
+(:func:`opened`).
 
 Example::
 
-    core = open_core("ckpt", create=True)
-    assert open_core("./ckpt") is core
+    with Handle("ckpt", create=True) as h:
+        print(h.core.latest())
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
 
+from ..errors import InvalidArgumentError
 from ..repo.layout import DEFAULT_DELTA_CACHE_BYTES
 from ..repo.repository import Repository
+from ..repo.write.session import WriteSession
 from ..store.base import Store
 
-_OPEN: dict[str, Repository] = {}
+if TYPE_CHECKING:
+    from ..snapshot.runtime import BackgroundOptions, SaveRuntime
+
+DELTIFY_ENV = "DELTACKPT_DELTIFY"
+
+
+def _deltify_default() -> bool:
+    """``$DELTACKPT_DELTIFY`` (``off``/``0``/``no``/``false`` turn it off), read when a handle opens."""
+    return os.environ.get(DELTIFY_ENV, "on").strip().lower() not in ("0", "off", "no", "false")
 
 
 class Handle:
-    """An open repository (``core``): the base of :class:`deltackpt.Repo`, so that this module can
-    accept a Repo without importing the class built on it."""
+    """An open repository and everything its work holds (see the module docstring).
 
-    core: Repository
+    ``delta_cache_bytes``: memory for the delta bases the next save computes its deltas against
+    (0: none).  ``background``: how background saves run (``"thread"``, ``"process"`` or a
+    :class:`~deltackpt.snapshot.runtime.BackgroundOptions`).  ``deltify``: re-store older versions
+    as reverse deltas after each save (default ``$DELTACKPT_DELTIFY``, on).  The other options
+    are :class:`deltackpt.Repo`'s.
+    """
 
-
-def open_core(location: "str | os.PathLike | Store | Handle", *, create: bool = False,
-              chunk_bytes: int | None = None, keyframe_interval: int | None = None,
-              delta_cache_bytes: int | None = None, level: int | None = None,
-              delta_base: str | None = None) -> Repository:
-    """This process's Repository for ``location`` (opened, or created with ``create=True``, on
-    first use); the options given change the open one's settings for later saves."""
-    if isinstance(location, Handle):
-        return location.core
-    if isinstance(location, Store):
-        key = f"store@{id(location)}"  # two stores may describe themselves alike; identity is what counts
-    else:
-        text = os.fspath(location)
-        key = text if "://" in text else os.path.abspath(text)
-    core = _OPEN.get(key)
-    if core is None or (create and not core.store.exists("config")):
-        core = Repository(location, create=create, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
-                          delta_cache_bytes=DEFAULT_DELTA_CACHE_BYTES if delta_cache_bytes is None
-                          else delta_cache_bytes, level=level or 1, delta_base=delta_base)
-        _OPEN[key] = core
-    else:
-        from ..codecs.base import check_level
-        from ..format.config import check_chunk_bytes, check_delta_base, check_keyframe_interval
-        # every option checked before any is applied: a refused one leaves the handle as it was
-        for value, check in ((chunk_bytes, check_chunk_bytes), (keyframe_interval, check_keyframe_interval),
-                             (level, check_level), (delta_base, lambda b: check_delta_base(b, core.config.version))):
-            if value is not None:
-                check(value)
-        if chunk_bytes is not None:
-            core.config.chunk_bytes = chunk_bytes
-        if keyframe_interval is not None:
-            core.config.keyframe_interval = keyframe_interval
-        if delta_cache_bytes is not None:
-            core.delta_cache.max_bytes = delta_cache_bytes
+    def __init__(self, location: "str | os.PathLike[str] | Store | Handle", *, create: bool = False,
+                 chunk_bytes: int | None = None, keyframe_interval: int | None = None,
+                 delta_cache_bytes: int | None = None, level: int | None = None, delta_base: str | None = None,
+                 background: "str | BackgroundOptions | None" = None, deltify: bool | None = None) -> None:
+        if isinstance(location, Handle):
+            location = location.core.store   # the same store object (a memory store has no path)
+        if delta_cache_bytes is not None and (isinstance(delta_cache_bytes, bool) or not isinstance(delta_cache_bytes, int)
+                                              or delta_cache_bytes < 0):
+            raise InvalidArgumentError(f"delta_cache_bytes must be an integer >= 0, got {delta_cache_bytes!r:.60}")
+        if deltify is not None and not isinstance(deltify, bool):
+            raise InvalidArgumentError(f"deltify must be True or False, got {deltify!r:.60}")
         if level is not None:
-            core.level = level
-        if delta_base is not None:
-            core.config.delta_base = delta_base
-    return core
+            from ..codecs.base import check_level
+            check_level(level)   # before a repository is created
+        self._background = _checked_background(background)
+        self.core = Repository(location, create=create, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
+                               delta_base=delta_base)
+        self.session = WriteSession(self.core, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
+                                    delta_base=delta_base, level=level,
+                                    delta_cache_bytes=DEFAULT_DELTA_CACHE_BYTES if delta_cache_bytes is None
+                                    else delta_cache_bytes,
+                                    deltify=_deltify_default() if deltify is None else deltify)
+        self._runtime: SaveRuntime | None = None
+        self._closed = False
+
+    @property
+    def runtime(self) -> "SaveRuntime":
+        """The handle's background-save runtime (made at the first background save)."""
+        if self._runtime is None:
+            if self._closed:
+                raise InvalidArgumentError(f"{self.core.location}: this repository handle is closed")
+            from ..snapshot.runtime import SaveRuntime, background_options
+            self._runtime = SaveRuntime(self.session, background_options(self._background))
+        return self._runtime
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def wait(self) -> None:
+        """Wait for the background saves made to this repository in this process (this handle's,
+        then other handles'), so that what follows sees them committed; raise the first error
+        nobody observed."""
+        from ..snapshot import at_exit   # torch-free: the process's record of background saves
+        if self._runtime is not None:
+            self._runtime.drain()
+        for other in at_exit.others_for(self.core.location, self._runtime):
+            other.drain()
+
+    def close(self) -> None:
+        """Finish this handle's background saves, free its staging memory and delta bases, and
+        join every thread and process it started; afterwards nothing of it runs or writes.  Raises
+        the first background error nobody observed (once everything is released)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._runtime is not None:
+                self._runtime.close()
+        finally:
+            self.session.close()
+            self.core.close()
+
+    def release(self) -> None:
+        """Free what the handle holds without waiting for anything (its background saves are done:
+        a handle opened for one background save calls this from the save thread as its last act)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._runtime is not None:
+                self._runtime.release()
+        finally:
+            self.session.close()
+            self.core.close()
+
+    def __enter__(self) -> "Handle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
-def forget(core: Repository) -> None:
-    """Drop ``core`` from the open handles: the next open of its location reads it afresh."""
-    for key, open_one in list(_OPEN.items()):
-        if open_one is core:
-            del _OPEN[key]
+def _checked_background(value: Any) -> Any:
+    """Refuse a bad ``background`` now, before anything is opened (torch-free for a string)."""
+    if value is None or value in ("thread", "process"):
+        return value
+    if isinstance(value, str):
+        raise InvalidArgumentError(f"background must be 'thread' or 'process', got {value!r:.60}")
+    from ..snapshot.runtime import background_options
+    return background_options(value)
 
 
-def portable_location(repo: "str | os.PathLike | Store | Handle") -> "str | Store":
+@contextmanager
+def opened(location: "str | os.PathLike[str] | Store | Handle", *, create: bool = False) -> Iterator[Handle]:
+    """The handle to work through: ``location`` itself when it is one (left open), else a handle
+    opened for the block and closed after it."""
+    if isinstance(location, Handle):
+        yield location
+        return
+    handle = Handle(location, create=create)
+    try:
+        yield handle
+    finally:
+        handle.close()
+
+
+def portable_location(repo: "str | os.PathLike[str] | Store | Handle") -> "str | Store":
     """What reopens ``repo`` in another process (pickling, spawned ranks): an absolute path or a
     URL; a Store that is neither local nor fsspec is returned as it is (it pickles or it does not).
 

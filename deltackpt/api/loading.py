@@ -13,7 +13,7 @@ from ..progress import bar
 from ..repo.repository import Repository
 from ..repo.versions import Version
 from ..store.base import Store
-from .handles import Handle, open_core
+from .handles import Handle, opened
 from .targets import check_optimizer
 
 if TYPE_CHECKING:
@@ -51,17 +51,18 @@ def load(repo: "str | os.PathLike | Handle | Store", version: "str | Version" = 
 
     if threads is not None:
         read_threads(threads)  # refused before anything is read
-    core = open_core(repo)
-    vid = core.resolve(version)
-    m = core.manifest(vid)
-    core.refresh_index()
-    chosen = selected_tensors(m, layers, f"version {vid[:10]}")
-    with bar("load", sum(m.blobs[b].nbytes for b in {m.tensors[i].blob for i in chosen})):
-        buffers = read_blobs(core, vid, m, (m.tensors[i].blob for i in chosen), threads=threads)
-    tensors = build_tensors(m, chosen, buffers, map_location)
-    keep = None if layers is None else set(chosen).__contains__
-    state = unflatten(m.tree, tensors.__getitem__, keep)
-    return (state, core.version(vid)) if return_version else state
+    with opened(repo) as handle:
+        core = handle.core
+        vid = core.resolve(version)
+        m = core.manifest(vid)
+        core.index.refresh()
+        chosen = selected_tensors(m, layers, f"version {vid[:10]}")
+        with bar("load", sum(m.blobs[b].nbytes for b in {m.tensors[i].blob for i in chosen})):
+            buffers = read_blobs(core, vid, m, (m.tensors[i].blob for i in chosen), threads=threads)
+        tensors = build_tensors(m, chosen, buffers, map_location)
+        keep = None if layers is None else set(chosen).__contains__
+        state = unflatten(m.tree, tensors.__getitem__, keep)
+        return (state, core.version(vid)) if return_version else state
 
 
 def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Handle | Store", version: "str | Version" = "latest",
@@ -89,17 +90,20 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Handle | Store"
         deltackpt.restore(model, "ckpt", "latest~1", optimizer=opt)
         deltackpt.restore(model, "ckpt", layers=["encoder"])   # one layer, nothing else read
     """
+    if threads is not None:
+        from ..torchstate.materialize import read_threads
+        read_threads(threads)  # refused before anything is read or written
+    with opened(repo) as handle:
+        return _restore(model, handle.core, version, layers, optimizer, strict, threads)
+
+
+def _restore(model: "torch.nn.Module", core: Repository, version: "str | Version", layers: Any, optimizer: Any,
+             strict: bool, threads: int | None) -> Version:
     import torch
 
-    from ..snapshot.async_save import wait_snapshots
-    from ..torchstate.materialize import read_threads
-
-    if threads is not None:
-        read_threads(threads)  # refused before anything is read or written
-    core = open_core(repo)
     vid = core.resolve(version)
     m = core.manifest(vid)
-    core.refresh_index()
+    core.index.refresh()
     target = model.state_dict(keep_vars=True)
     prefix = _model_prefix(m, set(target))
     wanted = _matching_tensors(m, vid, target, prefix, layers, strict)
@@ -109,7 +113,7 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Handle | Store"
         if not isinstance(tree, dict) or "optimizer" not in tree:
             raise StateMismatchError(f"version {vid[:10]} holds no 'optimizer' entry to restore; nothing was restored")
         check_optimizer(optimizer, tree["optimizer"], where=f"version {vid[:10]}")
-    wait_snapshots()   # a lazy save's copy may still be reading these parameters
+    wait_snapshots()   # a lazy save's copy (of any handle) may still be reading these parameters
     with torch.no_grad():
         _read_into_model(core, vid, m, target, wanted, threads)
     if optimizer is not None:
@@ -119,6 +123,14 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Handle | Store"
         # (``Tensor.to`` returns it as is): the in-place ones are not copied again
         optimizer.load_state_dict(state)
     return core.version(vid)
+
+
+def wait_snapshots() -> None:
+    """Wait for the lazy snapshot copies every handle of this process still has in flight (they
+    read live parameters that a restore is about to write)."""
+    from ..snapshot import at_exit
+    for runtime in at_exit.runtimes():
+        runtime.wait_snapshots()
 
 
 def _matching_tensors(m: Any, vid: str, target: dict, prefix: str, layers: Any, strict: bool) -> list[tuple[str, int]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DeltackptError, InvalidArgumentError
 from ..progress import bar
@@ -15,6 +15,9 @@ from ..format.events import DRILL, Event
 from ..repo.maintain import events
 from ..repo.write import commit
 from ..repo.write.deltify import DEFAULT_LAG, DeltifyReport
+
+#: the newest versions deltification leaves as saved (``Repo.deltify(lag=...)``, ``deltackpt deltify --lag``)
+DEFAULT_DELTIFY_LAG = DEFAULT_LAG
 from ..repo.write.deltify import deltify as run_deltify
 from ..repo.maintain.drill import DrillReport, run_drill
 from ..repo.maintain.gc import DEFAULT_GRACE_SECONDS, GcReport, run_gc
@@ -22,56 +25,58 @@ from ..repo.maintain.retention import Retention, check_metric_recorded, check_se
 from ..repo.maintain.verify import VerifyReport, run_verify
 from ..repo.versions import Version
 from ..store.base import Store
-from .handles import Handle, forget, open_core, portable_location
+from .handles import Handle, opened, portable_location
 from .loading import load, restore
 from .saving import save
 
+if TYPE_CHECKING:
+    from ..snapshot.runtime import BackgroundOptions
+
 
 class Repo(Handle):
-    """A deltackpt repository.
+    """A deltackpt repository handle: the owner of everything work on it starts and holds.
 
     Example::
 
-        repo = deltackpt.Repo("ckpt")              # created on first save
-        v = repo.save({"model": model.state_dict(), "step": 10}, step=10)
-        for version in repo.log():
-            print(version.short_id, version.step, version.metrics)
-        state = repo.load("latest~1", layers=["encoder"])
+        with deltackpt.Repo("ckpt", create=True) as repo:
+            v = repo.save({"model": model.state_dict(), "step": 10}, step=10)
+            for version in repo.log():
+                print(version.short_id, version.step, version.metrics)
+            state = repo.load("latest~1", layers=["encoder"])
 
-    Opening the same path twice in a process shares one handle, so the delta cache (the last
-    saved bytes, used to store the next version as deltas) survives ``deltackpt.save(obj, path)``
-    calls.  ``delta_cache_bytes=0`` turns it off (every chunk that changed is then a keyframe).
+    A handle keeps the last saved bytes in memory (``delta_cache_bytes``; 0 turns it off) as the
+    bases the next save stores its deltas against, and runs background saves in a thread of its
+    own (``background``: ``"thread"``, ``"process"`` or a
+    :class:`~deltackpt.snapshot.runtime.BackgroundOptions`).  :meth:`close` (or leaving the
+    ``with`` block) finishes the background saves, frees that memory and joins every thread and
+    process the handle started: afterwards nothing of it runs or writes into the folder.  Two
+    handles on one repository share nothing but the files.
 
     ``delta_base`` (stored in the config by ``Repo.init``) picks the topology: ``"child"`` (the
     default of format 2) writes each changed chunk once, whole or as a small forward delta, so
     ``resume`` reads about one object per chunk, and later re-stores older versions as deltas
-    against newer chunks (:meth:`deltify`); ``"parent"`` chains every change forward (the smallest
-    saves, the newest version the dearest to read); ``"keyframe"`` takes every lossless delta
-    against its chunk's last keyframe.  bench/DELTAS.md compares them.
+    against newer chunks (:meth:`deltify`, and a bounded step after each save unless
+    ``deltify=False``); ``"parent"`` chains every change forward (the smallest saves, the newest
+    version the dearest to read); ``"keyframe"`` takes every lossless delta against its chunk's
+    last keyframe.  bench/DELTAS.md compares them.
     """
 
-    def __init__(self, location: "str | os.PathLike | Store | Repo", *, create: bool = False,
+    def __init__(self, location: "str | os.PathLike[str] | Store | Handle", *, create: bool = False,
                  chunk_bytes: int | None = None, keyframe_interval: int | None = None,
                  delta_cache_bytes: int | None = None, level: int | None = None,
-                 delta_base: str | None = None) -> None:
-        self.core = open_core(location, create=create, chunk_bytes=chunk_bytes,
-                              keyframe_interval=keyframe_interval, delta_cache_bytes=delta_cache_bytes,
-                              level=level, delta_base=delta_base)
+                 delta_base: str | None = None, background: "str | BackgroundOptions | None" = None,
+                 deltify: bool | None = None) -> None:
+        super().__init__(location, create=create, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
+                         delta_cache_bytes=delta_cache_bytes, level=level, delta_base=delta_base,
+                         background=background, deltify=deltify)
 
     @classmethod
-    def init(cls, location: "str | os.PathLike | Store", **kwargs: Any) -> "Repo":
+    def init(cls, location: "str | os.PathLike[str] | Store", **kwargs: Any) -> "Repo":
         """Create an empty repository (no error if it exists).  ``Repo.init("ckpt")``"""
         return cls(location, create=True, **kwargs)
 
-    def close(self) -> None:
-        """Drop this process's handle and its delta cache, and stop its background deltification
-        at a safe point (so that the folder can be deleted next)."""
-        from ..repo.write import background
-        from ..snapshot.async_save import on_repo_close
-        forget(self.core)
-        self.core.delta_cache.clear()
-        on_repo_close(self.core)
-        background.stop_for(self.core)
+    def __enter__(self) -> "Repo":
+        return self
 
     @property
     def location(self) -> str:
@@ -84,7 +89,18 @@ class Repo(Handle):
     def __repr__(self) -> str:
         return f"Repo({self.location!r})"
 
+    def info(self) -> dict[str, Any]:
+        """The repository's location and the settings its config holds (format version, id, chunk
+        size, keyframe interval, delta topology): ``repo.info()["chunk_bytes"]``."""
+        return {**self.core.info(), "delta_base": self.core.config.delta_base}
+
     # versions -------------------------------------------------------------------------------
+    def latest(self) -> Version | None:
+        """The newest version of the training line (what ``latest`` names), None while there is
+        none: ``v = repo.latest(); print(v.step if v else "empty")``."""
+        vid = self.core.latest()
+        return None if vid is None else self.core.version(vid)
+
     def resolve(self, version: "str | Version" = "latest") -> Version:
         """The Version a revision names: ``repo.resolve("latest~2")``."""
         return self.core.version(self.core.resolve(version))
@@ -102,12 +118,12 @@ class Repo(Handle):
         ``repo.show("latest")["tensors"][0]["stored_bytes"]``"""
         vid = self.core.resolve(version)
         m = self.core.manifest(vid)
-        self.core.refresh_index()
+        self.core.index.refresh()
         tensors = []
         for t in m.tensors:
             blob = m.blobs[t.blob]
             tensors.append({"name": t.name, "dtype": t.dtype, "shape": t.shape, "logical_bytes": t.nbytes,
-                            "stored_bytes": self.core.stored_size(c.chunk_id for c in blob.chunks),
+                            "stored_bytes": self.core.index.stored_size(c.chunk_id for c in blob.chunks),
                             "chunks": len(blob.chunks), "encoding": t.encoding, "exact": t.exact,
                             "max_abs_err": t.max_abs_err, "shared_blob": blob.nbytes != t.nbytes})
         drill = next((e.to_json() for e in events.usable(self.core, DRILL) if e.data.get("version") == vid), None)
@@ -160,11 +176,11 @@ class Repo(Handle):
     def du(self) -> dict[str, Any]:
         """Logical and stored bytes per version and in total: ``repo.du()["total"]["stored_bytes"]``."""
         core = self.core
-        core.refresh_index()
+        core.index.refresh()
         refs_by_version: dict[str, set[bytes]] = {}
         counts: dict[bytes, int] = {}
         for vid in core.history():
-            chunks = core.chunk_closure(c.chunk_id for b in core.manifest(vid).blobs for c in b.chunks)
+            chunks = core.index.chunk_closure(c.chunk_id for b in core.manifest(vid).blobs for c in b.chunks)
             refs_by_version[vid] = chunks
             for c in chunks:
                 counts[c] = counts.get(c, 0) + 1
@@ -173,8 +189,8 @@ class Repo(Handle):
             v = core.version(vid)
             rows.append({"id": vid, "short_id": vid[:10], "step": v.step, "logical_bytes": v.logical_bytes,
                          "written_bytes": v.written_bytes,
-                         "referenced_bytes": core.stored_size(chunks),
-                         "unique_bytes": core.stored_size(c for c in chunks if counts[c] == 1)})
+                         "referenced_bytes": core.index.stored_size(chunks),
+                         "unique_bytes": core.index.stored_size(c for c in chunks if counts[c] == 1)})
         packs = sum(core.store.size(k) for k in core.store.list("packs/"))
         meta = sum(core.store.size(k) for k in core.store.list("manifests/") + core.store.list("index/"))
         return {"versions": rows, "total": {"versions": len(rows),
@@ -220,11 +236,12 @@ class Repo(Handle):
             raise InvalidArgumentError(f"lag must be an integer >= 1, got {lag!r:.80}")
         if max_bytes is not None and (not is_int(max_bytes) or max_bytes < 0):
             raise InvalidArgumentError(f"max_bytes must be None or an integer >= 0, got {max_bytes!r:.80}")
-        return run_deltify(self.core, lag=lag, max_bytes=max_bytes)
+        return run_deltify(self.session, lag=lag, max_bytes=max_bytes)
 
 
-def open_repo(repo: "str | os.PathLike | Repo | Store", create: bool = False) -> Repo:
-    """``repo`` itself when it is a Repo, else a Repo on that location: ``open_repo("ckpt").log()``."""
+def open_repo(repo: "str | os.PathLike[str] | Repo | Store", create: bool = False) -> Repo:
+    """``repo`` itself when it is a Repo, else a new Repo on that location, which the caller owns
+    (and closes): ``with open_repo("ckpt") as r: r.log()``."""
     if isinstance(repo, Repo):
         return repo
     return Repo(repo, create=create)
@@ -256,7 +273,7 @@ def gc(repo: "str | os.PathLike | Repo | Store", *, keep_last: int | None = None
     for name, flag in (("dry_run", dry_run), ("rebase", rebase)):
         if not isinstance(flag, bool):
             raise InvalidArgumentError(f"{name} must be True or False, got {flag!r:.80}")
-    core = open_core(repo)
-    if policy.keep_best is not None:
-        check_metric_recorded(core, policy.keep_best[0])
-    return run_gc(core, policy, dry_run=dry_run, rebase=rebase, grace_seconds=grace_seconds)
+    with opened(repo) as handle:
+        if policy.keep_best is not None:
+            check_metric_recorded(handle.core, policy.keep_best[0])
+        return run_gc(handle.session, policy, dry_run=dry_run, rebase=rebase, grace_seconds=grace_seconds)

@@ -10,7 +10,7 @@ from ..progress import bar
 from ..repo.write import saver
 from ..repo.versions import Version
 from ..store.base import Store
-from .handles import Handle, open_core
+from .handles import Handle
 
 if TYPE_CHECKING:
     from ..snapshot.async_save import SaveHandle
@@ -34,8 +34,15 @@ def save(obj: Any, repo: "str | os.PathLike | Handle | Store", *, step: int | No
 
     ``background``: where a background save runs, ``"thread"`` or ``"process"`` (a persistent
     encoder process fed through shared memory: the save's Python then never takes the training
-    loop's GIL; local repositories and CPU tensors only, others use the thread).  Default:
-    ``deltackpt.snapshot.async_save.BACKGROUND`` (``"thread"``).
+    loop's GIL; local repositories and CPU tensors only, others use the thread).  Default: the
+    handle's (``Repo(..., background=...)``), else ``"thread"``.
+
+    Who owns the work: saving to a :class:`~deltackpt.Repo` uses that handle (its delta bases, its
+    save thread; ``repo.close()`` ends them).  Saving to a path opens a handle for this call: a
+    blocking save closes it before returning, a background one when its handle is waited for, so
+    nothing of the save runs or writes into the folder afterwards.  A loop that saves often is
+    better served by one ``Repo`` (it keeps the last saved bytes in memory as the next deltas'
+    bases instead of reading them back).
 
     ``optimizer`` (with ``blocking=False``; one optimizer or a list): a *lazy* snapshot.  The
     tensors the optimizer owns (its parameters and every tensor in ``optimizer.state``, found by
@@ -53,7 +60,7 @@ def save(obj: Any, repo: "str | os.PathLike | Handle | Store", *, step: int | No
     ``torch.get_num_threads()``, at least 1), so that it does not compete with training for CPU.
     On Linux a background save's threads also run under ``SCHED_IDLE``, so they never preempt the
     training loop, and return to normal priority once anyone waits for the save
-    (:mod:`deltackpt.priority`; ``async_save.BACKGROUND_IDLE = False`` turns it off).
+    (:mod:`deltackpt.priority`; ``Repo(..., background=BackgroundOptions(idle=False))`` turns it off).
 
     ``latest=False`` commits the version off the training line (what ``deltackpt import`` does
     with a foreign file): ``latest`` does not move, so :func:`deltackpt.resume`, ``latest~N`` and
@@ -72,6 +79,7 @@ def save(obj: Any, repo: "str | os.PathLike | Handle | Store", *, step: int | No
     import torch
 
     from ..snapshot import async_save
+    from ..snapshot.runtime import spare_cores
     from ..torchstate.flatten import flatten
 
     if isinstance(obj, torch.nn.Module):
@@ -84,17 +92,27 @@ def save(obj: Any, repo: "str | os.PathLike | Handle | Store", *, step: int | No
     record["latest"] = latest
     optimizers = None
     if optimizer is not None:
-        from ..snapshot.lazy import optimizers_of
+        from ..torchstate.optimizers import optimizers_of
         optimizers = optimizers_of(optimizer)
-    core = open_core(repo, create=True)
-    write = _writer(core, encoding, record, workers)
-    if not blocking:
-        devices = [str(leaf.tensor.device) for leaf in leaves]
-        threads = workers or async_save.spare_cores()
-        return async_save.submit(core, leaves, tree, lambda staged, t, **where: write(staged, t, devices, threads, **where),
-                                 background=background, optimizers=optimizers)
-    async_save.drain(core)
-    return write(leaves, tree)
+    owned = not isinstance(repo, Handle)
+    handle = Handle(repo, create=True) if owned else repo
+    try:
+        write = _writer(handle.session, encoding, record, workers)
+        if not blocking:
+            devices = [str(leaf.tensor.device) for leaf in leaves]
+            threads = workers or spare_cores()
+            result = async_save.submit(handle.runtime, leaves, tree,
+                                       lambda staged, t, **where: write(staged, t, devices, threads, **where),
+                                       where=background, optimizers=optimizers)
+            if owned:   # opened for this save alone: it frees itself once the save is done
+                handle.runtime.release_when_idle(handle.release)
+                owned = False
+            return result
+        handle.wait()   # the background saves already made to this repository commit first
+        return write(leaves, tree)
+    finally:
+        if owned:
+            handle.close()
 
 
 def _checked_record(leaves: list, step: Any, metrics: Any, meta: Any, tag: str | None, encoding: Any,
@@ -123,9 +141,10 @@ def _checked_record(leaves: list, step: Any, metrics: Any, meta: Any, tag: str |
     return dict(step=step, metrics=plain_metrics, meta=plain_meta, tag=tag)
 
 
-def _writer(core: Any, encoding: Any, record: dict[str, Any], workers: int | None) -> Callable[..., Version]:
-    """The function that writes one version of ``leaves`` to ``core``: called now by a blocking
-    save, later (with the staged copies) by a background one, in a thread or the encoder process."""
+def _writer(session: Any, encoding: Any, record: dict[str, Any], workers: int | None) -> Callable[..., Version]:
+    """The function that writes one version of ``leaves`` through ``session``: called now by a
+    blocking save, later (with the staged copies) by a background one, in a thread or the encoder
+    process."""
     from ..torchstate.planner import plan_blobs
 
     def write(leaves: list, tree: Any, devices: list[str] | None = None, threads: int | None = workers,
@@ -138,11 +157,11 @@ def _writer(core: Any, encoding: Any, record: dict[str, Any], workers: int | Non
                 e.device = device
         kwargs = dict(record, workers=threads)
         if encoder is not None:
-            vid, stats = encoder.write_version(core, blobs, entries, tree, segment=segment, **kwargs)
+            vid, stats = encoder.write_version(session, blobs, entries, tree, segment=segment, **kwargs)
         else:
             total = sum(len(b.data) for b in blobs)
             with bar("save", total if devices is None else 0) as update:
-                vid, stats = saver.write_version(core, blobs, entries, tree, progress=update, **kwargs)
-        return core.version(vid, manifest=stats.manifest)
+                vid, stats = saver.write_version(session, blobs, entries, tree, progress=update, **kwargs)
+        return session.repo.version(vid, manifest=stats.manifest)
 
     return write

@@ -39,7 +39,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         repo, created = deltackpt.Repo(args.repo), False
     except NotARepositoryError:
         repo, created = deltackpt.Repo.init(args.repo, **options), True
-    info = {**repo.core.info(), "delta_base": repo.core.config.delta_base, "created": created}
+    info = {**repo.info(), "created": created}
     if not created:
         differ = [f"{k} {info[k]!r} (asked: {v!r})" for k, v in options.items() if info[k] != v]
         if differ:
@@ -274,7 +274,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     tag = args.tag or _free_tag(repo, "import-" + _stem(args.file))
     v = deltackpt.save(state, repo, step=args.step, tag=tag, latest=False,
                        meta={"imported_from": os.path.basename(args.file)})
-    latest = repo.core.latest()
+    head = repo.latest()
+    latest = head.id if head is not None else None
     if args.json:
         emit_json({**v.to_json(), "tag": tag, "off_line": True, "latest": latest})
     else:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import deltackpt
 
-from ..repo.layout import DEFAULT_DELTIFY_LAG
+from ..api.repo import DEFAULT_DELTIFY_LAG
 from . import commands
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, EXIT_ERROR, EXIT_BUG, EXIT_INTERRUPTED = 0, commands.EXIT_PROBLEMS, 2, 3, 4, 130

@@ -32,7 +32,6 @@ _local = threading.local()
 # mantissas) are literals too: on minilm-full deltas the tuned parameters win most planes, and the
 # delta pipeline encodes ~17% faster and 0.3% smaller (0.5109 -> 0.5094 of torch.save, 1.02 -> 0.85 s
 # a version on one thread).  Decoding is plain zstd either way.
-_FAST_PLANES = True
 _PLANE_PARAMS = dict(strategy=zstandard.STRATEGY_FAST, window_log=19, chain_log=12, hash_log=6, search_log=1,
                      min_match=7, target_length=0)
 
@@ -55,7 +54,7 @@ def _decompressor() -> zstandard.ZstdDecompressor:
 
 def _plane_compressor(level: int) -> zstandard.ZstdCompressor:
     """The compressor for planes longer than twice the sample (see _PLANE_PARAMS)."""
-    if level != 1 or not _FAST_PLANES:
+    if level != 1:
         return _compressor(level)
     c = getattr(_local, "planes", None)
     if c is None:

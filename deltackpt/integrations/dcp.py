@@ -43,13 +43,9 @@ from torch.distributed.checkpoint.planner import (LoadItemType, LoadPlan, LoadPl
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from ..api import Repo, portable_location
+from ..api import Repo, internal, portable_location
+from ..api.internal import Blob, BlobInput, Manifest, SaveStats, Store, TensorEntry, TensorRef
 from ..errors import CorruptObjectError, StateMismatchError, UnsupportedLeafError
-from ..format.manifest import Blob, Manifest, TensorEntry, TensorRef
-from ..repo import locks
-from ..repo.write import saver
-from ..repo.write.saver import BlobInput
-from ..store.base import Store
 from ..torchstate.dtypes import dtype_of, name_of
 from ..torchstate.flatten import contiguous_strides, metrics_of
 from ..torchstate.tensor_bytes import byte_view
@@ -126,18 +122,29 @@ class Writer(StorageWriter):
         #: version id committed by the last ``finish`` (coordinator only)
         self.version_id: str | None = None
         #: stats of this rank's last write_data (bytes written, chunks new/reused)
-        self.last_stats: saver.SaveStats | None = None
+        self.last_stats: SaveStats | None = None
         # coordinator: the save lock held from the global plan until finish committed (a finalizer
         # releasing it; not picklable: None between saves)
         self._inflight: weakref.finalize | None = None
+        self._handle: Repo | None = None   # opened for one save from a path, closed when it ends
 
     def _repo(self) -> Repo:
-        return self._location if isinstance(self._location, Repo) else Repo(self._location, create=True)
+        if isinstance(self._location, Repo):
+            return self._location
+        if self._handle is None or self._handle.closed:
+            self._handle = Repo(self._location, create=True)
+        return self._handle
+
+    def _close_handle(self) -> None:
+        """End this rank's part of a save: close the handle it opened (nothing of it runs after)."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.close()
 
     def __getstate__(self) -> dict[str, Any]:
         # DCP sends storage objects to spawned ranks: the location travels, each rank reopens it
         # the in-flight save lock stays with the coordinator that took it (a finalizer does not pickle)
-        return {**self.__dict__, "_location": _pickled(self._location), "_inflight": None}
+        return {**self.__dict__, "_location": _pickled(self._location), "_inflight": None, "_handle": None}
 
     # StorageWriter --------------------------------------------------------------------------
     def reset(self, checkpoint_id: "str | os.PathLike | None" = None) -> None:
@@ -162,8 +169,7 @@ class Writer(StorageWriter):
         (the version committed would not load).  This lock keeps gc out for the whole save, every
         rank's writes included; a failed save's lock goes with the next save or the writer."""
         self._release_inflight()
-        store = self._repo().core.store
-        self._inflight = weakref.finalize(self, locks.release_save, store, locks.acquire_save(store))
+        self._inflight = weakref.finalize(self, internal.save_lease(self._repo()).release)
         return plans
 
     def _release_inflight(self) -> None:
@@ -190,7 +196,11 @@ class Writer(StorageWriter):
             row = isz * math.prod(shape[1:]) if shape and shape[0] else isz
             inputs.append(BlobInput(("dcp", name, dtype), byte_view(t), dtype, isz, max(row, isz)))
             kinds.append((dtype, shape, False))
-        blobs, stats = saver.store_blobs(repo.core, inputs, workers=self.workers)
+        try:
+            blobs, stats = internal.store_blobs(repo, inputs, workers=self.workers)
+        finally:
+            if not self.is_coordinator:
+                self._close_handle()   # this rank's part of the save is done
         self.last_stats = stats
         results = [WriteResult(index=item.index, size_in_bytes=b.nbytes,
                                storage_data=_Stored(b, dtype, shape, is_bytes, 0))
@@ -227,9 +237,10 @@ class Writer(StorageWriter):
                             metrics=metrics_of(self.metrics), meta=self.meta,
                             extra={"written": {"bytes": written}, "dcp_world_size": len(results)})
         try:
-            self.version_id = saver.commit_manifest(repo.core, manifest, tag=self.tag)
+            self.version_id = internal.commit_manifest(repo, manifest, tag=self.tag)
         finally:
             self._release_inflight()
+            self._close_handle()
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: "str | os.PathLike") -> bool:
@@ -298,22 +309,33 @@ class Reader(StorageReader):
         self.version_id: str | None = None
         self._manifest: Manifest | None = None
         self._where: dict[MetadataIndex, int] = {}
+        self._handle: Repo | None = None   # opened for one load from a path, closed when it ends
 
     def _repo(self) -> Repo:
-        return self._location if isinstance(self._location, Repo) else Repo(self._location)
+        if isinstance(self._location, Repo):
+            return self._location
+        if self._handle is None or self._handle.closed:
+            self._handle = Repo(self._location)
+        return self._handle
+
+    def _close_handle(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.close()
 
     def __getstate__(self) -> dict[str, Any]:
         # the manifest and index map are read again by the receiving process (read_metadata)
-        return {**self.__dict__, "_location": _pickled(self._location), "_manifest": None, "_where": {}}
+        return {**self.__dict__, "_location": _pickled(self._location), "_manifest": None, "_where": {},
+                "_handle": None}
 
     def reset(self, checkpoint_id: "str | os.PathLike | None" = None) -> None:
         if checkpoint_id is not None:
             self._location = _portable(checkpoint_id)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        core = self._repo().core
-        vid = core.resolve(self.revision)
-        m = core.manifest(vid)
+        repo = self._repo()
+        vid = internal.resolve_id(repo, self.revision)
+        m = internal.manifest(repo, vid)
         tree = m.tree.get(DCP_TREE_KEY) if isinstance(m.tree, dict) else None
         what = f"version {vid[:10]}"
         if not isinstance(tree, dict) or tree.get("layout") != DCP_LAYOUT:
@@ -342,8 +364,17 @@ class Reader(StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        core = self._repo().core
-        core.refresh_index()
+        try:
+            self._read(plan, planner)
+        finally:
+            self._close_handle()   # this rank's part of the load is done
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read(self, plan: LoadPlan, planner: LoadPlanner) -> None:
+        repo = self._repo()
+        internal.refresh_index(repo)
         m = self._manifest
         assert m is not None
         for req in plan.items:
@@ -351,26 +382,23 @@ class Reader(StorageReader):
             e = m.tensors[i]
             blob = m.blobs[e.blob]
             if req.type == LoadItemType.BYTE_IO:
-                planner.load_bytes(req, io.BytesIO(bytes(_read_range(core, blob, 0, blob.nbytes))))
+                planner.load_bytes(req, io.BytesIO(bytes(_read_range(repo, blob, 0, blob.nbytes))))
                 continue
             dtype = dtype_of(e.dtype, e.name)
-            src = _narrowed(core, blob, e, dtype, list(req.storage_offsets), list(req.lengths))
+            src = _narrowed(repo, blob, e, dtype, list(req.storage_offsets), list(req.lengths))
             target = planner.resolve_tensor(req).detach()
             if list(target.shape) != list(src.shape):
                 raise StateMismatchError(f"{e.name}: DCP asked for {list(target.shape)}, the shard slice is "
                                          f"{list(src.shape)}")
             target.copy_(src)
             planner.commit_tensor(req, target)
-        fut: Future = Future()
-        fut.set_result(None)
-        return fut
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: "str | os.PathLike") -> bool:
         return False
 
 
-def _read_range(core, blob: Blob, start: int, end: int) -> np.ndarray:
+def _read_range(repo: Repo, blob: Blob, start: int, end: int) -> np.ndarray:
     """Bytes ``[start, end)`` of a blob, reading only the chunks that overlap them."""
     out = np.empty(end - start, dtype=np.uint8)
     pos = 0
@@ -379,7 +407,7 @@ def _read_range(core, blob: Blob, start: int, end: int) -> np.ndarray:
         pos = hi
         if hi <= start or lo >= end:
             continue
-        data = np.frombuffer(core.read_chunk(c.chunk_id), dtype=np.uint8)
+        data = np.frombuffer(internal.read_chunk(repo, c.chunk_id), dtype=np.uint8)
         if len(data) != c.raw_len:
             raise CorruptObjectError(f"chunk {c.chunk_id.hex()} has {len(data)} bytes, the manifest says {c.raw_len}")
         a, b = max(lo, start), min(hi, end)
@@ -387,20 +415,20 @@ def _read_range(core, blob: Blob, start: int, end: int) -> np.ndarray:
     return out
 
 
-def _narrowed(core, blob: Blob, e: TensorEntry, dtype: torch.dtype, offsets: list[int],
+def _narrowed(repo: Repo, blob: Blob, e: TensorEntry, dtype: torch.dtype, offsets: list[int],
               lengths: list[int]) -> torch.Tensor:
     """The sub-block ``offsets``/``lengths`` of a saved shard, reading only the byte span from its
     first to its last element (a whole-rows slice, the usual resharding case, reads exactly its rows)."""
     shape = e.shape
     if not shape:
-        return torch.from_numpy(_read_range(core, blob, 0, blob.nbytes)).view(dtype).reshape(shape)
+        return torch.from_numpy(_read_range(repo, blob, 0, blob.nbytes)).view(dtype).reshape(shape)
     isz = blob.itemsize
     strides = contiguous_strides(shape)
     if any(n == 0 for n in lengths):
         return torch.empty(lengths, dtype=dtype)
     first = sum(o * s for o, s in zip(offsets, strides))
     last = sum((o + n - 1) * s for o, n, s in zip(offsets, lengths, strides))
-    raw = _read_range(core, blob, first * isz, (last + 1) * isz)
+    raw = _read_range(repo, blob, first * isz, (last + 1) * isz)
     flat = torch.from_numpy(raw).view(dtype)
     # the span starts at element ``first``: index it as a strided view of the shard
     view = torch.as_strided(flat, lengths, strides, 0)

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..api import Repo, load, portable_location, save
+from ..api import Repo, internal, load, portable_location, save
 from ..deps import require
 from ..errors import StateMismatchError
 from ..training import rng
@@ -76,6 +76,7 @@ class DeltackptCallback(TrainerCallback):
         opened = repo if isinstance(repo, Repo) else Repo(repo, create=True)
         self._location = portable_location(opened)
         self._repo: Repo | None = opened
+        self._owns_repo = opened is not repo   # opened here from a path: close() closes it
         self.remove_hf_checkpoints = remove_hf_checkpoints
         self.blocking = blocking
         self.encoding = encoding
@@ -91,7 +92,7 @@ class DeltackptCallback(TrainerCallback):
     def repo(self) -> Repo:
         """The repository, opened in this process at first use."""
         if self._repo is None:
-            self._repo = Repo(self._location, create=True)
+            self._repo, self._owns_repo = Repo(self._location, create=True), True
         return self._repo
 
     _OPTIONS = ("remove_hf_checkpoints", "blocking", "encoding", "lazy")
@@ -102,7 +103,7 @@ class DeltackptCallback(TrainerCallback):
         return {"location": self._location, **{k: getattr(self, k) for k in self._OPTIONS}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._location, self._repo, self.handles = state["location"], None, []
+        self._location, self._repo, self.handles, self._owns_repo = state["location"], None, [], False
         self.guard, self._parts = None, {}
         for k in self._OPTIONS:
             setattr(self, k, state.get(k, True) if k == "lazy" else state[k])   # pickled before "lazy": its default
@@ -163,21 +164,30 @@ class DeltackptCallback(TrainerCallback):
             if self.blocking:
                 shutil.rmtree(hf_dir, ignore_errors=True)
             else:
-                from ..snapshot import async_save
-                async_save.run_after(self.repo.core, lambda: shutil.rmtree(hf_dir, ignore_errors=True))
+                internal.run_after(self.repo, lambda: shutil.rmtree(hf_dir, ignore_errors=True))
 
     def on_train_end(self, args, state, control, **kwargs):
         self.wait()
         if self.guard is not None:
             self.guard.close()
-        from ..snapshot import async_save
-        async_save.release_idle_thread()  # no thread of ours outlives the training run
+        self.close()   # no thread of ours outlives the training run
 
     def wait(self) -> None:
         """Wait for background saves; raise their errors."""
         handles, self.handles = self.handles, []
         for h in handles:
             h.wait()
+
+    def close(self) -> None:
+        """Wait for background saves, then close the repository handle this callback opened
+        (a later save opens it again)."""
+        try:
+            self.wait()
+        finally:
+            repo, owned = self._repo, self._owns_repo
+            if repo is not None and owned:
+                self._repo, self._owns_repo = None, False
+                repo.close()
 
 
 def _torch_optimizer(optimizer: Any) -> "torch.optim.Optimizer | None":
@@ -229,6 +239,6 @@ def checkout(repo: "str | os.PathLike | Repo", directory: "str | os.PathLike", v
             hf_rng["cuda"] = r["cuda"]
         torch.save(hf_rng, os.path.join(out, "rng_state.pth"))
     with open(os.path.join(out, "deltackpt.json"), "w") as f:
-        json.dump({"repo": Repo(repo).location if not isinstance(repo, Repo) else repo.location, "version": v.id,
+        json.dump({"repo": repo.location if isinstance(repo, Repo) else portable_location(repo), "version": v.id,
                    "step": v.step}, f)
     return out

@@ -49,7 +49,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..api import Repo, load, portable_location, save
+from ..api import Repo, internal, load, portable_location, save
 from ..training import Checkpointer, Guard, training_state
 from ..deps import require
 from ..errors import CheckpointNotFoundError, CorruptObjectError, DeltackptError, UnknownVersionError
@@ -105,6 +105,7 @@ class DeltackptIO(CheckpointIO):
         opened = repo if isinstance(repo, Repo) else Repo(repo, create=True)
         self._location = portable_location(opened)
         self._repo: Repo | None = opened
+        self._owns_repo = opened is not repo   # opened here from a path: teardown closes it
         self.blocking = blocking
         self.encoding = encoding
         self._pending: list = []
@@ -113,7 +114,7 @@ class DeltackptIO(CheckpointIO):
     def repo(self) -> Repo:
         """The repository, opened in this process at first use."""
         if self._repo is None:
-            self._repo = Repo(self._location, create=True)
+            self._repo, self._owns_repo = Repo(self._location, create=True), True
         return self._repo
 
     def __getstate__(self) -> dict[str, Any]:
@@ -122,7 +123,7 @@ class DeltackptIO(CheckpointIO):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._location, self.blocking, self.encoding = state["location"], state["blocking"], state["encoding"]
-        self._repo, self._pending = None, []
+        self._repo, self._pending, self._owns_repo = None, [], False
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
         if storage_options is not None:
@@ -145,8 +146,7 @@ class DeltackptIO(CheckpointIO):
         self._pending.append(result)
         # the pointer names the version id, known only once committed: write it from the save
         # thread right after the save (the trainer does not wait for either)
-        from ..snapshot import async_save
-        async_save.run_after(self.repo.core, lambda: self._finish(result.wait(), path))
+        internal.run_after(self.repo, lambda: self._finish(result.wait(), path))
 
     def _finish(self, version: Any, path: str) -> None:
         self.repo.tag(_tag_for(path), version.id, force=True)
@@ -176,7 +176,7 @@ class DeltackptIO(CheckpointIO):
             raise DeltackptError(f"{path} is not a deltackpt pointer file (a torch.save checkpoint? load it with "
                                  "Lightning's default CheckpointIO)")
         try:
-            return self.repo.core.resolve(path)
+            return internal.resolve_id(self.repo, path)
         except UnknownVersionError:
             # Lightning's own wording first (its tests and users match on it), then ours
             raise CheckpointNotFoundError(f"Checkpoint file not found: {path} (no deltackpt pointer file there, and "
@@ -209,15 +209,21 @@ class DeltackptIO(CheckpointIO):
             fs.rm(path)
 
     def teardown(self) -> None:
-        """Wait for background saves (and their pointer files)."""
+        """Wait for background saves (and their pointer files), then close the repository handle
+        this plugin opened: no thread of ours outlives the run (Lightning checks), and the next
+        use opens it again."""
         if self._repo is None:
             return  # never opened in this process: nothing of ours can be pending
-        from ..snapshot import async_save
-        async_save.drain(self._repo.core)
-        pending, self._pending = self._pending, []
-        for h in pending:
-            h.wait()
-        async_save.release_idle_thread()  # Lightning checks that no thread outlives the run
+        repo = self._repo
+        try:
+            repo.wait()
+            pending, self._pending = self._pending, []
+            for h in pending:
+                h.wait()
+        finally:
+            if self._owns_repo:
+                self._repo, self._owns_repo = None, False
+                repo.close()
 
 
 class DeltackptGuard(Callback):
@@ -241,10 +247,13 @@ class DeltackptGuard(Callback):
         if guard.data != "skip":
             raise DeltackptError("Lightning's dataloader goes on after a rollback: the guard's data must be 'skip'")
         self.repo = repo if isinstance(repo, Repo) else Repo(repo, create=True)
+        self._owns_repo = self.repo is not repo   # opened here from a path: teardown closes it
         self.guard, self.every_n_steps, self.blocking, self.drill_every = guard, every_n_steps, blocking, drill_every
         self.checkpointer: Checkpointer | None = None
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.repo.closed:   # a second fit after teardown closed the handle this callback opened
+            self.repo = Repo(self.repo.core.store, create=True)
         parts = self.guard.parts
         parts.model = pl_module
         parts.optimizer = trainer.optimizers[0] if trainer.optimizers else None
@@ -266,8 +275,11 @@ class DeltackptGuard(Callback):
                                                       scaler=p.scaler, step=step), step=step, metrics=metrics)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if self.checkpointer is not None:
-            self.checkpointer.close()
-            self.checkpointer = None
-        from ..snapshot import async_save
-        async_save.release_idle_thread()   # Lightning checks that no thread outlives the run
+        try:
+            if self.checkpointer is not None:
+                self.checkpointer.close()
+                self.checkpointer = None
+            self.repo.wait()
+        finally:
+            if self._owns_repo:
+                self.repo.close()   # Lightning checks that no thread outlives the run

@@ -1,9 +1,10 @@
 """Repository semantics, torch-free, in three parts over one shared floor.
 
 * ``write/``: how chunks get into the store and take their final form.  A save (``saver``: chunk,
-  dedup, encode, pack, index, commit), the encoder child process of background saves, and what a
-  save sets going after it commits: background deltification (``deltify``, ``background``,
-  ``supersede``) and keeping the index files few (``consolidate``).
+  dedup, encode, pack, index, commit), the writer's state on a repository (``session``), the
+  encoder child process of background saves, and what a save does after it commits, in its own
+  thread and within a bound: deltification (``deltify``, ``supersede``) and keeping the index
+  files few (``consolidate``).
 * ``read/``: how bytes come back out: the index in memory, which stored copy of a chunk to read, a
   delta chain walked to its keyframe and checked link by link, live rollback, pack files read in
   bounded pieces.
@@ -11,7 +12,7 @@
   deletes), retention and holds, verify, rebuilding the index, rollback drills, event records.
 
 The floor, here at the top level: ``repository`` (the open repository: config, refs, manifests,
-revisions; it builds on ``read/`` for the index and chunk reads), and what every part shares and
+revisions, composed with ``read/``'s ``Index`` and ``ChunkReader``; it holds no writer state), and what every part shares and
 that imports no part: ``layout`` (keys), ``locks`` (over ``lock_holders``, which judges whether a
 lock's holder process lives), ``versions`` (what ``log`` reports), ``delta_cache`` (the bases of
 the next deltas, which the repository handle keeps between saves).

@@ -20,7 +20,8 @@ from typing import Any
 @dataclass(frozen=True)
 class ChunkMemo:
     chunk_id: bytes      # id of the stored chunk (for lossy chunks: of the decoded bytes)
-    data: bytes          # decoded bytes of that chunk: what a delta against it reproduces
+    data: bytes | None   # decoded bytes of that chunk (what a delta against it reproduces); None:
+                         # not in memory, read from the repository when a delta needs it (bases.py)
     depth: int           # delta-chain depth of the stored object
     source_id: bytes     # hash of the bytes the user handed in (equal to chunk_id when lossless)
     age: int = 0         # star only: lossless deltas written against this chunk at this position so far
@@ -29,6 +30,18 @@ class ChunkMemo:
     anchor_bytes: int = 0  # "child": stored size of the position's last keyframe (0: unknown)
     chain_bytes: int = 0   # "child": stored bytes of the forward deltas written since that keyframe
     dense: bool = False    # "child": the last change here was too large for a delta (try a sample first)
+    lasting: bool = False  # "child": the change was so dense its keyframe will likely stay whole (head.stays_whole)
+    raw_len: int = 0       # the chunk's length when ``data`` is None
+
+    @property
+    def size(self) -> int:
+        """The chunk's length in bytes."""
+        return len(self.data) if self.data is not None else self.raw_len
+
+    @property
+    def held_bytes(self) -> int:
+        """Memory this memo holds."""
+        return len(self.data) if self.data is not None else 0
 
 
 class DeltaCache:
@@ -49,17 +62,17 @@ class DeltaCache:
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
-                self._bytes -= len(old.data)
-            if self._bytes + len(memo.data) <= self.max_bytes:
+                self._bytes -= old.held_bytes
+            if self._bytes + memo.held_bytes <= self.max_bytes:
                 self._items[key] = memo
-                self._bytes += len(memo.data)
+                self._bytes += memo.held_bytes
 
     def drop_owner(self, owner: Any) -> None:
         """Forget every memo whose bytes view memory lent under ``owner``: its lender is about to
         reuse that memory."""
         with self._lock:
             for key in [k for k, m in self._items.items() if m.owner is not None and m.owner == owner]:
-                self._bytes -= len(self._items.pop(key).data)
+                self._bytes -= self._items.pop(key).held_bytes
 
     def clear(self) -> None:
         with self._lock:

@@ -225,13 +225,15 @@ def refs_lock(store: Store, timeout: float = 60.0, *, full_disk_ok: bool = False
 
 class _Renewer:
     """Rewrites a held lock with the same body every ``RENEW_SECONDS`` (a fresh mtime: the lease
-    restarts) until stopped; never after :meth:`stop` returned, so a release cannot be undone."""
+    restarts) until stopped; never after :meth:`stop` returned, so a release cannot be undone.
+    Its thread belongs to the lock's holder: :meth:`stop` joins it."""
 
     def __init__(self, store: Store, key: str, body: bytes, kind: str) -> None:
         self.store, self.key, self.body, self.kind = store, key, body, kind
         self._stopped = threading.Event()
         self._mutex = threading.Lock()
-        threading.Thread(target=self._run, daemon=True, name=f"deltackpt-{kind}-lock").start()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"deltackpt-{kind}-lock")
+        self._thread.start()
 
     def _run(self) -> None:
         threads.leave_signals_to_main()
@@ -250,14 +252,46 @@ class _Renewer:
     def stop(self) -> None:
         with self._mutex:
             self._stopped.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()   # it wakes at once from its wait and returns
 
 
-_renewers: dict[str, _Renewer] = {}
+class SaveLease:
+    """A shared save lock held (its key in ``locks/``, renewed by a thread until released).
+
+    Example::
+
+        lease = acquire_save(store)
+        try:
+            ...   # write packs named after lease.name
+        finally:
+            lease.release()
+    """
+
+    def __init__(self, store: Store, key: str, renewer: _Renewer) -> None:
+        self.store, self.key, self._renewer = store, key, renewer
+        self._released = False
+
+    @property
+    def name(self) -> str:
+        """The lock's name, which the save's temp files carry (:func:`clear_dead_saves`)."""
+        return self.key[len(LOCKS):]
+
+    def release(self) -> None:
+        """Stop renewing (joining the renewer) and delete the lock; a second call does nothing."""
+        if self._released:
+            return
+        self._released = True
+        self._renewer.stop()
+        try:
+            self.store.delete(self.key, site="lock.save.release")
+        except FileNotFoundError:
+            pass  # broken as stale meanwhile: nothing of ours to remove
 
 
-def acquire_save(store: Store, timeout: float = 600.0) -> str:
-    """Take a shared save lock and return its key; :func:`release_save` gives it back.  For holders
-    whose save spans calls (a DCP save: every rank's write_data, then the coordinator's finish)."""
+def acquire_save(store: Store, timeout: float = 600.0) -> SaveLease:
+    """Take a shared save lock; :meth:`SaveLease.release` gives it back.  For holders whose save
+    spans calls (a DCP save: every rank's write_data, then the coordinator's finish)."""
     key = f"{LOCKS}save-{HOST}-{os.getpid()}-{secrets.token_hex(4)}"
     deadline = time.monotonic() + timeout
     while True:
@@ -265,34 +299,24 @@ def acquire_save(store: Store, timeout: float = 600.0) -> str:
         store.put_atomic(key, body, site="lock.save", durable=False)
         gc_info = _holder(store, GC_LOCK)
         if gc_info is None or is_stale(store, GC_LOCK, gc_info):
-            _renewers[key] = _Renewer(store, key, body, "save")
+            lease = SaveLease(store, key, _Renewer(store, key, body, "save"))
             clear_dead_saves(store, key)
-            return key
+            return lease
         store.delete(key, site="lock.save.backoff")
         if time.monotonic() > deadline:
             raise RepositoryLockedError(f"gc holds the repository ({describe(gc_info)})")
         time.sleep(0.05)
 
 
-def release_save(store: Store, key: str) -> None:
-    renewer = _renewers.pop(key, None)
-    if renewer is not None:
-        renewer.stop()
-    try:
-        store.delete(key, site="lock.save.release")
-    except FileNotFoundError:
-        pass  # broken as stale meanwhile: nothing of ours to remove
-
-
 @contextmanager
 def save_lock(store: Store, timeout: float = 600.0) -> Iterator[str]:
     """Shared: many saves at once, none while gc deletes.  Yields the lock's name, which the
     save's temp files carry (:func:`clear_dead_saves`)."""
-    key = acquire_save(store, timeout)
+    lease = acquire_save(store, timeout)
     try:
-        yield key[len(LOCKS):]
+        yield lease.name
     finally:
-        release_save(store, key)
+        lease.release()
 
 
 @contextmanager

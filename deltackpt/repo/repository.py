@@ -19,11 +19,9 @@ from __future__ import annotations
 import math
 import os
 import secrets
-import threading
 import time
 from typing import Any
 
-from ..codecs.base import check_level
 from ..errors import (AmbiguousVersionError, DeltackptError,
                       NotARepositoryError, ObjectNotFoundError, StoreError, UnknownVersionError)
 from ..format import config as config_fmt
@@ -32,14 +30,10 @@ from ..format import refs
 from ..format.ids import is_hex_prefix
 from ..format.limits import MAX_CONFIG_BYTES, MAX_MANIFEST_BYTES, MAX_REF_BYTES
 from ..format.manifest import Manifest
-from ..format.pack import PackEntry
 from ..store.base import Store
 from ..store.local import LocalStore
-from .delta_cache import DeltaCache
-from .layout import (CONFIG, DEFAULT_DECODED_CACHE_BYTES, DEFAULT_DELTA_CACHE_BYTES, DEFAULT_DELTIFY_LAG,
-                     LATEST_REF, MANIFESTS, TAGS)
-from .read.copies import Copy, Resolution
-from .read.index_state import IndexState
+from .layout import CONFIG, DEFAULT_DECODED_CACHE_BYTES, LATEST_REF, MANIFESTS, TAGS
+from .read.index_state import Index
 from .read.reader import ChunkReader, DecodedCache
 from .versions import Version
 
@@ -54,14 +48,12 @@ def open_store(location: "str | os.PathLike | Store") -> Store:
     return LocalStore(text[7:] if text.startswith("file://") else text)
 
 
-def _check_settings(chunk_bytes: int | None, keyframe_interval: int | None, level: int) -> None:
-    """InvalidArgumentError for a writer setting a config could not hold or zstd would refuse
-    (``None``: not given)."""
+def _check_settings(chunk_bytes: int | None, keyframe_interval: int | None) -> None:
+    """InvalidArgumentError for a setting a config could not hold (``None``: not given)."""
     if chunk_bytes is not None:
         config_fmt.check_chunk_bytes(chunk_bytes)
     if keyframe_interval is not None:
         config_fmt.check_keyframe_interval(keyframe_interval)
-    check_level(level)
 
 
 def _sort_time(t: float) -> float:
@@ -79,17 +71,29 @@ def _written_bytes(m: Manifest) -> int | None:
     return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
 
 
-class Repository(ChunkReader, IndexState):
-    """Torch-free access to a repository.  The public :class:`deltackpt.Repo` wraps this."""
+class Repository:
+    """Torch-free access to one repository: its config, manifests, refs and revisions, composed
+    with its :class:`~.read.index_state.Index` (``index``) and :class:`~.read.reader.ChunkReader`
+    (``chunks``).  It holds no writer state: a save's delta bases and deltification's memory live
+    in a :class:`~.write.session.WriteSession`, which the public :class:`deltackpt.Repo` handle owns.
+
+    ``chunk_bytes``, ``keyframe_interval`` and ``delta_base`` are written into the config when
+    ``create`` makes the repository; an existing one keeps its own (a handle's saves may override
+    them: ``WriteSession``).
+
+    Example::
+
+        repo = Repository("ckpt")
+        vid = repo.resolve("latest~1")
+        data = repo.chunks.read_chunk(repo.manifest(vid).blobs[0].chunks[0].chunk_id)
+    """
 
     def __init__(self, location: "str | os.PathLike | Store", *, create: bool = False,
                  chunk_bytes: int | None = None, keyframe_interval: int | None = None,
-                 delta_cache_bytes: int = DEFAULT_DELTA_CACHE_BYTES, level: int = 1,
                  delta_base: str | None = None) -> None:
-        _check_settings(chunk_bytes, keyframe_interval, level)   # before anything is written
+        _check_settings(chunk_bytes, keyframe_interval)   # before anything is written
         self.store = open_store(location)
         self.location = self.store.describe()
-        self.level = level
         try:
             try:
                 raw = self.store.get_bounded(CONFIG, MAX_CONFIG_BYTES)
@@ -104,26 +108,16 @@ class Repository(ChunkReader, IndexState):
                 raise
             raise StoreError(f"{self.location}: {exc}") from None
         self.config = config_fmt.decode(raw, where=self.location)
-        if chunk_bytes is not None:
-            self.config.chunk_bytes = chunk_bytes
-        if keyframe_interval is not None:
-            self.config.keyframe_interval = keyframe_interval
-        if delta_base is not None:
-            self.config.delta_base = config_fmt.check_delta_base(delta_base, self.config.version)
-        self.delta_cache = DeltaCache(delta_cache_bytes)
-        self.decoded = DecodedCache(DEFAULT_DECODED_CACHE_BYTES)
-        # every indexed copy of every chunk, in index order; which one to read is computed (copies.py)
-        self._copies: dict[bytes, list[Copy]] = {}
-        self._resolution: Resolution | None = None
-        self._index_files: set[str] = set()
-        self.index_file_packs: dict[str, set[str]] = {}  # index key -> the packs it names
-        self.pack_entries: dict[str, list[PackEntry]] = {}  # pack id -> its indexed entries
-        self.bad_index_files: dict[str, str] = {}  # index key -> why it was skipped
+        self.index = Index(self.store, self.location)
+        self.chunks = ChunkReader(self.store, self.index, DecodedCache(DEFAULT_DECODED_CACHE_BYTES))
         self._manifests: dict[str, Manifest] = {}
-        self._lock = threading.RLock()
-        self.deltify_lag = DEFAULT_DELTIFY_LAG  # newest versions background deltification leaves alone
-        self.deltify_memo: Any = None  # what deltification found not worth doing, so later runs skip it
-        self.refresh_index()
+        self.index.refresh()
+
+    def close(self) -> None:
+        """Drop what this object keeps in memory (manifests, the index, decoded chunks)."""
+        self._manifests.clear()
+        self.index.forget()
+        self.chunks.decoded.clear()
 
     def _init(self, chunk_bytes: int | None, keyframe_interval: int | None, delta_base: str | None) -> None:
         cfg = config_fmt.Config(repo_id=secrets.token_hex(16), created=time.time())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import priority
 from ..repo.versions import Version
@@ -44,6 +44,7 @@ class SaveHandle:
         next save commits)."""
         self.stall_seconds = stall_seconds
         """Seconds the caller was blocked (snapshot of the tensors)."""
+        self._runtime: Any = None   # the save runtime that runs it (set when it is queued)
 
     @property
     def background_seconds(self) -> float | None:
@@ -80,10 +81,17 @@ class SaveHandle:
         return self._future.done()
 
     def wait(self, timeout: float | None = None) -> Version:
-        """Block until the version is committed and return it; re-raise the save's exception."""
+        """Block until the version is committed and return it; re-raise the save's exception.
+        Once it returns, nothing of this save is running (its thread, if idle, has ended)."""
         self._observed = True
         boost_unless_done([self])
-        return self._future.result(timeout)
+        try:
+            return self._future.result(timeout)
+        finally:
+            runtime = self._runtime
+            if self._future.done() and runtime is not None:
+                runtime.collect(self)
+                runtime.join_idle()
 
     def exception(self) -> BaseException | None:
         return self._future.exception() if self._future.done() else None

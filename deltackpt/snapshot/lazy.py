@@ -7,7 +7,8 @@ tensors, RNG states: small) and returns; the tensors ``opt`` owns (its parameter
 in ``opt.state``, found by storage) are copied by :class:`LazyCopy` in the background, and a step
 pre-hook on ``opt`` makes the next ``opt.step()`` wait for that copy before it writes.
 
-CPU tensors are copied by a snapshot thread (at normal priority, see :data:`COPY_IDLE`; under
+CPU tensors are copied by a snapshot thread (at normal priority, see
+``BackgroundOptions.lazy_copy_idle``; under
 ``SCHED_IDLE`` it is put back to normal as soon as the optimizer has to wait).  CUDA tensors are copied into
 pinned host buffers on a side stream that first waits for the current stream (the last step's
 kernels); the hook then makes the optimizer's stream wait on the copy's CUDA event, so the GPU
@@ -30,39 +31,11 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable
 
 import torch
 
 from .. import faults, priority, threads
-from ..errors import UnsupportedLeafError
-
-COPY_IDLE = False
-"""Run the lazy copy under SCHED_IDLE (when background saves do).  Off: an idle thread that holds
-the GIL between copies can be starved by torch's threads while the loop waits for the GIL (seen
-with the pre-fault thread, :data:`.prefault.PREFAULT_IDLE`).  At idle, bench/async_stall.py
-(minilm-full, every 9 steps, 4 paired rounds) gave the lazy mode +4.2% [+1.4, +8.4] against +1.9%
-[+1.0, +3.0] for the plain thread save; at normal priority (12 rounds each, bench/ASYNC.md stop 16)
-lazy and plain were within each other's intervals on minilm-full (+2.8% [+0.8, +5.1] vs +3.2%
-[+1.4, +5.2], every 10 steps) and on the 268 MB large-tensor state."""
-
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-_streams: dict[Any, Any] = {}        # CUDA device -> side stream for lazy copies
-_copy_tid: int | None = None         # native id of the lazy copy thread (boosted when waited for)
-
-
-def optimizers_of(optimizer: Any) -> list[Any]:
-    """``optimizer`` as a list of optimizers (one, a list or tuple); anything without step hooks is
-    refused with :class:`~deltackpt.errors.UnsupportedLeafError` before anything is written."""
-    opts = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
-    for opt in opts:
-        if not all(hasattr(opt, a) for a in ("register_step_pre_hook", "register_step_post_hook", "param_groups", "state")):
-            raise UnsupportedLeafError(f"optimizer: expected a torch.optim.Optimizer (or a list of them), "
-                                       f"got {type(opt).__name__}")
-    return opts
-
 
 def storage_key(t: torch.Tensor) -> tuple | None:
     """What identifies ``t``'s storage while it lives (None for an empty storage)."""
@@ -91,34 +64,28 @@ def owned_storages(optimizers: Iterable[Any]) -> set[tuple]:
     return keys
 
 
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="deltackpt-lazy")
-        return _pool
-
-
-def _side_stream(device: torch.device) -> Any:
-    s = _streams.get(device)
+def side_stream(streams: dict[Any, Any], device: torch.device) -> Any:
+    """The side stream for lazy copies on ``device``, made once per handle (``streams``)."""
+    s = streams.get(device)
     if s is None:
-        s = _streams[device] = torch.cuda.Stream(device=device)
+        s = streams[device] = torch.cuda.Stream(device=device)
     return s
 
 
 class LazyCopy:
-    """The deferred part of one snapshot: ``host`` copies (CPU -> staging) run on a snapshot
-    thread, ``cuda`` copies (device -> pinned host) on a side stream; ``optimizers`` wait for both
-    before their next step."""
+    """The deferred part of one snapshot: ``host`` copies (CPU -> staging) run on a thread of its
+    own (started here, ended once the copy is done: :meth:`wait` joins it), ``cuda`` copies
+    (device -> pinned host) on a side stream; ``optimizers`` wait for both before their next step.
+    ``streams``: the handle's side streams by device."""
 
     def __init__(self, host: list[tuple[torch.Tensor, torch.Tensor]], cuda: list[tuple[torch.Tensor, torch.Tensor]],
-                 optimizers: list[Any], idle: bool, copy: Any) -> None:
+                 optimizers: list[Any], idle: bool, copy: Any, streams: dict[Any, Any] | None = None) -> None:
         self._events: list[Any] = []
         by_device: dict[Any, list] = {}
         for dst, src in cuda:
             by_device.setdefault(src.device, []).append((dst, src))
         for device, pairs in by_device.items():
-            side = _side_stream(device)
+            side = side_stream(streams if streams is not None else {}, device)
             side.wait_stream(torch.cuda.current_stream(device))   # after the kernels that wrote them
             with torch.cuda.stream(side), torch.no_grad():
                 for dst, src in pairs:
@@ -127,10 +94,21 @@ class LazyCopy:
             event = torch.cuda.Event()
             event.record(side)
             self._events.append((device, event))
-        self._future: Future[None] | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._copied = threading.Event()
+        self._copy_tid: int | None = None   # native id of the copying thread (boosted when waited for)
         self._waiting = False   # someone waits for the host copy: it runs at normal priority
         if host:
-            self._future = _executor().submit(self._run, host, idle, copy)
+            self._thread = threading.Thread(target=self._run, args=(host, idle, copy), name="deltackpt-lazy",
+                                            daemon=True)
+            try:
+                self._thread.start()
+            except RuntimeError:   # the interpreter is shutting down: no new thread, copy now
+                self._thread = None
+                self._run(host, False, copy)
+        else:
+            self._copied.set()
         self._hooks: dict[int, tuple[Any, Any]] = {   # id(optimizer) -> (pre-hook, post-hook) handles
             id(opt): (opt.register_step_pre_hook(self._before_step), opt.register_step_post_hook(self._after_step))
             for opt in optimizers}
@@ -139,8 +117,7 @@ class LazyCopy:
         """Seconds optimizer steps were blocked waiting for the host copy (the lazy mode's stall)."""
 
     def _run(self, host: list, idle: bool, copy: Any) -> None:
-        global _copy_tid
-        _copy_tid = threading.get_native_id()
+        self._copy_tid = threading.get_native_id()
         threads.leave_signals_to_main()
         if idle and not self._waiting:
             priority.run_idle(True)
@@ -149,11 +126,14 @@ class LazyCopy:
         try:
             faults.hit("snapshot.lazy_copy")   # tests widen the window here (sleepX)
             copy(host)
+        except BaseException as exc:  # noqa: BLE001 - raised by whoever waits (the save, wait_snapshot)
+            self._error = exc
         finally:
             priority.run_idle(False)
+            self._copied.set()
 
     def host_done(self) -> bool:
-        return self._future is None or self._future.done()
+        return self._copied.is_set()
 
     def done(self) -> bool:
         """True once every copy has finished (the optimizer may write without waiting)."""
@@ -167,13 +147,15 @@ class LazyCopy:
             e.synchronize()
 
     def _wait_host(self) -> None:
-        if self._future is None:
-            return
-        if not self._future.done():
+        if not self._copied.is_set():
             self._waiting = True
-            if _copy_tid is not None:
-                priority.boost_thread(_copy_tid)   # someone waits: the copy must not yield any more
-        self._future.result()
+            if self._copy_tid is not None:
+                priority.boost_thread(self._copy_tid)   # someone waits: the copy must not yield any more
+            self._copied.wait()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()   # it ends right after the copy: nothing of it outlives this wait
+        if self._error is not None:
+            raise self._error
 
     def _before_step(self, opt: Any, args: Any, kwargs: Any) -> None:
         if not self.host_done():

@@ -4,15 +4,16 @@
 tensors), or one shared segment (:class:`~deltackpt.repo.write.encoder_process.SharedSegment`) for the
 encoder process.  Tensors sharing a storage are copied as one storage and rebuilt as views of it.
 
-After its save commits, a :class:`Staged` copy stays *lent* to the repository's delta cache: the
-next save computes its deltas against it, so the saver copies nothing.  When that next save
-commits, the cache forgets the memos viewing the older copy, and the memory goes back to the pool.
-So a loop saving in the background holds ``keep + 1`` copies of its state, where ``keep`` is the
-number of saves in flight (``async_save.MAX_IN_FLIGHT``).  :mod:`.prefault` allocates and faults
-in exactly those copies ahead of the first saves of a state.
+The memory belongs to one repository handle's :class:`StagingPool` (held by its save runtime,
+freed when the handle closes).  After its save commits, a :class:`Staged` copy stays *lent* to the
+handle's delta cache: the next save computes its deltas against it, so the saver copies nothing.
+When that next save commits, the cache forgets the memos viewing the older copy, and the memory
+goes back to the pool.  So a loop saving in the background holds ``keep + 1`` copies of its state,
+where ``keep`` is the number of saves in flight (``BackgroundOptions.max_in_flight``).
+:mod:`.prefault` allocates and faults in exactly those copies ahead of the first saves of a state.
 
-The copy itself (:func:`copy_host`) runs on the caller's thread and a helper per core torch's
-threads leave free, a large contiguous tensor cut into slices.  A save with ``optimizer=``
+The copy itself (:func:`copy_host`) runs on the caller's thread and a helper thread per core
+torch's threads leave free (joined before it returns), a large contiguous tensor cut into slices.  A save with ``optimizer=``
 (:mod:`.lazy`) hands back the copies of the optimizer's tensors instead of making them.
 """
 
@@ -21,13 +22,13 @@ from __future__ import annotations
 import math
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import torch
 
 from .. import threads as worker_threads
 from ..repo.write.encoder_process import EncoderProcess, SharedSegment
+from ..repo.write.session import WriteSession
 
 ALIGN = 64  # staged tensors start on cache-line boundaries (and on any element size)
 
@@ -41,49 +42,156 @@ the previous save has finished."""
 MAX_COPY_THREADS = 4
 """Threads that copy one snapshot at most (memory bandwidth is saturated well before more)."""
 
-_lock = threading.Lock()
-_staging: dict[tuple, list[torch.Tensor]] = {}   # (shape, dtype, pinned) -> free buffers
-_staging_bytes = 0
-_segments: list[SharedSegment] = []              # free staging segments (encoder process)
-_copier: ThreadPoolExecutor | None = None
-_lent: dict[int, "Staged"] = {}                  # id(Repository) -> staging of its last committed save
-_fresh_bytes = 0   # staging bytes ever allocated while a save waited (not by prepare): tests pin it
-
 Alloc = Callable[[torch.Size, torch.dtype, bool], torch.Tensor]
+
+
+class StagingPool:
+    """The staging memory of one repository handle's background saves: free per-shape buffers and
+    shared segments kept for the next saves (at most ``keep`` states' worth), the copy lent to the
+    delta cache by the last committed save, and a count of what was allocated while a save waited.
+
+    Example::
+
+        pool = StagingPool(keep=1)
+        staged, memory, event, deferred = stage(pool, session, leaves, shared_memory=False)
+        pool.release_all(None)      # the handle closes: every buffer goes
+    """
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._buffers: dict[tuple, list[torch.Tensor]] = {}   # (shape, dtype, pinned) -> free buffers
+        self._buffer_bytes = 0
+        self._segments: list[SharedSegment] = []              # free staging segments (encoder process)
+        self._lent: Staged | None = None                      # staging of the last committed save
+        self.fresh_bytes = 0
+        """Staging bytes ever allocated while a save waited (not by :mod:`.prefault`): tests pin it."""
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes of free buffers and segments kept for the next saves."""
+        with self._lock:
+            return self._buffer_bytes + sum(s.size for s in self._segments)
+
+    def take(self, shape: torch.Size, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+        with self._lock:
+            free = self._buffers.get((tuple(shape), dtype, pinned))
+            if free:
+                t = free.pop()
+                self._buffer_bytes -= t.numel() * t.element_size()
+                return t
+        t = torch.empty(shape, dtype=dtype, pin_memory=pinned)
+        with self._lock:
+            self.fresh_bytes += t.numel() * t.element_size()
+        return t
+
+    def give_back(self, buffers: list[torch.Tensor], pinned: list[bool]) -> None:
+        nbytes = sum(t.numel() * t.element_size() for t in buffers)
+        with self._lock:
+            if self._buffer_bytes + nbytes > self.keep * nbytes:
+                # buffers of older shapes nobody reused: keep at most ``keep`` states' worth
+                self._buffers.clear()
+                self._buffer_bytes = 0
+            for t, p in zip(buffers, pinned):
+                self._buffers.setdefault((tuple(t.shape), t.dtype, p), []).append(t)
+            self._buffer_bytes += nbytes
+
+    def pool(self, buffers: list[torch.Tensor], layout: list, segment: SharedSegment | None = None) -> None:
+        """Put memory faulted in ahead of a save (:mod:`.prefault`) where the next saves look first."""
+        with self._lock:
+            if segment is not None:
+                self._segments.append(segment)
+                self._segments.sort(key=lambda s: s.size, reverse=True)
+            for t, (shape, dtype, pin) in zip(buffers, layout):
+                self._buffers.setdefault((shape, dtype, pin), []).append(t)
+                self._buffer_bytes += t.numel() * t.element_size()
+
+    def take_segment(self, total: int) -> SharedSegment:
+        """A free staging segment of at least ``total`` bytes, or a new one."""
+        with self._lock:
+            fits = [s for s in self._segments if s.size >= total]
+            seg = min(fits, key=lambda s: s.size) if fits else None
+            if seg is not None:
+                self._segments.remove(seg)
+        if seg is None:
+            seg = new_segment(total)
+            with self._lock:
+                self.fresh_bytes += seg.size
+        return seg
+
+    def give_back_segment(self, seg: SharedSegment, encoder: EncoderProcess | None) -> None:
+        with self._lock:
+            self._segments.append(seg)
+            # keep the ``keep`` largest (the state grew: older ones are too small)
+            self._segments.sort(key=lambda s: s.size, reverse=True)
+            extra = self._segments[self.keep:]
+            del self._segments[self.keep:]
+        for s in extra:
+            if encoder is not None:
+                encoder.forget(s)
+            s.close()
+
+    def settle(self, staged: "Staged", ok: bool, encoder: EncoderProcess | None) -> None:
+        """After a background save: on success its staging replaces the lent one (the delta cache
+        now views it); on failure it is dropped (some memos may already view it)."""
+        if not ok or staged.session.delta_cache.max_bytes == 0:   # (no cache: nothing would view it)
+            staged.release(self, encoder)
+            return
+        with self._lock:
+            previous, self._lent = self._lent, staged
+        if previous is not None:
+            previous.release(self, encoder)
+
+    def release_all(self, encoder: EncoderProcess | None) -> None:
+        """Give back the lent copy and free every pooled buffer and segment (the handle closes)."""
+        with self._lock:
+            lent, self._lent = self._lent, None
+        if lent is not None:
+            lent.release(self, encoder)
+        with self._lock:
+            segments, self._segments = self._segments, []
+            self._buffers.clear()
+            self._buffer_bytes = 0
+        for s in segments:
+            if encoder is not None:
+                encoder.forget(s)
+            s.close()
 
 
 class Staged:
     """One save's staging memory: per-shape ``buffers`` or a shared ``segment``.  ``owner`` is the
     token its lent bytes carry in the delta cache (``BlobInput.owner``)."""
 
-    def __init__(self, core: Any, buffers: list[torch.Tensor], pinned: list[bool], segment: SharedSegment | None) -> None:
-        self.core, self.buffers, self.pinned, self.segment = core, buffers, pinned, segment
+    def __init__(self, session: WriteSession, buffers: list[torch.Tensor], pinned: list[bool],
+                 segment: SharedSegment | None) -> None:
+        self.session, self.buffers, self.pinned, self.segment = session, buffers, pinned, segment
         self.owner = ("segment", segment.id) if segment is not None else ("staging", id(self))
         self.nbytes = sum(b.numel() * b.element_size() for b in buffers)
 
-    def release(self, encoder: EncoderProcess | None, keep: int) -> None:
-        """Make the delta cache forget this memory, then pool it (at most ``keep`` states' worth)."""
+    def release(self, pool: StagingPool, encoder: EncoderProcess | None) -> None:
+        """Make the delta cache forget this memory, then pool it."""
         if self.segment is not None:
             if encoder is not None:
                 encoder.drop_owner(self.owner)   # the child reads it before any later save
-            _give_back_segment(self.segment, encoder, keep)
+            self.session.delta_cache.drop_owner(self.owner)
+            pool.give_back_segment(self.segment, encoder)
         else:
-            self.core.delta_cache.drop_owner(self.owner)
-            _give_back(self.buffers, self.pinned, keep)
+            self.session.delta_cache.drop_owner(self.owner)
+            pool.give_back(self.buffers, self.pinned)
         self.buffers = []
 
 
-def stage(core: Any, leaves: list, shared_memory: bool,
+def stage(pool: StagingPool, session: WriteSession, leaves: list, shared_memory: bool,
           lazy_keys: set | None = None) -> tuple[list, Staged, Any, tuple[list, list]]:
-    """Snapshot ``leaves`` for a background save to ``core``: (staged leaves, their memory, CUDA
-    event to wait on or None, deferred copies).  ``shared_memory``: into a segment the encoder
+    """Snapshot ``leaves`` for a background save through ``session``: (staged leaves, their memory,
+    CUDA event to wait on or None, deferred copies).  ``shared_memory``: into a segment the encoder
     process can map.  Tensors whose storage is in ``lazy_keys`` (:func:`.lazy.owned_storages`)
     are not copied now: their (staging, source) pairs come back as deferred ``(host, cuda)``
-    copies for :class:`.lazy.LazyCopy`.  :func:`fresh_bytes` grows when this allocated staging
+    copies for :class:`.lazy.LazyCopy`.  ``pool.fresh_bytes`` grows when this allocated staging
     memory (a state of a new layout)."""
-    shared = _sharing(leaves)
-    segment, alloc = _segment_allocator(leaves, shared) if shared_memory else (None, None)
-    out, buffers, pinned, copies = _plan(leaves, alloc or _take, shared)
+    shared = sharing(leaves)
+    segment, alloc = _segment_allocator(pool, leaves, shared) if shared_memory else (None, None)
+    out, buffers, pinned, copies = _plan(leaves, alloc or pool.take, shared)
     deferred: tuple[list, list] = ([], [])
     if lazy_keys:
         from .lazy import storage_key
@@ -95,63 +203,8 @@ def stage(core: Any, leaves: list, shared_memory: bool,
                 now.append((dst, src, pin))
         copies = now
     event = _copy_and_fence(copies)
-    memory = Staged(core, buffers, pinned, segment)
+    memory = Staged(session, buffers, pinned, segment)
     return out, memory, event, deferred
-
-
-def fresh_bytes() -> int:
-    """Staging bytes ever allocated while a save waited (not by :mod:`.prefault`)."""
-    return _fresh_bytes
-
-
-def settle(staged: Staged, ok: bool, encoder: EncoderProcess | None, keep: int) -> None:
-    """After a background save: on success its staging replaces the repository's lent one; on
-    failure it is dropped (some memos may already view it)."""
-    if not ok or staged.core.delta_cache.max_bytes == 0:   # (no cache: nothing would view it)
-        staged.release(encoder, keep)
-        return
-    with _lock:
-        previous = _lent.pop(id(staged.core), None)
-        _lent[id(staged.core)] = staged
-    if previous is not None:
-        previous.release(encoder, keep)
-
-
-def release_lent(core: Any, encoder: EncoderProcess | None, keep: int) -> None:
-    """Give back the staging memory lent to ``core``'s delta cache (``Repo.close``)."""
-    with _lock:
-        staged = _lent.pop(id(core), None)
-    if staged is not None:
-        staged.release(encoder, keep)
-
-
-# per-shape buffers ------------------------------------------------------------------------------
-
-def _take(shape: torch.Size, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
-    global _staging_bytes, _fresh_bytes
-    with _lock:
-        free = _staging.get((tuple(shape), dtype, pinned))
-        if free:
-            t = free.pop()
-            _staging_bytes -= t.numel() * t.element_size()
-            return t
-    t = torch.empty(shape, dtype=dtype, pin_memory=pinned)
-    with _lock:
-        _fresh_bytes += t.numel() * t.element_size()
-    return t
-
-
-def _give_back(buffers: list[torch.Tensor], pinned: list[bool], keep: int) -> None:
-    global _staging_bytes
-    nbytes = sum(t.numel() * t.element_size() for t in buffers)
-    with _lock:
-        if _staging_bytes + nbytes > keep * nbytes:
-            # buffers of older shapes nobody reused: keep at most ``keep`` states' worth
-            _staging.clear()
-            _staging_bytes = 0
-        for t, p in zip(buffers, pinned):
-            _staging.setdefault((tuple(t.shape), t.dtype, p), []).append(t)
-        _staging_bytes += nbytes
 
 
 # shared segments --------------------------------------------------------------------------------
@@ -160,20 +213,10 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def _segment_allocator(leaves: list, shared: dict[int, list[int]]) -> tuple[SharedSegment, Alloc]:
+def _segment_allocator(pool: StagingPool, leaves: list, shared: dict[int, list[int]]) -> tuple[SharedSegment, Alloc]:
     """A staging segment big enough for ``leaves`` (reused from an earlier save when one is free)
     and an allocator that carves it, in snapshot order, into contiguous tensors."""
-    total = _segment_size(leaves, shared)
-    with _lock:
-        fits = [s for s in _segments if s.size >= total]
-        seg = min(fits, key=lambda s: s.size) if fits else None
-        if seg is not None:
-            _segments.remove(seg)
-    if seg is None:
-        global _fresh_bytes
-        seg = _new_segment(total)
-        with _lock:
-            _fresh_bytes += seg.size
+    seg = pool.take_segment(segment_size(leaves, shared))
     pos = 0
 
     def alloc(shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:
@@ -185,13 +228,13 @@ def _segment_allocator(leaves: list, shared: dict[int, list[int]]) -> tuple[Shar
     return seg, alloc
 
 
-def _new_segment(size: int) -> SharedSegment:
+def new_segment(size: int) -> SharedSegment:
     seg = SharedSegment(size)
     seg.tensor = torch.frombuffer(seg.map, dtype=torch.uint8)
     return seg
 
 
-def _segment_size(leaves: list, shared: dict[int, list[int]]) -> int:
+def segment_size(leaves: list, shared: dict[int, list[int]]) -> int:
     total = 0
     for i, leaf in enumerate(leaves):
         group = shared.get(i)
@@ -202,22 +245,9 @@ def _segment_size(leaves: list, shared: dict[int, list[int]]) -> int:
     return total
 
 
-def _give_back_segment(seg: SharedSegment, encoder: EncoderProcess | None, keep: int) -> None:
-    with _lock:
-        _segments.append(seg)
-        # keep the ``keep`` largest (the state grew: older ones are too small)
-        _segments.sort(key=lambda s: s.size, reverse=True)
-        extra = _segments[keep:]
-        del _segments[keep:]
-    for s in extra:
-        if encoder is not None:
-            encoder.forget(s)
-        s.close()
-
-
 # the copy ---------------------------------------------------------------------------------------
 
-def _sharing(leaves: list) -> dict[int, list[int]]:
+def sharing(leaves: list) -> dict[int, list[int]]:
     """Leaf index -> the leaves sharing its storage (only for storages shared by several)."""
     groups: dict[tuple, list[int]] = {}
     for i, leaf in enumerate(leaves):
@@ -270,8 +300,8 @@ def _split(pairs: list[tuple[torch.Tensor, torch.Tensor]], parts: int) -> list[l
 def copy_host(pairs: list[tuple[torch.Tensor, torch.Tensor]], threads: int | None = None) -> None:
     """Copy host ``pairs`` with ``threads`` threads (default :func:`copy_threads`: the caller is
     blocked, so every core torch leaves free) when they are at least PARALLEL_COPY_BYTES; the
-    caller's thread takes the first share."""
-    global _copier
+    caller's thread takes the first share, helper threads (started here, joined before this
+    returns) the others."""
     total = sum(dst.numel() * dst.element_size() for dst, _ in pairs)
     parts = min(MAX_COPY_THREADS, threads or copy_threads())
     if total < PARALLEL_COPY_BYTES or parts < 2:
@@ -281,16 +311,31 @@ def copy_host(pairs: list[tuple[torch.Tensor, torch.Tensor]], threads: int | Non
     if len(shares) < 2:
         _copy_list(pairs)
         return
-    with _lock:
-        if _copier is None:
-            # the snapshot is the caller's stall: never at idle priority (see materialize.pool)
-            _copier = ThreadPoolExecutor(max_workers=MAX_COPY_THREADS - 1, thread_name_prefix="deltackpt-snapshot",
-                                         initializer=worker_threads.start_worker, initargs=(False,))
-        copier = _copier
-    others = [copier.submit(_copy_list, share) for share in shares[1:]]
+    errors: list[BaseException] = []
+
+    def helper(share: list) -> None:
+        # the snapshot is the caller's stall: never at idle priority (see materialize.read_pool)
+        worker_threads.start_worker(False)
+        try:
+            _copy_list(share)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread below
+            errors.append(exc)
+
+    helpers = [threading.Thread(target=helper, args=(share,), name="deltackpt-snapshot", daemon=True)
+               for share in shares[1:]]
+    try:
+        for t in helpers:
+            t.start()
+    except RuntimeError:   # the interpreter is shutting down: no new thread, copy here
+        for t, share in zip(helpers, shares[1:]):
+            if not t.is_alive() and t.ident is None:
+                _copy_list(share)
     _copy_list(shares[0])
-    for f in others:
-        f.result()
+    for t in helpers:
+        if t.ident is not None:
+            t.join()
+    if errors:
+        raise errors[0]
 
 
 class _Fence:
@@ -359,24 +404,3 @@ def _plan(leaves: list, alloc: Alloc, shared: dict[int, list[int]]) -> tuple[lis
         out[i] = TensorLeaf(leaf.index, leaf.key, leaf.name,
                             torch.empty(0, dtype=t.dtype).set_(base.untyped_storage(), offset, t.shape, t.stride()))
     return out, buffers, pinned, copies
-
-
-def snapshot(leaves: list, alloc: Alloc | None = None,
-             shared: dict[int, list[int]] | None = None) -> tuple[list, list[torch.Tensor], list[bool], Any]:
-    """Copy each leaf's tensor into host staging memory now (see :func:`_plan`).  Returns (new
-    leaves, staging buffers, pinned flags, CUDA event to wait on or None).  ``alloc``: where the
-    copies go (default: reusable per-shape buffers, pinned for CUDA tensors)."""
-    out, buffers, pinned, copies = _plan(leaves, alloc or _take, _sharing(leaves) if shared is None else shared)
-    return out, buffers, pinned, _copy_and_fence(copies)
-
-
-def pool(buffers: list[torch.Tensor], layout: list, segment: SharedSegment | None = None) -> None:
-    """Put memory faulted in ahead of a save (:mod:`.prefault`) where the next saves look first."""
-    global _staging_bytes
-    with _lock:
-        if segment is not None:
-            _segments.append(segment)
-            _segments.sort(key=lambda s: s.size, reverse=True)
-        for t, (shape, dtype, pin) in zip(buffers, layout):
-            _staging.setdefault((shape, dtype, pin), []).append(t)
-            _staging_bytes += t.numel() * t.element_size()

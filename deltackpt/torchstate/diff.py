@@ -103,7 +103,7 @@ def diff_versions(repo: Any, a: Any, b: Any) -> list[dict[str, Any]]:
     core = repo.core
     va, vb = core.resolve(a), core.resolve(b)
     ma, mb = core.manifest(va), core.manifest(vb)
-    core.refresh_index()
+    core.index.refresh()
     ia = {t.name: i for i, t in enumerate(ma.tensors)}
     ib = {t.name: i for i, t in enumerate(mb.tensors)}
     rows = []
@@ -112,7 +112,7 @@ def diff_versions(repo: Any, a: Any, b: Any) -> list[dict[str, Any]]:
         for label, m, idx in (("a", ma, ia), ("b", mb, ib)):
             if name in idx:
                 blob = m.blobs[m.tensors[idx[name]].blob]
-                row[f"stored_bytes_{label}"] = core.stored_size(c.chunk_id for c in blob.chunks)
+                row[f"stored_bytes_{label}"] = core.index.stored_size(c.chunk_id for c in blob.chunks)
         if name in ia and name in ib:
             ea, eb = ma.tensors[ia[name]], mb.tensors[ib[name]]
             if [c.chunk_id for c in ma.blobs[ea.blob].chunks] == [c.chunk_id for c in mb.blobs[eb.blob].chunks] \

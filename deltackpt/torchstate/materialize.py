@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Iterable, Iterator
@@ -19,9 +18,6 @@ from .dtypes import dtype_of
 from .flatten import contiguous_strides
 from .tensor_bytes import from_bytes
 
-_pool: ThreadPoolExecutor | None = None
-_users = 0
-_pool_lock = threading.Lock()
 THREADS_ENV = "DELTACKPT_READ_THREADS"
 
 
@@ -53,34 +49,14 @@ def _new_pool(n: int) -> ThreadPoolExecutor:
 
 @contextmanager
 def pool(threads: int | None = None) -> Iterator[ThreadPoolExecutor]:
-    """The read pool, for the duration of one read.  Concurrent reads share it; the last one out
-    shuts it down, so no ``deltackpt-read`` thread outlives a load (frameworks check for leftover
-    threads after a run; a few thread starts per load cost nothing next to decoding).  A read
-    that names its ``threads`` gets a pool of its own, of that size."""
-    global _pool, _users
-    if threads is not None:
-        own = _new_pool(read_threads(threads))
-        try:
-            yield own
-        finally:
-            own.shutdown(wait=True)
-        return
-    n = read_threads()
-    with _pool_lock:
-        if _pool is None:
-            _pool = _new_pool(n)
-        _users += 1
-        mine = _pool
+    """A read pool of ``threads`` (default :func:`read_threads`) for the duration of one read,
+    shut down when it ends: no ``deltackpt-read`` thread outlives a load (frameworks check for
+    leftover threads after a run; a few thread starts per load cost nothing next to decoding)."""
+    own = _new_pool(read_threads(threads))
     try:
-        yield mine
+        yield own
     finally:
-        with _pool_lock:
-            _users -= 1
-            done = _pool if _users == 0 else None
-            if done is not None:
-                _pool = None
-        if done is not None:
-            done.shutdown(wait=True)  # every task has finished: its idle workers exit at once
+        own.shutdown(wait=True)   # every task has finished: its idle workers exit at once
 
 
 def is_own_blob(m: Manifest, e: TensorEntry) -> bool:
@@ -95,7 +71,7 @@ def _names(m: Manifest, b: int) -> str:
 
 def _check(core: Repository, vid: str, m: Manifest, b: int) -> None:
     try:
-        core.check_blob(m.blobs[b])  # sizes backed by the index before anything is allocated or read
+        core.chunks.check_blob(m.blobs[b])  # sizes backed by the index before anything is allocated or read
     except CorruptObjectError as exc:
         raise CorruptObjectError(f"version {vid[:10]}, tensor {_names(m, b)}: {exc}") from None
 
@@ -111,7 +87,7 @@ def read_into(core: Repository, vid: str, m: Manifest, targets: "list[tuple[int,
             _check(core, vid, m, b)
     try:
         with pool(threads) as workers:
-            core.read_blobs_into([(m.blobs[b], out) for b, out in targets], workers, live=live)
+            core.chunks.read_blobs_into([(m.blobs[b], out) for b, out in targets], workers, live=live)
     except DeltackptError as exc:
         n = getattr(exc, "blob_index", None)
         where = f"tensor {_names(m, targets[n][0])}" if n is not None else "a tensor"

@@ -105,6 +105,6 @@ def copy_blob_to_device(core, blob, dst: torch.Tensor, *, pin: bool | None = Non
     host = stage.numpy()
     pos = 0
     for c in blob.chunks:
-        core.read_chunk(c.chunk_id, memoryview(host[:c.raw_len]))
+        core.chunks.read_chunk(c.chunk_id, memoryview(host[:c.raw_len]))
         flat[pos:pos + c.raw_len].copy_(stage[:c.raw_len])  # synchronous: the buffer is reused next
         pos += c.raw_len

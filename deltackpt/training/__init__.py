@@ -30,9 +30,10 @@ A divergence guard rolls the run back by itself when its loss goes bad (``guard.
     if ckpt.rollback:            # rolled back in place: continue from its step, new data iterator
         step = ckpt.rollback.step
 
-What it may import: :mod:`deltackpt.api` (it saves and loads through the public API),
-:mod:`deltackpt.snapshot`, :mod:`deltackpt.torchstate` and the torch-free core.  Only
-:mod:`deltackpt.integrations` and the CLI build on it.  Inside it: checkpointer -> guard ->
+What it may import: :mod:`deltackpt.api` (the public API, and ``deltackpt.api.internal`` for what a
+training loop needs beyond it), :mod:`deltackpt.torchstate`, ``format`` and the top-level helpers;
+never ``deltackpt.repo``, ``deltackpt.snapshot`` or ``deltackpt.store`` directly (import-linter), nor
+a handle's ``core``.  Only :mod:`deltackpt.integrations` and the CLI build on it.  Inside it: checkpointer -> guard ->
 (rollback | drills | targets) -> resume -> state -> (policies | rng | detect).
 """
 

@@ -13,21 +13,18 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import Future
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
-from ..api import Repo, open_repo
+from ..api import Repo, internal
+from ..api.internal import DEFAULT_GRACE_SECONDS, Retention, Version, check_seconds
 from ..errors import DeltackptError, InvalidArgumentError
-from ..repo.maintain.gc import DEFAULT_GRACE_SECONDS, run_gc
-from ..repo.maintain.retention import Retention, check_seconds
-from ..repo.versions import Version
-from ..snapshot import async_save
-from ..snapshot.async_save import SaveHandle
 from .policies import Policy, as_policy
 
 if TYPE_CHECKING:
+    from ..api.internal import SaveHandle
     from .guard import Guard, Rollback
 
 
@@ -78,21 +75,22 @@ class Checkpointer:
         if retention is not None and not isinstance(retention, Retention):
             raise InvalidArgumentError(f"retention must be a Retention, got {type(retention).__name__}")
         grace_seconds = check_seconds("grace_seconds", grace_seconds, allow_inf=True)  # before any I/O
-        from ..snapshot.lazy import optimizers_of
+        from ..torchstate.optimizers import optimizers_of
         if snapshot not in ("eager", "lazy"):
             raise InvalidArgumentError(f"snapshot must be 'eager' or 'lazy', got {snapshot!r}")
         if snapshot == "lazy" and optimizer is None:
             raise InvalidArgumentError("snapshot='lazy' needs optimizer=: its step is what waits for the copy")
         self.snapshot = snapshot
         self.optimizers = optimizers_of(optimizer) if optimizer is not None else None
-        self.repo = open_repo(repo, create=True)
+        # a path: this Checkpointer opens the handle and closes it in close(); a Repo stays the caller's
+        self._owns_repo = not isinstance(repo, Repo)
+        self.repo = repo if isinstance(repo, Repo) else Repo(repo, create=True)
         self.background = background
         self.policy = as_policy(policy)
         self.retention = retention
         if retention is not None and retention.keep_last:
-            # versions the policy is about to drop never cost a background delta write
-            core = self.repo.core
-            core.deltify_lag = max(core.deltify_lag, retention.keep_last)
+            # versions the policy is about to drop never cost a delta write
+            internal.set_deltify_lag(self.repo, retention.keep_last)
         self.blocking = blocking
         self.gc_every = max(1, int(gc_every))
         self.encoding = encoding
@@ -124,8 +122,8 @@ class Checkpointer:
             guard.attach(self.repo, start_step=start_step)
             if guard.commit is True:   # commit through this Checkpointer's settings
                 guard.commit = lambda rb: self._commit(guard.rollback_state(rb), rb.step)
-        self.drills = Driller(self.repo.core, drill_every, drill_revision) if drill_every is not None else None
-        restore = last_restore_seconds(self.repo.core)
+        self.drills = Driller(self.repo, drill_every, drill_revision) if drill_every is not None else None
+        restore = last_restore_seconds(self.repo)
         if restore is not None:
             self.policy.restore_measured(restore)
         self._told_restore = restore
@@ -171,7 +169,7 @@ class Checkpointer:
             self.guard.saved(step, result)
         if self.drills is not None:
             if not self.blocking:   # drill what this save commits, not the version before it
-                async_save.run_after(self.repo.core, self.drills.saved)
+                internal.run_after(self.repo, self.drills.saved)
             else:
                 self.drills.saved()
         return result
@@ -191,13 +189,12 @@ class Checkpointer:
             self.policy.restore_measured(measured)
             self._told_restore = measured
 
-    def prepare(self, state: Any) -> "Future[None] | None":
+    def prepare(self, state: Any) -> "threading.Thread | None":
         """Allocate and fault in, in a background thread, the staging memory background saves of
         ``state`` (or ``state()``) hold: ``MAX_IN_FLIGHT`` copies, plus the one lent to the delta
         cache.  Call it once the state has its final shapes (after the first optimizer step, when
         the optimizer state exists); saves of another layout simply allocate their own.  Returns
-        the background pre-fault's future (None for a blocking Checkpointer)."""
-        from ..snapshot import prefault
+        the pre-fault's thread, which the repository handle owns (None for a blocking Checkpointer)."""
         from ..torchstate.flatten import flatten
 
         if self.blocking:
@@ -206,33 +203,38 @@ class Checkpointer:
         if isinstance(obj, torch.nn.Module):
             obj = obj.state_dict()
         _, leaves = flatten(obj)
-        process = async_save.uses_process(self.repo.core, leaves, self.background)
-        return prefault.prepare(leaves, process, prefault.sets_for(self.repo.core, async_save.MAX_IN_FLIGHT))
+        return internal.prepare_staging(self.repo, leaves, self.background)
 
     def _collect(self) -> None:
-        core, policy, grace = self.repo.core, self.retention, self.grace_seconds
+        repo, policy, grace = self.repo, self.retention, self.grace_seconds
+        assert policy is not None
         if self.blocking:
-            run_gc(core, policy, grace_seconds=grace)
+            internal.collect(repo, policy, grace_seconds=grace)
         else:
-            async_save.run_after(core, lambda: run_gc(core, policy, grace_seconds=grace))
+            internal.run_after(repo, lambda: internal.collect(repo, policy, grace_seconds=grace))
 
     def wait(self) -> Version | None:
         """Wait for saves (and gc, and a drill) in flight; raise their errors.  Returns the last Version."""
-        async_save.drain(self.repo.core)
+        self.repo.wait()
         if self.drills is not None:
             self.drills.wait()
-        async_save._forget_done_lazy()   # the training thread, between steps: unhook the optimizers
-        if isinstance(self.last, SaveHandle):
-            return self.last.wait()
-        return self.last
+        internal.unhook_finished_snapshots(self.repo)   # the training thread, between steps
+        if isinstance(self.last, Version) or self.last is None:
+            return self.last
+        return self.last.wait()
 
     def close(self) -> Version | None:
-        """Wait for everything in flight, then end the guard's holds."""
+        """Wait for everything in flight, end the guard's holds and, when this Checkpointer opened
+        the repository (it was given a path), close that handle: nothing of it runs afterwards."""
         try:
             return self.wait()
         finally:
-            if self.guard is not None:
-                self.guard.close()
+            try:
+                if self.guard is not None:
+                    self.guard.close()
+            finally:
+                if self._owns_repo:
+                    self.repo.close()
 
     def __enter__(self) -> "Checkpointer":
         return self
@@ -240,7 +242,16 @@ class Checkpointer:
     def __exit__(self, *exc: Any) -> None:
         if exc[0] is None:
             self.close()
-        else:
-            async_save.drain_all()
+            return
+        try:   # unwinding an error: finish what is in flight, but the error in hand is the one raised
+            self.repo.wait()
+        except BaseException:  # noqa: BLE001
+            pass
+        finally:
             if self.guard is not None:
                 self.guard.close()
+            if self._owns_repo:
+                try:
+                    self.repo.close()
+                except BaseException:  # noqa: BLE001
+                    pass

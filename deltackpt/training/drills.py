@@ -5,7 +5,7 @@ feeds the interval policies that need a restart cost (``YoungDaly``).
 
 Example::
 
-    drills = Driller(core, every=10, revision="latest")
+    drills = Driller(repo, every=10, revision="latest")
     drills.saved()            # after each save: starts a drill every 10th
     seconds = drills.measured()   # the last drill's restore time, or None
 """
@@ -15,16 +15,14 @@ from __future__ import annotations
 import threading
 
 from .. import threads
+from ..api import Repo, internal
+from ..api.internal import DrillReport
 from ..errors import DeltackptError, InvalidArgumentError
-from ..repo.maintain import events
-from ..repo.maintain.drill import DrillReport, run_drill
-from ..repo.maintain.holds import Hold
-from ..repo.repository import Repository
 
 
-def last_restore_seconds(core: Repository) -> float | None:
+def last_restore_seconds(repo: Repo) -> float | None:
     """The restore time of the newest successful drill recorded in the repository, or None."""
-    for e in events.usable(core, "drill"):
+    for e in internal.events_of(repo, "drill"):
         if e.data.get("ok") and e.data.get("seconds") is not None:
             return float(e.data["seconds"])
     return None
@@ -35,10 +33,10 @@ class Driller:
     drilled version is held (:mod:`deltackpt.repo.maintain.holds`) for the drill's length, so retention
     running meanwhile cannot turn a sound version into a failed drill."""
 
-    def __init__(self, core: Repository, every: int, revision: str = "latest") -> None:
+    def __init__(self, repo: Repo, every: int, revision: str = "latest") -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise InvalidArgumentError(f"drill_every must be a positive number of saves, got {every!r:.60}")
-        self.core, self.every, self.revision = core, every, revision
+        self.repo, self.every, self.revision = repo, every, revision
         self.saves = 0
         self.last: DrillReport | None = None
         self.error: DeltackptError | None = None
@@ -55,11 +53,11 @@ class Driller:
 
     def _run(self) -> None:
         threads.leave_signals_to_main()
-        hold = Hold(self.core.store)
+        hold = internal.hold(self.repo)
         try:
-            vid = self.core.resolve(self.revision)
+            vid = internal.resolve_id(self.repo, self.revision)
             if hold.set([vid]):
-                self.last = run_drill(self.core, vid, idle=True, label=self.revision)
+                self.last = internal.drill(self.repo, vid, idle=True, label=self.revision)
         except DeltackptError as exc:   # no version yet, or the repository refused: reported by wait()
             self.error = exc
         finally:

@@ -37,14 +37,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from ..api import Repo, open_repo, save
+from ..api import Repo, internal, save
 from ..errors import DeltackptError, DivergenceError, InvalidArgumentError
 from ..format.events import ROLLBACK
 from ..format.limits import EVENT_MAX_TEXT, EVENT_MAX_VALUES, EVENT_MAX_VERSIONS
-from ..repo.maintain import events
-from ..repo.maintain.holds import MAX_HELD, Hold
-from ..repo.versions import Version
-from ..snapshot import async_save
+from ..api.internal import MAX_HELD, Hold, Version
 from . import targets
 from .detect import Rule, Spike, Verdict
 from .rollback import Parts, Restored, roll_back
@@ -150,6 +147,7 @@ class Guard:
         self.run_id = secrets.token_hex(8)
         self.rollbacks: list[Rollback] = []
         self.repo: Repo | None = None
+        self._owns_repo = False
         self._recent = {name: deque(maxlen=EVENT_MAX_VALUES) for name in self.rules}
         self._bad_since: int | None = None
         self._flags = 0
@@ -167,18 +165,19 @@ class Guard:
     def attach(self, repo: "str | os.PathLike | Repo", *, start_step: int | None = None) -> "Guard":
         """Use ``repo`` (a Checkpointer calls this with its own).  Versions already there belong to
         this run only at or before ``start_step`` (a resumed run); the rest are another run's."""
-        self.repo = open_repo(repo, create=True)
-        core = self.repo.core
+        self._owns_repo = not isinstance(repo, Repo)   # a path: the guard opened the handle, close() closes it
+        self.repo = repo if isinstance(repo, Repo) else Repo(repo, create=True)
+        core = self.repo
         if start_step is not None:
             self.start_step = start_step
-        self._preexisting = set(core.version_ids())
-        self._abandoned |= events.abandoned(core)
+        self._preexisting = set(internal.version_ids(core))
+        self._abandoned |= internal.abandoned_versions(core)
         if self.start_step is not None:
             for c in targets.candidates(core, before=self.start_step + 1, excluded=self._abandoned,
                                         preexisting=self._preexisting, start_step=self.start_step,
                                         needs=self._needs()):
                 self._mine[c.id] = c.step
-        self._hold = Hold(core.store)
+        self._hold = internal.hold(core)
         return self
 
     def saved(self, step: int, result: "Version | Any") -> None:
@@ -190,9 +189,13 @@ class Guard:
             self._pending.append((step, result))
 
     def close(self) -> None:
-        """End the holds (retention may drop the versions rolled back to from now on)."""
+        """End the holds (retention may drop the versions rolled back to from now on) and, when
+        the guard opened the repository itself (it was given a path), close that handle."""
         if self._hold is not None:
             self._hold.release()
+        if self._owns_repo and self.repo is not None:
+            self._owns_repo = False
+            self.repo.close()
 
     def __enter__(self) -> "Guard":
         return self
@@ -272,8 +275,8 @@ class Guard:
             raise DivergenceError(f"{where}: the run keeps diverging ({count - 1} rollbacks within {self.window} "
                                   f"steps, the most allowed); lower the learning rate or look at the data before "
                                   f"step {self._bad_since}")
-        core = self.repo.core
-        async_save.drain(core)      # a save in flight commits first and is judged like the others
+        core = self.repo
+        core.wait()      # a save in flight commits first and is judged like the others
         self._settle(step)
         bad_start, before = self._bad_since, self._bad_since - self.margin
         found = targets.candidates(core, before=before, excluded=self._abandoned, preexisting=self._preexisting,
@@ -293,7 +296,7 @@ class Guard:
                       self.data, done.skipped, self.lr_scale, done.bytes_read, done.metadata_bytes, done.seconds,
                       sorted(abandoned), count, done.extra, tried=tried)
         self._commit(rb)
-        rb.event = events.write(core, self._record(rb))
+        rb.event = internal.record_event(core, self._record(rb))
         self.rollbacks.append(rb)
         self._flags, self._bad_since = 0, None
         return rb
@@ -308,7 +311,7 @@ class Guard:
                 continue   # gc removed it just now
             tried.append(c.id)
             try:
-                done = roll_back(self.repo.core, c.id, self.parts, data=self.data, lr_scale=self.lr_scale,
+                done = roll_back(self.repo, c.id, self.parts, data=self.data, lr_scale=self.lr_scale,
                                  seed=self.seed * 1_000_003 + step, skip_ahead=self.skip_ahead)
                 return done, c, tried
             except DeltackptError as exc:   # nothing applied (all or nothing): try an older one
@@ -336,7 +339,7 @@ class Guard:
 
     def _record(self, rb: Rollback) -> dict[str, Any]:
         v = rb.verdict
-        return {**events.stamp(ROLLBACK), "run": self.run_id, "version": rb.version.id, "step": rb.from_step,
+        return {**internal.stamp(ROLLBACK), "run": self.run_id, "version": rb.version.id, "step": rb.from_step,
                 "seconds": rb.seconds, "bytes_read": rb.bytes_read, "metric": v.metric[:EVENT_MAX_TEXT],
                 "rule": v.rule, "value": v.value, "threshold": v.threshold, "baseline": v.baseline,
                 "values": list(self._recent[v.metric]), "bad_start": rb.bad_start, "to_step": rb.step,

@@ -17,10 +17,9 @@ from typing import Any
 
 import torch
 
-from ..api import Repo, open_repo
+from ..api import Repo, internal
+from ..api.internal import Version
 from ..errors import DeltackptError, NotARepositoryError, UnknownVersionError
-from ..repo.versions import Version
-from ..snapshot import async_save
 from . import rng
 from .parts import check_parts
 
@@ -42,13 +41,13 @@ def _candidates(r: Repo, version: "str | Version") -> list[str]:
         # newest first, including a version whose ref never moved, and one whose manifest is
         # damaged (its load fails typed, so it is skipped with a warning naming it); never one
         # committed off the training line (an import: weights, not a training state)
-        history = [vid for vid, m in r.core.scan() if not _off_line(m)]
-        latest = r.core.latest()
+        history = [vid for vid, m in internal.scan(r) if not _off_line(m)]
+        latest = internal.latest_id(r)
         if latest in history:       # the ref names the newest committed one: try it first
             history.remove(latest)
             history.insert(0, latest)
         return history
-    return [r.core.resolve(version)]
+    return [internal.resolve_id(r, version)]
 
 
 def _off_line(m: Any) -> bool:
@@ -76,10 +75,19 @@ def resume(repo: "str | os.PathLike | Repo", *, model: "torch.nn.Module | None" 
         deltackpt.resume("ckpt", model=model, version="best:val_loss")   # roll back
     """
     try:
-        r = open_repo(repo)
+        r = repo if isinstance(repo, Repo) else Repo(repo)
     except NotARepositoryError:
         return None
-    async_save.drain(r.core)
+    try:
+        return _resume(r, model, optimizer, scheduler, scaler, sampler, restore_rng, version, strict)
+    finally:
+        if r is not repo:
+            r.close()
+
+
+def _resume(r: Repo, model: Any, optimizer: Any, scheduler: Any, scaler: Any, sampler: Any, restore_rng: bool,
+            version: "str | Version", strict: bool) -> ResumeInfo | None:
+    r.wait()   # a background save of this handle still in flight commits first
     try:
         candidates = _candidates(r, version)
     except UnknownVersionError:
@@ -114,7 +122,7 @@ def _load_near(r: Any, vid: str, model: Any, optimizer: Any) -> tuple[Any, Versi
     (a rollback within a run): their tensors seed fresh buffers, so nothing live is written until
     the whole version has loaded.  A fresh model matches nothing and reads everything."""
     from ..torchstate.flatten import unflatten
-    from ..torchstate.materialize import build_tensors, is_own_blob, read_blobs
+    from ..torchstate.materialize import build_tensors, is_own_blob
     from ..torchstate.tensor_bytes import writable_bytes
 
     live: dict[str, Any] = {}
@@ -123,8 +131,7 @@ def _load_near(r: Any, vid: str, model: Any, optimizer: Any) -> tuple[Any, Versi
     if optimizer is not None and hasattr(optimizer, "state_dict"):
         for i, s in optimizer.state_dict().get("state", {}).items():
             live.update((f"optimizer.state.{i}.{k}", t) for k, t in s.items() if isinstance(t, torch.Tensor))
-    m = r.core.manifest(vid)
-    r.core.refresh_index()
+    m = internal.manifest(r, vid)
     seeds = {}
     for e in m.tensors:
         t = live.get(e.name)
@@ -134,9 +141,9 @@ def _load_near(r: Any, vid: str, model: Any, optimizer: Any) -> tuple[Any, Versi
             if src is not None:
                 seeds[e.blob] = src
     chosen = list(range(len(m.tensors)))
-    buffers = read_blobs(r.core, vid, m, (e.blob for e in m.tensors), seeds=seeds)
+    buffers = internal.read_blobs(r, vid, m, (e.blob for e in m.tensors), seeds=seeds)
     tensors = build_tensors(m, chosen, buffers, "cpu")
-    return unflatten(m.tree, tensors.__getitem__), r.core.version(vid)
+    return unflatten(m.tree, tensors.__getitem__), internal.version_of(r, vid, m)
 
 
 def _apply(state: Any, v: Version, **parts: Any) -> None:
@@ -145,7 +152,7 @@ def _apply(state: Any, v: Version, **parts: Any) -> None:
     # every part against the version before the first write: all or nothing
     check_parts(state, f"version {v.short_id}", parts, strict=strict, rng_too=restore_rng)
     # a lazy save (to any repository) may still be copying the live tensors this writes into
-    async_save.wait_snapshots()
+    internal.wait_snapshots()
     for name, target in parts.items():
         if target is None:
             continue

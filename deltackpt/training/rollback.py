@@ -14,7 +14,7 @@ the guard then restores an older version over it, which reads whatever the damag
 
 Example::
 
-    done = roll_back(core, vid, Parts(model=model, optimizer=opt, sampler=sampler), data="skip")
+    done = roll_back(repo, vid, Parts(model=model, optimizer=opt, sampler=sampler), data="skip")
     print(done.bytes_read, done.seconds, done.skipped)
 """
 
@@ -24,12 +24,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..api import Repo, load, restore
-from ..api.handles import forget
+from ..api import Repo, internal, load, restore
+from ..api.internal import Version
 from ..errors import InvalidArgumentError, StateMismatchError
-from ..repo.repository import Repository
-from ..repo.versions import Version
-from ..store.counting import ReadMeter
 from . import rng
 
 DATA_MODES = ("skip", "reseed", "replay")
@@ -76,20 +73,19 @@ class Restored:
     skipped: list | None = None
 
 
-def roll_back(core: Repository, vid: str, parts: Parts, *, data: str = "skip", lr_scale: float | None = None,
+def roll_back(repo: Repo, vid: str, parts: Parts, *, data: str = "skip", lr_scale: float | None = None,
               seed: int = 0, skip_ahead: int = 0) -> Restored:
     """Restore version ``vid`` into ``parts`` (all or nothing), then move the data on (``skip``:
     past everything consumed since that version, and ``skip_ahead`` items further within the
     epoch; ``reseed``: the rest of the epoch reshuffled with ``seed``; ``replay``: as it was)
     and scale the learning rate by ``lr_scale``."""
     before = parts.sampler.state_dict() if parts.sampler is not None else None
-    meter = ReadMeter(core.store)
     t0 = time.perf_counter()
-    handle = Repo(meter)     # a fresh handle: what it reads is what this rollback costs
+    handle, meter = internal.metered(repo)   # a fresh handle: what it reads is what this rollback costs
     try:
         version, rest = _restore_parts(handle, vid, parts)
     finally:
-        forget(handle.core)
+        handle.close()
     seconds = time.perf_counter() - t0
     packs = meter.bytes_read_under("packs/")
     step = rest.get("step", version.step)
@@ -108,7 +104,7 @@ SMALL_PARTS = ("scheduler", "scaler", "sampler", "rng", "step", "extra")
 def _restore_parts(handle: Repo, vid: str, parts: Parts) -> tuple[Version, dict]:
     """Model and optimizer in place, then the small parts; returns the Version and the version's
     tree without the model's and optimizer's tensors."""
-    tree = handle.core.manifest(vid).tree
+    tree = internal.manifest(handle, vid).tree
     wanted = {"model": parts.model, "optimizer": parts.optimizer, "scheduler": parts.scheduler,
               "scaler": parts.scaler, "sampler": parts.sampler}
     missing = [k for k, v in wanted.items() if v is not None and not (isinstance(tree, dict) and k in tree)]
@@ -117,10 +113,10 @@ def _restore_parts(handle: Repo, vid: str, parts: Parts) -> tuple[Version, dict]
     if parts.model is not None:
         version = restore(parts.model, handle, vid, optimizer=parts.optimizer)
     else:
-        version = handle.core.version(vid)
+        version = internal.version_of(handle, vid)
     # the small parts' tensors (a GradScaler's scale, RNG states); a part without any (a scheduler)
     # comes with the tree, and naming it as a layer would be refused as selecting nothing
-    names = [t.name for t in handle.core.manifest(vid).tensors]
+    names = [t.name for t in internal.manifest(handle, vid).tensors]
     rest = load(handle, vid, layers=[p for p in SMALL_PARTS if any(n == p or n.startswith(p + ".") for n in names)])
     for name in ("scheduler", "scaler", "sampler"):
         if wanted[name] is not None:

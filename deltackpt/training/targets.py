@@ -9,8 +9,8 @@ sharing the repository are never candidates.
 
 Example::
 
-    found = candidates(core, before=140, excluded=set(), preexisting=set(), start_step=None, needs=("model",))
-    ordered = choose(core, found, "best:val_loss")   # the best by val_loss first, then newest first
+    found = candidates(repo, before=140, excluded=set(), preexisting=set(), start_step=None, needs=("model",))
+    ordered = choose(repo, found, "best:val_loss")   # the best by val_loss first, then newest first
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..api import Repo, internal
+from ..api.internal import Manifest
 from ..errors import DeltackptError, UnknownVersionError
-from ..format.manifest import Manifest
 from ..format.refs import parse_best, parse_revision
-from ..repo.repository import Repository
 
 
 @dataclass(frozen=True)
@@ -36,11 +36,11 @@ def _holds(m: Manifest, needs: tuple[str, ...]) -> bool:
     return isinstance(m.tree, dict) and all(k in m.tree for k in needs)
 
 
-def candidates(core: Repository, *, before: int, excluded: set[str], preexisting: set[str],
+def candidates(repo: Repo, *, before: int, excluded: set[str], preexisting: set[str],
                start_step: int | None, needs: tuple[str, ...]) -> list[Candidate]:
     """Every candidate with a step below ``before``, newest step first (then newest time)."""
     out = []
-    for vid, m in core.scan():
+    for vid, m in internal.scan(repo):
         if isinstance(m, DeltackptError) or vid in excluded or m.step is None or m.step >= before:
             continue
         if vid in preexisting and (start_step is None or m.step > start_step):
@@ -51,7 +51,7 @@ def candidates(core: Repository, *, before: int, excluded: set[str], preexisting
     return out
 
 
-def choose(core: Repository, found: list[Candidate], target: str | None) -> list[Candidate]:
+def choose(repo: Repo, found: list[Candidate], target: str | None) -> list[Candidate]:
     """``found`` in the order to try: the version ``target`` names first when it is a candidate
     (``best:METRIC`` is judged among candidates only, so a bad stretch's best value never wins),
     then the rest newest first."""
@@ -67,7 +67,7 @@ def choose(core: Repository, found: list[Candidate], target: str | None) -> list
             first = min(scored, key=lambda c: (sign * _number(c.metrics[metric]), -c.step))  # type: ignore[operator]
     else:
         try:
-            vid = core.resolve(target)
+            vid = internal.resolve_id(repo, target)
         except UnknownVersionError:
             vid = None
         first = next((c for c in found if c.id == vid), None)
@@ -82,7 +82,7 @@ def _number(v: Any) -> float | None:
     return None
 
 
-def later_than(core: Repository, step: int, preexisting: set[str]) -> set[str]:
+def later_than(repo: Repo, step: int, preexisting: set[str]) -> set[str]:
     """This run's versions saved at a step after ``step``: what a rollback to ``step`` abandons."""
-    return {vid for vid, m in core.scan() if not isinstance(m, DeltackptError) and vid not in preexisting
+    return {vid for vid, m in internal.scan(repo) if not isinstance(m, DeltackptError) and vid not in preexisting
             and m.step is not None and m.step > step}

@@ -149,7 +149,6 @@ def test_supported_oddities_round_trip(repo_path, name):
     """Clashing dotted names, '#', separators, unicode, mixed int/str keys and plain values round-trip exactly."""
     obj = ROUND_TRIPS[name]
     v = deltackpt.save(obj, repo_path)
-    deltackpt.api._OPEN.clear()
     out = deltackpt.load(repo_path, v.id)
     expect = {k: (t.detach() if isinstance(t, torch.nn.Parameter) else t) for k, t in obj.items()}
     _same(expect, out)
@@ -232,11 +231,12 @@ def test_unstorable_step_metric_or_text_is_refused_before_the_first_pack(repo, n
 def test_repository_layer_refuses_an_unstorable_tree_before_writing(repo, tree):
     """saver.write_version (any writer below the frontend) refuses a tree msgpack cannot encode
     before its pack is written, as UnsupportedLeafError."""
-    from deltackpt.repo.write import saver
     from deltackpt.repo.repository import Repository
-    core = Repository(repo)
+    from deltackpt.repo.write import saver
+    from deltackpt.repo.write.session import WriteSession
+    session = WriteSession(Repository(repo))
     blob = saver.BlobInput(("w",), bytes(range(256)) * 64, "uint8", 1, 256)
     before = _listing(repo)
     with pytest.raises(UnsupportedLeafError, match="tree"):
-        saver.write_version(core, [blob], [], tree, step=2)
+        saver.write_version(session, [blob], [], tree, step=2)
     assert _listing(repo) == before

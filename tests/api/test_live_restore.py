@@ -87,7 +87,7 @@ def _counting(path: str) -> tuple[deltackpt.Repo, CountingStore]:
 
 def _restore(repo: deltackpt.Repo, store: CountingStore, model, opt, rev: str) -> int:
     """Restore and return the pack bytes it read."""
-    repo.core.refresh_index()
+    repo.core.index.refresh()
     store.reset()
     if "deltackpt.repo.read.live" in sys.modules:
         _stats().reset()
@@ -110,7 +110,7 @@ def _expected_rollback_bytes(repo: deltackpt.Repo, live_rev: str, target_rev: st
         for cid, lid in zip(ids, held[name]):
             if cid == lid:
                 continue
-            e, full = core.entries_for(lid)[0][1], core.stored_size(core.chunk_closure([cid]))
+            e, full = core.index.entries_for(lid)[0][1], core.index.stored_size(core.index.chunk_closure([cid]))
             total += e.length if e.base == cid and e.encoding in (2, 3, 4) and e.length < full else full
     return total
 
@@ -122,9 +122,9 @@ def _expected_forward_bytes(repo: deltackpt.Repo, live_rev: str, target_rev: str
     held = _chunks(repo, live_rev)
     for name, ids in _chunks(repo, target_rev).items():
         for cid, lid in zip(ids, held[name]):
-            above, cur, full = 0, cid, core.stored_size(core.chunk_closure([cid]))
+            above, cur, full = 0, cid, core.index.stored_size(core.index.chunk_closure([cid]))
             while cur is not None and cur != lid:
-                e = core.entries_for(cur)[0][1]
+                e = core.index.entries_for(cur)[0][1]
                 above, cur = above + e.length, e.base
             total += above if cur == lid and above < full else full
     return total
@@ -161,7 +161,7 @@ def test_rollback_by_two_then_forward_is_bit_identical(repo_path, topology):
         assert _stats().forward > 0
     else:  # two reverse deltas undone cost more than the newest's keyframes: read whole
         assert back == expected_back
-        assert read <= repo.core.stored_size(c for ids in _chunks(repo, "latest").values() for c in ids)
+        assert read <= repo.core.index.stored_size(c for ids in _chunks(repo, "latest").values() for c in ids)
 
 
 def test_restoring_the_version_the_model_holds_reads_no_chunk(repo_path):
@@ -207,7 +207,7 @@ def test_a_live_tensor_that_does_not_match_is_read_in_full(repo_path, how):
 def _corrupt(path: str, repo: deltackpt.Repo, cid: bytes) -> None:
     """Flip a byte in the middle of a chunk's stored object (a delta's low byte planes are often
     stored raw there, so it still decodes: only the hash check can tell)."""
-    pid, e = repo.core.entries_for(cid)[0]
+    pid, e = repo.core.index.entries_for(cid)[0]
     f = os.path.join(path, pack_key(pid))
     os.chmod(f, 0o644)
     with open(f, "r+b") as fh:

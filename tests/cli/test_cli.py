@@ -45,7 +45,7 @@ def test_init_delta_base_keyframe_is_stored_in_the_config(tmp_path):
     _repo_with_versions(path, 4)
     repo = deltackpt.Repo(path)
     assert repo.core.config.delta_base == "keyframe"
-    assert max(e.depth for _c, _p, e in repo.core.index_items()) == 1
+    assert max(e.depth for _c, _p, e in repo.core.index.items()) == 1
 
 
 def test_restore_layer_to_pt_and_safetensors(tmp_path):
@@ -138,5 +138,4 @@ def test_rebuild_index_restores_a_repository_whose_index_was_deleted(tmp_path):
     info = json.loads(run_cli("rebuild-index", "--repo", path, "--json").stdout)
     assert info["packs_indexed"] >= 1
     assert run_cli("verify", "--repo", path).returncode == 0
-    deltackpt.api._OPEN.clear()
     assert deltackpt.load(path, versions[0].id)["step"] == 0

@@ -41,7 +41,6 @@ TALLY = {"cases": 0, "cases_with_affected_versions": 0, "flagged": 0, "undetecta
 def pristine(tmp_path_factory) -> Pristine:
     path = str(tmp_path_factory.mktemp("pristine") / "repo")
     build(path)
-    deltackpt.api._OPEN.clear()
     p = survey(path)
     assert len(p.versions) == len(_build_steps()) and len(p.files["pack"]) >= 5
     return p
@@ -80,7 +79,6 @@ def test_damage_is_flagged_and_contained(case, pristine, tmp_path):
     TALLY["cases_with_affected_versions"] += bool(affected)
 
     _check_verify(case, pristine, root, key, affected, bad_ref)
-    deltackpt.api._OPEN.clear()
     for vid in pristine.versions:
         if vid in affected:
             _check_affected_load(case, pristine, root, vid)

@@ -19,7 +19,6 @@ from ._model import build, state_digest, survey
 def pristine(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("rebuild") / "repo")
     build(path)
-    deltackpt.api._OPEN.clear()
     return survey(path)
 
 
@@ -39,7 +38,6 @@ def _flip(path: str, offset: int) -> None:
 
 
 def _all_restore(pristine, root: str) -> None:
-    deltackpt.api._OPEN.clear()
     for vid in pristine.versions:
         assert state_digest(deltackpt.load(root, vid)) == pristine.digests[vid], vid
 
@@ -65,13 +63,13 @@ def test_rebuild_after_corrupting_index_files(pristine, copy):
     for key in damaged:
         _flip(os.path.join(copy, key), 20)
     repo = deltackpt.Repo(copy)
-    assert set(repo.core.bad_index_files) == set(damaged)
+    assert set(repo.core.index.bad_files) == set(damaged)
     report = repo.verify()
     assert not report.ok and {p.object for p in report.errors} >= set(damaged)
     out = rebuild_index(repo.core)
     assert set(out.removed_index_files) == set(pristine.files["index"])
     assert os.listdir(os.path.join(copy, "index")) == [out.index_key.split("/")[1]]
-    assert repo.verify().ok and not repo.core.bad_index_files
+    assert repo.verify().ok and not repo.core.index.bad_files
     _all_restore(pristine, copy)
 
 
@@ -106,6 +104,5 @@ def test_gc_refuses_with_a_deleted_index_file(pristine, copy):
     with pytest.raises(CorruptObjectError, match="rebuild_index"):
         deltackpt.gc(copy, keep_last=10, grace_seconds=0)
     rebuild_index(deltackpt.Repo(copy).core)
-    deltackpt.api._OPEN.clear()
     deltackpt.gc(copy, keep_last=10, grace_seconds=0)
     _all_restore(pristine, copy)

@@ -80,7 +80,7 @@ def test_old_repo_loads_as_recorded(tmp_path, name, revision):
 def test_repo_v1_uses_every_encoding_and_verifies(repo_v1):
     """The fixture holds objects of all nine frozen encodings and passes verify (every chunk re-hashed)."""
     repo = deltackpt.Repo(repo_v1)
-    assert sorted({e.encoding for _, _, e in repo.core.index_items()}) == list(range(9))
+    assert sorted({e.encoding for _, _, e in repo.core.index.items()}) == list(range(9))
     report = repo.verify()
     assert report.ok, report.to_json()
     assert repo.core.config.version == 1
@@ -94,11 +94,11 @@ def test_repo_v2_is_format_2_with_reverse_deltas_and_verifies(repo_v2):
     assert core.config.version == 2 and core.config.delta_base == "child"
     newest = {c.chunk_id for b in core.manifest(core.resolve("latest")).blobs for c in b.chunks}
     older = {c.chunk_id for b in core.manifest(core.resolve("latest~1")).blobs for c in b.chunks} - newest
-    assert any(core.entry(c)[1].base in newest for c in older)  # reverse deltas
+    assert any(core.index.entry(c)[1].base in newest for c in older)  # reverse deltas
     m = core.manifest(core.resolve("latest"))
     lossless = [c.chunk_id for t in m.tensors if t.encoding == "lossless" for c in m.blobs[t.blob].chunks]
-    assert lossless and all(core.chain_depth(c) == 0 for c in lossless)
-    depths = {k: [core.chain_depth(c.chunk_id) for b in core.manifest(core.resolve(f"latest~{k}")).blobs
+    assert lossless and all(core.index.chain_depth(c) == 0 for c in lossless)
+    depths = {k: [core.index.chain_depth(c.chunk_id) for b in core.manifest(core.resolve(f"latest~{k}")).blobs
                   for c in b.chunks] for k in range(5)}
     assert max(depths[4]) == 2 and max(max(d) for d in depths.values()) <= 2  # keyframe_interval 2 bounds chains
     assert repo.verify().ok
@@ -109,6 +109,5 @@ def test_a_format_1_reader_refuses_a_format_2_repository(repo_v2, monkeypatch):
     open with FormatVersionError naming both versions, before it reads anything else."""
     from deltackpt.format import config as config_fmt
     monkeypatch.setattr(config_fmt, "READABLE_VERSIONS", (1,))
-    deltackpt.api._OPEN.clear()
     with pytest.raises(deltackpt.FormatVersionError, match=r"version 2 .*reads versions 1"):
         deltackpt.Repo(repo_v2)

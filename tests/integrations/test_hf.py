@@ -83,7 +83,7 @@ def held_copies(monkeypatch):
     """The first lazy copy waits for a gate (then 0.3 s more), later ones sleep 0.3 s before copying:
     a copy that the optimizer or the Trainer did not wait for would read later values."""
     from deltackpt import faults
-    from deltackpt.snapshot import async_save
+    from tests.conftest import drain_background
     gate, seen, real_hit = threading.Event(), [], faults.hit
 
     def hit(site: str):
@@ -96,7 +96,7 @@ def held_copies(monkeypatch):
 
     monkeypatch.setattr(faults, "hit", hit)
     yield gate
-    async_save.drain_all()
+    drain_background()
 
 
 class Record(transformers.TrainerCallback):

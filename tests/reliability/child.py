@@ -37,7 +37,6 @@ import torch  # noqa: E402
 import deltackpt  # noqa: E402
 from deltackpt import faults  # noqa: E402
 from deltackpt.errors import DeltackptError  # noqa: E402
-from deltackpt import api  # noqa: E402
 
 CHUNK_BYTES = 16 << 10  # small chunks: a tiny model still spans many chunks and objects
 
@@ -154,7 +153,6 @@ def run_job(job: dict) -> None:
     saves = 0
     if arm_after == 0:
         arm(job)
-    api._OPEN.clear()
     try:
         if kind != "powercut":
             deltackpt.Repo(repo, create=True, chunk_bytes=CHUNK_BYTES)
@@ -232,7 +230,6 @@ def _warm_up() -> None:
         deltackpt.Repo(os.path.join(d, "r")).verify()
     finally:
         sys.stdout = real
-        api._OPEN.clear()
         shutil.rmtree(d, ignore_errors=True)
 
 

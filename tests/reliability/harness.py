@@ -165,11 +165,9 @@ def oracle(path: str, *, expected: dict[int, str], committed: list[tuple[str, st
     committed versions that must still be there (gc may legitimately have removed others).
     """
     import deltackpt
-    from deltackpt import api
     from deltackpt.repo.locks import LOCKS
     from deltackpt.repo.repository import Repository
 
-    api._OPEN.clear()
     res = OracleResult()
     if not os.path.exists(os.path.join(path, "config")):
         assert not committed, f"repository config is gone but {len(committed)} versions were committed"
@@ -192,7 +190,6 @@ def oracle(path: str, *, expected: dict[int, str], committed: list[tuple[str, st
         v = deltackpt.save(state, path, step=-1)
         assert load_digest(path, v.id) == child_mod.state_digest(state)
         deltackpt.gc(path, grace_seconds=0)
-        api._OPEN.clear()
         core = Repository(path)
         assert core.store.temp_files() == [], "gc left temp files behind"
         assert core.store.list(LOCKS) == [], f"locks left after save+gc: {core.store.list(LOCKS)}"

@@ -11,9 +11,7 @@ pytestmark = pytest.mark.reliability
 
 
 def _chain(path: str) -> list[str]:
-    from deltackpt import api
     from deltackpt.repo.repository import Repository
-    api._OPEN.clear()
     core = Repository(path)
     out, cur = [], core.latest()
     while cur is not None:
@@ -86,8 +84,6 @@ def test_same_tag_one_winner(zygote, tmp_path):
     assert len(won) == 1, [c.text() for c in kids]
     assert all(any(ln.startswith("ERROR ConflictError") for ln in c.lines()) for c in lost), [c.text() for c in lost]
     import deltackpt
-    from deltackpt import api
-    api._OPEN.clear()
     assert deltackpt.Repo(path).tags()["release"] == won[0].committed()[0][0]
     taggers = [zygote.start("tag", path, name="shared", version=won[0].committed()[0][0]) for _ in range(4)]
     for c in taggers:

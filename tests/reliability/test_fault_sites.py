@@ -89,9 +89,7 @@ def test_io_errors_at_every_write_and_fsync(zygote, tmp_path, tmp_path_factory, 
         armed = t.committed + (c.committed()[:1] if workload == "incr" else [])
         assert len(c.committed()) == len(armed) - len(t.committed), f"a failed save printed COMMITTED: {lines}"
         idx = points.index((site, n))
-        from deltackpt import api
         from deltackpt.repo.repository import Repository
-        api._OPEN.clear()
         latest = Repository(repo).latest() if os.path.exists(os.path.join(repo, "config")) else None
         before = armed[-1][0] if armed else None
         if not ref_rename or idx < ref_rename[-1]:

@@ -76,9 +76,7 @@ def test_save_while_gc_is_frozen(zygote, tmp_path):
 
 
 def _versions(path: str) -> tuple[dict[str, str], set[str]]:
-    from deltackpt import api
     from deltackpt.repo.repository import Repository
-    api._OPEN.clear()
     core = Repository(path)
     return core.tags(), set(core.version_ids())
 

@@ -31,9 +31,7 @@ def _one(zygote, path: str, cut: int | None, seed: int, revert_only: list | None
     if "gc" in phases:
         must = {v for v, _ in committed[-2:]} | {committed[0][0]}
     if "tagged" in phases:
-        from deltackpt import api
         from deltackpt.repo.repository import Repository
-        api._OPEN.clear()
         assert Repository(path).tags().get("first") == committed[0][0], f"cut {cut}: a returned tag() was lost"
     oracle(path, expected=c.attempts(), committed=committed, must_exist=must)
     return json.loads(crash[0][6:])

@@ -15,9 +15,7 @@ pytestmark = pytest.mark.reliability
 
 
 def _latest(path: str):
-    from deltackpt import api
     from deltackpt.repo.repository import Repository
-    api._OPEN.clear()
     if not os.path.exists(os.path.join(path, "config")):
         return None, None
     core = Repository(path)

@@ -10,7 +10,6 @@ import sys
 import torch
 
 import deltackpt
-from deltackpt import api
 from deltackpt.repo.write.consolidate import MAX_INDEX_FILES
 from deltackpt.store.counting import CountingStore
 from deltackpt.store.local import LocalStore
@@ -32,7 +31,6 @@ def test_opening_a_repository_of_many_versions_reads_few_index_files(repo_path):
         w = w + 0.01 * torch.randn(64, 64, generator=g)
         saved.append(deltackpt.save({"w": w, "step": step}, repo_path, step=step))
         assert len(_index_files(repo_path)) <= MAX_INDEX_FILES + 1
-    api._OPEN.clear()
     counting = CountingStore(LocalStore(repo_path))
     repo = deltackpt.Repo(counting)
     assert len([k for k in counting.keys_read if k.startswith("index/")]) <= MAX_INDEX_FILES + 1
@@ -56,7 +54,6 @@ for step in range({MAX_INDEX_FILES + 2}):
     assert out.returncode == -9, out.stderr
     files = len(_index_files(repo_path))
     assert files > MAX_INDEX_FILES + 1  # the merged file beside the ones it replaces
-    api._OPEN.clear()
     repo = deltackpt.Repo(repo_path)
     for v in repo.log():
         assert torch.equal(repo.load(v.id)["w"], torch.full((16,), float(v.step)))

@@ -57,8 +57,8 @@ def _files(repo: str, folder: str) -> list[str]:
 
 def _unindexed_packs(repo: str) -> list[str]:
     r = deltackpt.Repo(repo).core
-    r.refresh_index()
-    named = {pid for _cid, pid, _e in r.index_items(all_copies=True)}
+    r.index.refresh()
+    named = {pid for _cid, pid, _e in r.index.items(all_copies=True)}
     return [p for p in _files(repo, "packs") if os.path.basename(p) not in named]
 
 

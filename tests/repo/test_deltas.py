@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 import deltackpt
-from deltackpt import api
 from deltackpt.store.counting import CountingStore
 from deltackpt.store.local import LocalStore
 from tests.strategies import assert_bit_identical
@@ -44,7 +43,7 @@ def _clone(obj):
 
 
 def _depths(repo: deltackpt.Repo) -> list[int]:
-    return [e.depth for _cid, _pid, e in repo.core.index_items()]
+    return [e.depth for _cid, _pid, e in repo.core.index.items()]
 
 
 def test_second_save_is_stored_as_deltas(tmp_path):
@@ -78,7 +77,6 @@ def _assert_pack_reads_per_chunk(path: str, saved: list, most: int) -> None:
     """Each saved (version, state) loads bit-identically in a fresh reader that reads at most
     ``most`` pack objects per chunk of the version."""
     for v, state in saved:
-        api._OPEN.clear()  # a new process: nothing decoded in memory
         store = CountingStore(LocalStore(path))
         repo = deltackpt.Repo(store)
         chunks = sum(len(b.chunks) for b in repo.core.manifest(v.id).blobs)
@@ -132,7 +130,6 @@ def test_gc_keeps_kept_versions_restorable_across_chains(repo_path):
     repo.tag("mid", saved[3][0].id)
     report = deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)
     assert report.chunks_rebased > 0
-    api._OPEN.clear()
     for v, state in (saved[3], saved[5]):
         assert_bit_identical(state, deltackpt.load(repo_path, v.id))
     assert deltackpt.Repo(repo_path).verify().ok
@@ -148,7 +145,7 @@ def _positions(repo: deltackpt.Repo) -> dict[tuple[int, int], list]:
     for vid in reversed(core.history()):
         for bi, blob in enumerate(core.manifest(vid).blobs):
             for ci, c in enumerate(blob.chunks):
-                out.setdefault((bi, ci), []).append(core.entry(c.chunk_id)[1])
+                out.setdefault((bi, ci), []).append(core.index.entry(c.chunk_id)[1])
     return out
 
 
@@ -182,7 +179,6 @@ def test_star_restores_any_version_from_at_most_two_objects_per_chunk(tmp_path):
     choice for a later handle."""
     path = str(tmp_path / "repo")
     deltackpt.Repo.init(path, keyframe_interval=8, delta_base="keyframe")
-    api._OPEN.clear()
     assert deltackpt.Repo(path).core.config.delta_base == "keyframe"
     step = _trainer()
     saved = [(deltackpt.save(s, path), s) for s in (step(2) for _ in range(10))]
@@ -211,7 +207,6 @@ def test_gc_keeps_the_keyframe_under_a_kept_star_delta(repo_path):
     saved = [(deltackpt.save(s, repo_path), s) for s in (step(2) for _ in range(6))]
     report = deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)
     assert report.chunks_rebased == 0 and report.bases_kept > 0
-    api._OPEN.clear()
     assert_bit_identical(saved[5][1], deltackpt.load(repo_path, saved[5][0].id))
     repo = deltackpt.Repo(repo_path)
     assert repo.verify().ok and max(_depths(repo)) <= 1
@@ -231,10 +226,9 @@ def test_gc_keeps_a_keyframe_that_several_kept_deltas_share(repo_path):
     repo.tag("mid", saved[3][0].id)
     report = deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)
     assert len(report.removed) == 4 and report.bases_kept > 0
-    api._OPEN.clear()
     repo = deltackpt.Repo(repo_path)
-    for _cid, _pid, e in repo.core.index_items():
-        assert e.base is None or repo.core.has_chunk(e.base)
+    for _cid, _pid, e in repo.core.index.items():
+        assert e.base is None or repo.core.index.has_chunk(e.base)
     for v, state in (saved[3], saved[5]):
         assert_bit_identical(state, deltackpt.load(repo_path, v.id))
     assert repo.verify().ok and max(_depths(repo)) <= 1
@@ -249,10 +243,10 @@ def test_a_delta_position_remembers_its_codec_and_the_next_save_reuses_it(tmp_pa
     step = _trainer()
     repo.save(step(20))
     repo.save(step(5))
-    winners = {k: m.winner for k, m in repo.core.delta_cache._items.items() if m.winner is not None}
+    winners = {k: m.winner for k, m in repo.session.delta_cache._items.items() if m.winner is not None}
     assert winners and {get(w).name for w in winners.values()} <= DELTA_CODECS
     repo.save(step(5))
-    after = repo.core.delta_cache._items
+    after = repo.session.delta_cache._items
     still = [k for k in winners if after[k].winner is not None]
     assert still and all(after[k].winner == winners[k] for k in still)
 
@@ -268,7 +262,7 @@ def test_a_star_position_remembers_its_codec_while_its_keyframe_stays_the_base(t
     step = _trainer()
     repo.save(step(20))
     repo.save(step(5))
-    items = repo.core.delta_cache._items
+    items = repo.session.delta_cache._items
     winners = {k: m.winner for k, m in items.items() if m.winner is not None}
     assert winners and {get(w).name for w in winners.values()} <= DELTA_CODECS
     assert all(items[k].depth == 0 and items[k].age == 1 for k in winners), "the keyframe stays the base"

@@ -10,9 +10,7 @@ import os
 import torch
 
 import deltackpt
-from deltackpt import api
 from deltackpt.repo.repository import Repository
-from deltackpt.repo.write import background
 
 
 def _pack_bytes(path: str) -> int:
@@ -41,13 +39,13 @@ def _forward_copies_outside_latest(path: str) -> int:
     repo = Repository(path)
     history = repo.history_order()
     by_version = [[c.chunk_id for b in repo.manifest(v).blobs for c in b.chunks] for v in history]
-    latest_needs = repo.chunk_closure(by_version[0])
+    latest_needs = repo.index.chunk_closure(by_version[0])
     count = 0
     for newer, older in zip(by_version, by_version[1:]):
         for cid, prev in zip(newer, older):
             if cid in latest_needs or cid == prev:
                 continue
-            count += sum(1 for _pid, e in repo.entries_for(cid) if e.base == prev)
+            count += sum(1 for _pid, e in repo.index.entries_for(cid) if e.base == prev)
     return count
 
 
@@ -56,21 +54,18 @@ def test_a_period_of_sparse_forward_deltas_is_reversed_whole(tmp_path, monkeypat
     against the next newer one (format 2's reverse chain) and drops the forward deltas: the
     repository ends no larger than the forward chains themselves, where re-storing the period's
     keyframe alone keeps every forward delta and adds a delta holding all the period's rows."""
-    monkeypatch.setattr(background, "AUTO", False)
     child, parent = str(tmp_path / "child"), str(tmp_path / "parent")
     tables = _sparse_run(child, 24)
     _sparse_run(parent, 24, delta_base="parent")
-    api._OPEN.clear()
     assert _forward_copies_outside_latest(child) > 0
     report = deltackpt.Repo(child).deltify(lag=1)
     assert report.chunks > 0 and report.freed_bytes > report.written_bytes
-    api._OPEN.clear()
     assert _forward_copies_outside_latest(child) == 0
     assert _pack_bytes(child) <= 1.02 * _pack_bytes(parent)
     repo = Repository(child)
     for k, table in enumerate(reversed(tables)):
         m = repo.manifest(repo.resolve(f"latest~{k}"))
-        assert max(repo.chain_depth(c.chunk_id) for b in m.blobs for c in b.chunks) <= repo.config.keyframe_interval
+        assert max(repo.index.chain_depth(c.chunk_id) for b in m.blobs for c in b.chunks) <= repo.config.keyframe_interval
         assert torch.equal(deltackpt.load(child, f"latest~{k}")["emb"], table), k
     assert deltackpt.Repo(child).verify().ok
 
@@ -95,18 +90,15 @@ def test_deltify_writes_nothing_that_would_not_free_half_a_pack(tmp_path, monkey
     noise (kept whole).  Re-storing the drifting one would free under half of that pack, and a
     rewrite would copy the rest: deltify writes nothing.  Where the drifting tensor is most of the
     pack, it is re-stored and every byte written frees more than itself."""
-    monkeypatch.setattr(background, "AUTO", False)
     small, big = str(tmp_path / "small"), str(tmp_path / "big")
     _mixed_run(small, 2, smooth=1 << 20, noise=3 << 20)
     states = _mixed_run(big, 2, smooth=3 << 20, noise=1 << 19)
-    api._OPEN.clear()
     before = _pack_bytes(small)
     report = deltackpt.Repo(small).deltify(lag=1)
     assert report.written_bytes == 0 and report.chunks == 0
     assert _pack_bytes(small) == before
     report = deltackpt.Repo(big).deltify(lag=1)
     assert report.chunks > 0 and report.freed_bytes > 1.2 * report.written_bytes
-    api._OPEN.clear()
     for k, state in enumerate(reversed(states)):
         got = deltackpt.load(big, f"latest~{k}")
         assert torch.equal(got["w"], state["w"]) and torch.equal(got["noise"], state["noise"])
@@ -116,24 +108,21 @@ def test_keyframes_that_will_stay_whole_are_packed_apart(tmp_path, monkeypatch):
     """Once a position has changed densely beyond any delta, a save writes its next keyframes to a
     pack of their own; deltification then drops the other pack of each later save outright and
     leaves those alone: nothing of them is copied."""
-    monkeypatch.setattr(background, "AUTO", False)
     path = str(tmp_path / "r")
     states = _mixed_run(path, 5, smooth=1 << 20, noise=1 << 20)
-    api._OPEN.clear()
     repo = Repository(path)
     first = repo.history_order()[-1]
     noise = {c.chunk_id for v in repo.history_order()[:-1] for t, b in _blobs(repo, v) if t == "noise"
              for c in b.chunks}
-    apart = {pid for pid, entries in repo.pack_entries.items() if {e.chunk_id for e in entries} <= noise}
+    apart = {pid for pid, entries in repo.index.pack_entries.items() if {e.chunk_id for e in entries} <= noise}
     assert len(apart) == 4  # each save after the first: its noise keyframes in a pack of their own
     report = deltackpt.Repo(path).deltify(lag=1)
     assert report.chunks == 8 and report.encodings.get("sub-delta") == 8  # the drifting tensor, 4 versions
-    api._OPEN.clear()
     repo = Repository(path)
-    assert apart <= set(repo.pack_entries)  # kept as they were: never rewritten
+    assert apart <= set(repo.index.pack_entries)  # kept as they were: never rewritten
     first_ids = {c.chunk_id for t, b in _blobs(repo, first) if t == "noise" for c in b.chunks}
-    first_noise = sum(e.length for entries in repo.pack_entries.values() for e in entries if e.chunk_id in first_ids)
-    deltas = sum(e.length for entries in repo.pack_entries.values() for e in entries if e.base is not None)
+    first_noise = sum(e.length for entries in repo.index.pack_entries.values() for e in entries if e.chunk_id in first_ids)
+    deltas = sum(e.length for entries in repo.index.pack_entries.values() for e in entries if e.base is not None)
     assert report.written_bytes < deltas + first_noise + 4096  # the deltas, the first save's noise, the index
     for k, state in enumerate(reversed(states)):
         got = deltackpt.load(path, f"latest~{k}")
@@ -152,7 +141,6 @@ def test_what_deltify_remembers_never_changes_what_it_ends_up_doing(tmp_path, mo
     the next save), the late tensor's first chunks are candidates too, and the pack is mostly
     redundant: the run on the same handle must take it up, as a handle that remembers nothing
     does, and not skip it as found not worth it before."""
-    monkeypatch.setattr(background, "AUTO", False)
     sizes = []
     for forget in (False, True):
         path = str(tmp_path / f"forget{forget}")
@@ -164,13 +152,11 @@ def test_what_deltify_remembers_never_changes_what_it_ends_up_doing(tmp_path, mo
             if step == 2:
                 late = late + 1e-3 * torch.randn(late.shape, generator=g)
             deltackpt.save({"w": w, "late": late, "noise": torch.randn(1 << 20, generator=g)}, path, step=step)
-        api._OPEN.clear()
         repo = deltackpt.Repo(path)
         assert repo.deltify(lag=2).chunks == 0
         if forget:
-            repo.core.deltify_memo = None
+            repo.session.deltify_memo = None
         assert repo.deltify(lag=1).chunks > 0
-        api._OPEN.clear()
         sizes.append(_pack_bytes(path))
         got = deltackpt.load(path)
         assert torch.equal(got["w"], w) and torch.equal(got["late"], late)

@@ -124,10 +124,10 @@ _IN_NS = textwrap.dedent("""
         f.write(str(int(sys.argv[2]) - 1))   # the next process of this namespace gets pid argv[2]
     pid = os.fork()
     if pid == 0:
-        key = locks.acquire_save(LocalStore(sys.argv[1]))
-        print("HELD", os.getpid(), key, flush=True)
+        lease = locks.acquire_save(LocalStore(sys.argv[1]))
+        print("HELD", os.getpid(), lease.key, flush=True)
         sys.stdin.read()                      # hold the lock until the test closes stdin
-        locks.release_save(LocalStore(sys.argv[1]), key)
+        lease.release()
         os._exit(0)
     os.waitpid(pid, 0)
 """)

@@ -16,10 +16,8 @@ from deltackpt.repo.repository import Repository
 
 def _loads_before_and_after_gc(repo_path: str, expected: torch.Tensor) -> None:
     """A fresh handle loads ``expected``; after gc (keep the latest) too; and the repository verifies."""
-    deltackpt.api._OPEN.clear()
     assert torch.equal(deltackpt.load(repo_path)["w"], expected)
     deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)
-    deltackpt.api._OPEN.clear()
     assert torch.equal(deltackpt.load(repo_path)["w"], expected)
     assert deltackpt.Repo(repo_path).verify().ok
 
@@ -29,7 +27,7 @@ def test_an_index_file_naming_a_missing_pack_neither_hides_the_chunk_nor_makes_g
     torch.manual_seed(0)
     state = {"w": torch.randn(64, 64)}
     deltackpt.save(state, repo_path, step=0)
-    items = Repository(repo_path).index_items()
+    items = Repository(repo_path).index.items()
     plen = max(e.offset + e.length for _, _, e in items) + 20
     with open(os.path.join(repo_path, "index", "0" * 32), "wb") as f:  # sorts before the real index file
         f.write(index_fmt.encode({"0" * 32: (plen, [e for _, _, e in items])}))
@@ -41,7 +39,7 @@ def test_gc_stops_before_deleting_when_a_live_chunk_is_in_no_pack(repo_path):
     deltackpt.save({"w": torch.randn(64, 64)}, repo_path)
     deltackpt.save({"w": torch.randn(64, 64)}, repo_path)
     repo = deltackpt.Repo(repo_path)
-    pid, _ = repo.core.entry(repo.core.manifest(repo.core.resolve("latest")).blobs[0].chunks[0].chunk_id)
+    pid, _ = repo.core.index.entry(repo.core.manifest(repo.core.resolve("latest")).blobs[0].chunks[0].chunk_id)
     os.unlink(os.path.join(repo_path, "packs", pid[:2], pid))
     before = sorted(os.listdir(os.path.join(repo_path, "manifests")))
     with pytest.raises(deltackpt.CorruptObjectError, match="stopped before deleting"):
@@ -98,7 +96,6 @@ def test_after_gc_dies_deleting_old_index_files_readers_use_the_rebased_copy(rep
     assert any(e.depth > 0 for _, entries in packs.values() for e in entries)  # the premise: a delta
     for pid in packs:
         shutil.copy(os.path.join(packs_dir, pid[:2], pid), saved)
-    deltackpt.api._OPEN.clear()
     report = deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)
     assert report.chunks_rebased > 0
     # the crash: the old index file (sorting first) and its pack are still there
@@ -162,14 +159,13 @@ def test_an_index_file_of_an_unknown_version_is_a_format_version_error_naming_it
     data[6] = 2
     with open(path, "wb") as f:
         f.write(data)
-    deltackpt.api._OPEN.clear()
     with pytest.raises(deltackpt.FormatVersionError, match=f"index/{key}: index version 2"):
         deltackpt.load(repo_path)
     data[6], data[0] = 1, ord("X")  # a damaged file is still skipped and reported, as before
     with open(path, "wb") as f:
         f.write(data)
     repo = Repository(repo_path)
-    assert list(repo.bad_index_files) == [f"index/{key}"]
+    assert list(repo.index.bad_files) == [f"index/{key}"]
 
 
 def test_a_tag_file_that_looks_like_an_id_prefix_never_shadows_the_version(repo_path):
@@ -216,8 +212,8 @@ def _twin_pack(repo_path: str) -> tuple[str, str, bytes]:
     from deltackpt.format.pack import PackBuilder
     from deltackpt.repo.layout import INDEX, pack_key
     repo = Repository(repo_path)
-    (pid, entries), = repo.pack_entries.items()
-    (first_index,) = repo.index_file_packs
+    (pid, entries), = repo.index.pack_entries.items()
+    (first_index,) = repo.index.file_packs
     e = entries[0]
     obj = repo.store.get(pack_key(pid), e.offset, e.length)
     for filler in range(256):
@@ -241,8 +237,8 @@ def test_copies_of_equal_depth_are_chosen_by_pack_id_then_offset(repo_path):
     deltackpt.save({"w": torch.randn(64, 64)}, repo_path)
     first, twin, cid = _twin_pack(repo_path)
     repo = Repository(repo_path)
-    assert repo.entry(cid)[0] == min(first, twin)
-    assert [p for p, _ in repo.entries_for(cid)] == sorted([first, twin])
+    assert repo.index.entry(cid)[0] == min(first, twin)
+    assert [p for p, _ in repo.index.entries_for(cid)] == sorted([first, twin])
 
 
 def test_a_damaged_chosen_copy_falls_back_to_an_intact_twin(repo_path):
@@ -254,14 +250,13 @@ def test_a_damaged_chosen_copy_falls_back_to_an_intact_twin(repo_path):
     first, twin, cid = _twin_pack(repo_path)
     chosen = min(first, twin)
     repo = Repository(repo_path)
-    e = next(e for e in repo.pack_entries[chosen] if e.chunk_id == cid)
+    e = next(e for e in repo.index.pack_entries[chosen] if e.chunk_id == cid)
     path = os.path.join(repo_path, pack_key(chosen))
     with open(path, "r+b") as f:
         f.seek(e.offset + e.length - 1)
         last = f.read(1)
         f.seek(e.offset + e.length - 1)
         f.write(bytes([last[0] ^ 0xFF]))
-    deltackpt.api._OPEN.clear()
     assert torch.equal(deltackpt.load(repo_path)["w"], w)
     report = deltackpt.Repo(repo_path).verify()
     assert not report.ok and chosen in str(report.to_json())
@@ -289,10 +284,9 @@ def test_no_chunk_is_ever_deeper_than_the_keyframe_interval(repo_path, k):
             deltackpt.Repo(repo_path).deltify(lag=1)
     deltackpt.gc(repo_path, keep_every=3, keep_last=2, grace_seconds=0)
     deltackpt.Repo(repo_path).deltify(lag=1)
-    deltackpt.api._OPEN.clear()
     repo = Repository(repo_path)
     for vid in repo.version_ids():
         for b in repo.manifest(vid).blobs:
             for c in b.chunks:
-                assert repo.chain_depth(c.chunk_id) <= k, (vid[:8], repo.chain_depth(c.chunk_id))
+                assert repo.index.chain_depth(c.chunk_id) <= k, (vid[:8], repo.index.chain_depth(c.chunk_id))
     assert deltackpt.Repo(repo_path).verify().ok

@@ -138,8 +138,8 @@ def test_a_reader_with_a_stale_index_survives_gc_repacking(repo_path):
         deltackpt.save({"w": w}, repo_path)  # deltas against the previous version
     stale = repository.Repository(repo_path)  # loads the index now
     m = stale.manifest(stale.latest())
-    before = stale.entry(m.blobs[0].chunks[0].chunk_id)[0]
+    before = stale.index.entry(m.blobs[0].chunks[0].chunk_id)[0]
     report = deltackpt.gc(repo_path, keep_last=1, grace_seconds=0)  # rebases the delta: its pack is replaced
     assert report.chunks_rebased == 1
     assert not os.path.exists(os.path.join(repo_path, "packs", before[:2], before))
-    assert bytes(stale.read_blob(m.blobs[0])) == w.numpy().tobytes()
+    assert bytes(stale.chunks.read_blob(m.blobs[0])) == w.numpy().tobytes()

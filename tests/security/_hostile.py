@@ -24,7 +24,6 @@ def make_repo(path: str, versions: int = 2) -> str:
     for i in range(versions):
         g = torch.Generator().manual_seed(i)
         deltackpt.save({"w": torch.randn(64, 16, generator=g), "step": i}, path, step=i)
-    deltackpt.api._OPEN.clear()
     return path
 
 

@@ -22,7 +22,6 @@ def template(tmp_path_factory):
         if i:
             base["w"] = base["w"] + 1e-3 * i  # small moves: delta chunks
         deltackpt.save(base, path, step=i)
-    deltackpt.api._OPEN.clear()
     return path
 
 
@@ -37,7 +36,5 @@ def env(template, tmp_path):
     with open(os.path.join(outside, "canary"), "w") as f:
         f.write("canary")
     before = _snapshot(outside)
-    deltackpt.api._OPEN.clear()
     yield root, outside
-    deltackpt.api._OPEN.clear()
     assert _snapshot(outside) == before, "something outside the repository was written"

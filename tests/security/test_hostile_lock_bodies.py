@@ -43,7 +43,6 @@ def _plant(repo: str, key: str, **fields) -> None:
 @pytest.fixture
 def repo(repo_path):
     deltackpt.save({"w": torch.arange(8.0)}, repo_path, step=1)
-    deltackpt.api._OPEN.clear()
     return repo_path
 
 

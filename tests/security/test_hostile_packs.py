@@ -25,7 +25,6 @@ from ._hostile_env import _keys, _latest, _replace, _rewrite_index
 # --- crafted packs and index files --------------------------------------------------------------
 
 def _expect_all_versions_fail(root: str, exc=(CorruptObjectError, FormatVersionError)) -> None:
-    deltackpt.api._OPEN.clear()
     with pytest.raises(exc):
         deltackpt.load(root, _latest(root))
     assert not deltackpt.Repo(root).verify().ok
@@ -45,7 +44,7 @@ def test_out_of_range_offsets_in_index(env):
     root, _ = env
     _rewrite_index(root, lambda pid, plen, es: [_replace(e, offset=plen - 20) for e in es])
     repo = Repository(root)
-    assert repo.bad_index_files  # the whole file is refused, not half-used
+    assert repo.index.bad_files  # the whole file is refused, not half-used
     _expect_all_versions_fail(root)
 
 
@@ -85,7 +84,6 @@ def test_unknown_codec_id(env):
             data[e.offset + 1] = 200
         open(path, "wb").write(bytes(data))
     _rewrite_index(root, lambda pid, plen, es: [_replace(e, encoding=200) for e in es])
-    deltackpt.api._OPEN.clear()
     with pytest.raises(CorruptObjectError, match="unknown encoding id 200"):
         deltackpt.load(root, _latest(root))
 
@@ -101,7 +99,7 @@ def test_delta_chain_that_loops(env):
         for e in es])
     repo = Repository(root)
     with pytest.raises(CorruptObjectError, match="loops|disagrees with the index"):
-        repo.read_chunk(a)
+        repo.chunks.read_chunk(a)
     assert not deltackpt.Repo(root).verify().ok
 
 
@@ -168,7 +166,6 @@ def test_future_index_version(env):
         data = bytearray(open(path, "rb").read())
         data[6] = 2
         open(path, "wb").write(bytes(data))
-    deltackpt.api._OPEN.clear()
     with pytest.raises(FormatVersionError, match="index/"):
         deltackpt.load(root, _latest(root))
     with pytest.raises(FormatVersionError, match="index/"):

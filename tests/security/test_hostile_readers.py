@@ -42,7 +42,6 @@ def template(tmp_path_factory):
         with torch.no_grad():
             model.weight.add_(0.5)
         deltackpt.save(training_state(model=model, step=step), path, step=step)
-    deltackpt.api._OPEN.clear()
     return path
 
 
@@ -50,7 +49,6 @@ def template(tmp_path_factory):
 def root(template, tmp_path):
     path = str(tmp_path / "repo")
     shutil.copytree(template, path)
-    deltackpt.api._OPEN.clear()
     return path
 
 

@@ -74,7 +74,7 @@ def test_symlinked_pack_is_refused(env):
     """A pack that is a symlink (to valid bytes outside) is refused: load raises a typed error, verify flags it."""
     root, outside = env
     core = Repository(root)
-    pid, _e = core.entry(core.manifest(_latest(root)).blobs[0].chunks[0].chunk_id)  # a pack latest reads
+    pid, _e = core.index.entry(core.manifest(_latest(root)).blobs[0].chunks[0].chunk_id)  # a pack latest reads
     key = f"packs/{pid[:2]}/{pid}"
     _link(root, key, os.path.join(outside, "mirror", key))
     with pytest.raises(StoreError, match="symbolic link"):

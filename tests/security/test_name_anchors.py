@@ -50,9 +50,8 @@ def test_index_naming_a_pack_with_a_final_newline(root):
     key = "index/" + hex_id(bad)
     with open(os.path.join(root, key), "wb") as f:
         f.write(bad)
-    deltackpt.api._OPEN.clear()
     repo = Repository(root)
-    assert key in repo.bad_index_files and "hex id" in repo.bad_index_files[key]
+    assert key in repo.index.bad_files and "hex id" in repo.index.bad_files[key]
     report = deltackpt.Repo(root).verify()
     assert not report.ok and any(p.object == key for p in report.errors)
     rep = probe("cli", root, "verify")
@@ -60,7 +59,6 @@ def test_index_naming_a_pack_with_a_final_newline(root):
     assert deltackpt.load(root)["step"] == 1
     rep = probe("cli", root, "rebuild-index")
     assert rep["rc"] == 0, rep
-    deltackpt.api._OPEN.clear()
     assert deltackpt.Repo(root).verify().ok
 
 

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import deltackpt
-from deltackpt.snapshot import async_save, staging
 from deltackpt.repo.write import encoder_process
 from tests.conftest import ROOT
 
@@ -22,10 +21,10 @@ pytestmark = pytest.mark.skipif(not encoder_process.supported(), reason="needs L
 
 
 @pytest.fixture
-def process_mode(monkeypatch):
-    monkeypatch.setattr(async_save, "BACKGROUND", "process")
-    yield
-    async_save.drain_all()
+def repo(repo_path):
+    """A handle whose background saves run in its encoder process (closed, with the process, after)."""
+    with deltackpt.Repo(repo_path, create=True, background="process") as r:
+        yield r
 
 
 def _state(seed: int) -> dict:
@@ -43,17 +42,18 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(raw(a), raw(b))
 
 
-def test_process_saves_are_bit_identical_and_keep_sharing(repo_path, process_mode):
+def test_process_saves_are_bit_identical_and_keep_sharing(repo_path, repo):
     """Versions written by the encoder process load bit for bit (odd dtypes, NaN, -0.0, 0-d, empty,
     views), views of one storage come back sharing it, and later versions are stored as deltas."""
     states = [_state(s) for s in range(3)]
     for s in states[1:]:  # small drift, so deltas pay
         s["w"].copy_(states[0]["w"] + 1e-3 * torch.randn(64, 32))
     for i, s in enumerate(states):
-        v = deltackpt.save(s, repo_path, step=i, blocking=False).wait()
+        v = repo.save(s, step=i, blocking=False).wait()
         assert v.step == i
-    assert async_save._encoder is not None and async_save._encoder.proc.pid != os.getpid()
-    assert deltackpt.Repo(repo_path).core.delta_cache.used_bytes == 0   # the work happened elsewhere
+    enc = repo.runtime.encoder_started
+    assert enc is not None and enc.proc.pid != os.getpid()
+    assert repo.session.delta_cache.used_bytes == 0   # the work happened elsewhere
     for i, s in enumerate(states):
         out = deltackpt.load(repo_path, f"latest~{2 - i}")
         for k, t in s.items():
@@ -64,16 +64,15 @@ def test_process_saves_are_bit_identical_and_keep_sharing(repo_path, process_mod
     assert deltackpt.Repo(repo_path).verify().ok
 
 
-def test_two_staging_segments_alternate_and_the_lent_one_serves_as_delta_base(repo_path, process_mode):
+def test_two_staging_segments_alternate_and_the_lent_one_serves_as_delta_base(repo_path, repo):
     """Each save's segment stays lent (it is the next save's delta base, so nothing is copied) until
     the next save commits; then it is reused: two segments in all, however many saves."""
-    core = deltackpt.Repo(repo_path, create=True).core
     used = []
     w = torch.randn(256, 256)
     for step in range(5):
         w.add_(1e-4)
-        deltackpt.save({"w": w}, repo_path, step=step, blocking=False).wait()
-        used.append(staging._lent[id(core)].segment.id)
+        repo.save({"w": w}, step=step, blocking=False).wait()
+        used.append(repo.runtime.staging._lent.segment.id)
     assert len(set(used)) == 2 and used[0::2] == [used[0]] * 3 and used[1::2] == [used[1]] * 2
     written = deltackpt.Repo(repo_path).show("latest")["written"]["encodings"]
     # the previous chunk, which the lent segment held, was stored as a reverse delta against this one
@@ -81,69 +80,75 @@ def test_two_staging_segments_alternate_and_the_lent_one_serves_as_delta_base(re
 
 
 @pytest.mark.parametrize("background", ["thread", "process"])
-def test_a_delta_base_is_forgotten_before_its_staging_memory_is_reused(repo_path, monkeypatch, background):
+def test_a_delta_base_is_forgotten_before_its_staging_memory_is_reused(repo_path, background):
     """``b`` is missing from the second save, so its delta base still views the first save's
     staging memory when the third save copies into that memory.  The base must have been dropped
     (``b`` is then a keyframe), or ``b`` would be stored as a delta against its own new bytes."""
-    monkeypatch.setattr(async_save, "BACKGROUND", background)
     a, b = torch.randn(300, 200), torch.randn(200, 300)   # shapes differ: the thread pool hands b its own buffer
-    deltackpt.save({"a": a, "b": b}, repo_path, step=1, blocking=False).wait()
-    deltackpt.save({"a": a + 1}, repo_path, step=2, blocking=False).wait()
     b3 = b + 1e-3
-    deltackpt.save({"a": a, "b": b3}, repo_path, step=3, blocking=False).wait()
-    async_save.drain_all()
+    with deltackpt.Repo(repo_path, create=True, background=background) as repo:
+        repo.save({"a": a, "b": b}, step=1, blocking=False).wait()
+        repo.save({"a": a + 1}, step=2, blocking=False).wait()
+        repo.save({"a": a, "b": b3}, step=3, blocking=False).wait()
     assert torch.equal(deltackpt.load(repo_path)["b"], b3)
     assert deltackpt.Repo(repo_path).verify().ok
 
 
-def test_killed_encoder_fails_the_save_with_a_typed_error_and_the_next_save_restarts_it(repo_path, process_mode):
-    deltackpt.save(_state(0), repo_path, step=0, blocking=False).wait()
-    enc = async_save._encoder
+def test_killed_encoder_fails_the_save_with_a_typed_error_and_the_next_save_restarts_it(repo_path, repo):
+    repo.save(_state(0), step=0, blocking=False).wait()
+    enc = repo.runtime.encoder_started
     os.kill(enc.proc.pid, signal.SIGSTOP)          # frozen, so the kill lands during the next save
-    h = deltackpt.save(_state(1), repo_path, step=1, blocking=False)
+    h = repo.save(_state(1), step=1, blocking=False)
     time.sleep(0.2)
     os.kill(enc.proc.pid, signal.SIGKILL)
     with pytest.raises(encoder_process.EncoderProcessError, match=r"died during the save of step 1"):
         h.wait()
     assert [v.step for v in deltackpt.Repo(repo_path).log()] == [0]
-    v = deltackpt.save(_state(2), repo_path, step=2, blocking=False).wait()
-    assert async_save._encoder.proc.pid != enc.proc.pid and v.step == 2
+    v = repo.save(_state(2), step=2, blocking=False).wait()
+    assert repo.runtime.encoder_started.proc.pid != enc.proc.pid and v.step == 2
     assert deltackpt.Repo(repo_path).verify().ok
 
 
-def test_a_lost_connection_restarts_the_encoder_even_before_the_child_can_be_reaped(repo_path, process_mode):
+def test_a_lost_connection_restarts_the_encoder_even_before_the_child_can_be_reaped(repo_path, repo):
     """A killed child closes its socket a moment before the kernel lets it be reaped, so "is it
     still running" can say yes right after a save saw it die (a loaded machine showed it).  The save
     that lost the connection marks the process; the next save starts a new one.  Simulated with a
     child that is alive but whose connection is gone."""
     import socket
-    deltackpt.save(_state(0), repo_path, step=0, blocking=False).wait()
-    enc = async_save._encoder
+    repo.save(_state(0), step=0, blocking=False).wait()
+    enc = repo.runtime.encoder_started
     enc.sock.shutdown(socket.SHUT_RDWR)
     with pytest.raises(encoder_process.EncoderProcessError, match=r"during the save of step 1"):
-        deltackpt.save(_state(1), repo_path, step=1, blocking=False).wait()
+        repo.save(_state(1), step=1, blocking=False).wait()
     assert enc.proc.poll() is None   # still running: only the mark tells
-    v = deltackpt.save(_state(2), repo_path, step=2, blocking=False).wait()
-    assert async_save._encoder is not enc and v.step == 2
+    v = repo.save(_state(2), step=2, blocking=False).wait()
+    assert repo.runtime.encoder_started is not enc and v.step == 2
+    assert enc.proc.wait(30) is not None   # the marked one was closed, not left behind
     assert deltackpt.Repo(repo_path).verify().ok
 
 
-def test_an_error_in_the_encoder_process_is_raised_in_the_parent_with_its_type(repo_path, process_mode):
+def test_an_error_in_the_encoder_process_is_raised_in_the_parent_with_its_type(repo_path, repo):
     """A tag that already exists is refused at commit, in the child; the parent gets the same
     ConflictError, and the earlier version is untouched."""
-    deltackpt.save(_state(0), repo_path, step=0, tag="warm", blocking=False).wait()
-    h = deltackpt.save(_state(1), repo_path, step=1, tag="warm", blocking=False)
+    repo.save(_state(0), step=0, tag="warm", blocking=False).wait()
+    h = repo.save(_state(1), step=1, tag="warm", blocking=False)
     with pytest.raises(deltackpt.ConflictError, match="warm"):
         h.wait()
     assert [v.step for v in deltackpt.Repo(repo_path).log()] == [0]
 
 
-def test_a_repository_deleted_and_created_again_is_not_confused_with_the_old_one(repo_path, process_mode):
-    deltackpt.save(_state(0), repo_path, step=0, blocking=False).wait()
-    deltackpt.Repo(repo_path).close()
+def test_a_repository_deleted_and_created_again_is_not_confused_with_the_old_one(repo_path):
+    """A handle whose repository was deleted refuses to save (its encoder process is not asked to
+    create it again); a new handle on the new repository saves through a new encoder process."""
     import shutil
-    shutil.rmtree(repo_path)
-    deltackpt.save(_state(1), repo_path, step=1, blocking=False).wait()
+    with deltackpt.Repo(repo_path, create=True, background="process") as repo:
+        repo.save(_state(0), step=0, blocking=False).wait()
+        shutil.rmtree(repo_path)
+        deltackpt.Repo.init(repo_path).close()
+        with pytest.raises(deltackpt.NotARepositoryError, match="another repository replaced"):
+            repo.save(_state(1), step=1, blocking=False).wait()
+    with deltackpt.Repo(repo_path, background="process") as repo:
+        repo.save(_state(1), step=1, blocking=False).wait()
     assert [v.step for v in deltackpt.Repo(repo_path).log()] == [1]
     assert deltackpt.Repo(repo_path).verify().ok
 
@@ -154,24 +159,30 @@ def test_a_save_survives_its_training_process_being_killed(tmp_path):
     repo = str(tmp_path / "repo")
     script = textwrap.dedent(f"""
         import os, signal, time, torch, deltackpt
-        from deltackpt.snapshot import async_save
-        async_save.BACKGROUND = "process"
+        handle = deltackpt.Repo({repo!r}, create=True, background="process")
         state = {{"w": torch.randn(512, 1024), "step": 7}}
-        deltackpt.save(state, {repo!r}, step=1, blocking=False).wait()
+        handle.save(state, step=1, blocking=False).wait()
         state["w"].add_(1)
-        h = deltackpt.save(state, {repo!r}, step=2, blocking=False)
+        h = handle.save(state, step=2, blocking=False)
         torch.save(state, {str(tmp_path / "expected.pt")!r})
-        child = async_save._encoder.proc.pid
+        child = handle.runtime.encoder_started.proc.pid
         locks = os.path.join({repo!r}, "locks")
-        while not any(f"-{{child}}-" in f for f in os.listdir(locks)):   # the child holds a save lock: it has the job
+        deadline = time.monotonic() + 60
+        # the child has the job once it holds a save lock, or once it has even committed it already
+        while not any(f"-{{child}}-" in f for f in os.listdir(locks)) and not h.done():
+            assert time.monotonic() < deadline, "the encoder process never took the save"
             time.sleep(0.001)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     env = {**os.environ, "PYTHONPATH": ROOT}
     proc = subprocess.run([sys.executable, "-c", script], env=env, timeout=120)
     assert proc.returncode == -signal.SIGKILL
+    # a manifest is listed before the ref moves (spec §14): wait for what latest names, not for log()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(deltackpt.Repo(repo).log()) < 2:
+    while time.monotonic() < deadline:
+        head = deltackpt.Repo(repo).latest()
+        if head is not None and head.step == 2:
+            break
         time.sleep(0.1)
     r = deltackpt.Repo(repo)
     assert [v.step for v in r.log()] == [2, 1]
@@ -189,9 +200,9 @@ def test_checkpointer_saves_through_the_encoder_process_when_asked(repo_path):
     for step in range(1, 4):
         w.add_(1e-3)
         ckpt.step({"w": w}, step=step)
+    ckpt.wait()
+    assert ckpt.repo.runtime.staging._lent.segment is not None    # the staging copy is a shared segment
     ckpt.close()
-    core = deltackpt.Repo(repo_path).core
-    assert staging._lent[id(core)].segment is not None    # the staging copy is a shared segment
     assert [v.step for v in deltackpt.Repo(repo_path).log()] == [3, 2, 1]
     assert torch.equal(deltackpt.load(repo_path)["w"], w)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import deltackpt
-from deltackpt.snapshot import async_save, prefault, staging
+from tests.conftest import drain_background
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.fixture(autouse=True)
 def _drained():
     yield
-    async_save.drain_all()
+    drain_background()
     torch.cuda.synchronize()
 
 
@@ -97,10 +97,11 @@ def test_cuda_eager_background_save_stages_into_pinned_memory(repo_path):
     model, opt, one_step = _setup(width=512, depth=2)
     one_step()
     expected = _cpu(model.state_dict())
-    h = deltackpt.save(model.state_dict(), repo_path, step=1, blocking=False)
-    one_step()
-    v = h.wait()
-    assert all(b.is_pinned() for b in staging._lent[id(deltackpt.Repo(repo_path).core)].buffers)
+    with deltackpt.Repo(repo_path, create=True) as repo:
+        h = repo.save(model.state_dict(), step=1, blocking=False)
+        one_step()
+        v = h.wait()
+        assert all(b.is_pinned() for b in repo.runtime.staging._lent.buffers)
     _assert_same(expected, deltackpt.load(repo_path, v.id))
 
 
@@ -110,9 +111,11 @@ def test_cuda_prepare_pins_the_staging_ahead_of_the_first_save(repo_path):
     model, opt, one_step = _setup(width=768, depth=2)
     one_step()
     ckpt = Checkpointer(repo_path, policy=1, snapshot="lazy", optimizer=opt)
-    ckpt.prepare(model.state_dict()).result()
-    fresh = staging._fresh_bytes
+    ckpt.prepare(model.state_dict()).join()
+    pool = ckpt.repo.runtime.staging
+    fresh = pool.fresh_bytes
     ckpt.step(model.state_dict(), step=1).wait()
-    assert staging._fresh_bytes == fresh
-    assert all(b.is_pinned() for b in staging._lent[id(ckpt.repo.core)].buffers)
-    assert prefault._preparing
+    assert pool.fresh_bytes == fresh
+    assert all(b.is_pinned() for b in pool._lent.buffers)
+    assert ckpt.repo.runtime._prefaults
+    ckpt.close()

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import deltackpt
+from tests.conftest import drain_background
 from deltackpt import faults
-from deltackpt.snapshot import async_save
 from deltackpt.training import Checkpointer, training_state
 from tests.strategies import assert_bit_identical, clone_state
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -29,7 +29,7 @@ def slow_copy(monkeypatch):
         monkeypatch.setattr(faults, "ACTIVE", True)
         monkeypatch.setattr(faults, "_counts", {})
     yield arm
-    async_save.drain_all()
+    drain_background()
 
 
 class _Net(torch.nn.Module):
@@ -240,12 +240,12 @@ def test_lazy_save_through_the_encoder_process(repo_path, slow_copy, monkeypatch
     one_step()
     expected = clone_state({"model": model.state_dict(), "opt": opt.state_dict()})
     slow_copy(0.3)
-    h = deltackpt.save({"model": model.state_dict(), "opt": opt.state_dict()}, repo_path, step=1,
-                       blocking=False, optimizer=opt, background="process")
-    one_step()
-    assert_bit_identical(expected, deltackpt.load(repo_path, h.wait().id))
-    from deltackpt.snapshot import staging
-    assert staging._lent[id(deltackpt.Repo(repo_path).core)].segment is not None
+    with deltackpt.Repo(repo_path, create=True) as repo:
+        h = repo.save({"model": model.state_dict(), "opt": opt.state_dict()}, step=1,
+                      blocking=False, optimizer=opt, background="process")
+        one_step()
+        assert_bit_identical(expected, deltackpt.load(repo_path, h.wait().id))
+        assert repo.runtime.staging._lent.segment is not None
 
 
 def test_a_failed_lazy_copy_fails_the_save_not_the_training_step(repo_path, monkeypatch):

@@ -39,7 +39,7 @@ def test_a_background_save_and_the_threads_it_starts_run_idle_and_the_caller_sta
         child.start()
         child.join()
 
-    async_save.run_after(repo.core, job)
+    async_save.run_after(repo.runtime, job)
     _until(lambda: len(seen) == 2)
     assert seen == {"save thread": os.SCHED_IDLE, "its thread": os.SCHED_IDLE}
     assert _policy() == os.SCHED_OTHER
@@ -60,7 +60,7 @@ def test_waiting_for_a_save_boosts_it_back_to_normal_priority(tmp_path):
         _until(lambda: _policy() != os.SCHED_IDLE, 20)
         return seen + [_policy()]
 
-    handle = async_save.run_after(repo.core, job)
+    handle = async_save.run_after(repo.runtime, job)
     assert started.wait(30)
     assert handle.wait() == [os.SCHED_IDLE, os.SCHED_OTHER]
     repo.close()
@@ -77,7 +77,7 @@ def test_a_save_waited_for_by_the_next_one_is_boosted_too(tmp_path):
         _until(lambda: _policy() != os.SCHED_IDLE, 20)
         seen.append(_policy())
 
-    async_save.run_after(repo.core, job)
+    async_save.run_after(repo.runtime, job)
     assert started.wait(30)
     deltackpt.save({"w": torch.ones(10)}, repo, blocking=False).wait()   # drains the job first
     assert seen == [os.SCHED_OTHER]
@@ -90,8 +90,8 @@ def test_a_save_waited_for_before_its_thread_starts_never_runs_idle(tmp_path):
     boost, and on a loaded machine an idle save at exit may never run (the script hung)."""
     repo = deltackpt.Repo(str(tmp_path / "repo"), create=True)
     gate = threading.Event()
-    async_save.run_after(repo.core, gate.wait)              # the save thread is busy
-    queued = async_save.run_after(repo.core, _policy)       # reports its policy when it starts
+    async_save.run_after(repo.runtime, gate.wait)           # the save thread is busy
+    queued = async_save.run_after(repo.runtime, _policy)       # reports its policy when it starts
     waiter = threading.Thread(target=queued.wait)
     waiter.start()
     _until(lambda: queued._waited.is_set())
@@ -101,15 +101,15 @@ def test_a_save_waited_for_before_its_thread_starts_never_runs_idle(tmp_path):
     repo.close()
 
 
-def test_with_idle_off_background_saves_run_at_normal_priority(tmp_path, monkeypatch):
-    monkeypatch.setattr(async_save, "BACKGROUND_IDLE", False)
-    repo = deltackpt.Repo(str(tmp_path / "repo"), create=True)
+def test_with_idle_off_background_saves_run_at_normal_priority(tmp_path):
+    from deltackpt.snapshot.runtime import BackgroundOptions
+    repo = deltackpt.Repo(str(tmp_path / "repo"), create=True, background=BackgroundOptions(idle=False))
     seen: list[int] = []
 
     def job() -> None:
         seen.append(_policy())
 
-    async_save.run_after(repo.core, job)
+    async_save.run_after(repo.runtime, job)
     _until(lambda: seen)
     assert seen == [os.SCHED_OTHER]
     repo.close()
@@ -127,7 +127,7 @@ def test_the_read_pool_never_inherits_idle_priority_from_a_save_thread(tmp_path,
         with materialize.pool() as workers:
             seen.append(workers.submit(_policy).result())
 
-    async_save.run_after(repo.core, job)
+    async_save.run_after(repo.runtime, job)
     _until(lambda: len(seen) == 2)
     assert seen == [os.SCHED_IDLE, os.SCHED_OTHER]
     repo.close()

@@ -9,14 +9,15 @@ import pytest
 import torch
 
 import deltackpt
-from deltackpt.snapshot import async_save, prefault, staging
+from tests.conftest import drain_background
+from deltackpt.snapshot import staging
 from deltackpt.training import Checkpointer
 
 
 @pytest.fixture(autouse=True)
 def _drained():
     yield
-    async_save.drain_all()
+    drain_background()
 
 
 def _state(seed: int, rows: int) -> dict:
@@ -26,52 +27,54 @@ def _state(seed: int, rows: int) -> dict:
     return {"w": w, "tied": w[2:5], "b": torch.randn(rows + 1, generator=g).to(torch.bfloat16), "step": seed}
 
 
-def _pool_ids() -> set[int]:
-    with staging._lock:
-        return {id(t) for ts in staging._staging.values() for t in ts}
+def _pool_ids(repo) -> set[int]:
+    pool = repo.runtime.staging
+    with pool._lock:
+        return {id(t) for ts in pool._buffers.values() for t in ts}
 
 
-def _lent_ids(repo_path: str) -> set[int]:
-    return {id(t) for t in staging._lent[id(deltackpt.Repo(repo_path).core)].buffers}
+def _lent_ids(repo) -> set[int]:
+    return {id(t) for t in repo.runtime.staging._lent.buffers}
 
 
-def _settle_prefault() -> None:
-    """Wait for background pre-faults already queued (one worker: FIFO)."""
-    if prefault._prefaulter is not None:
-        prefault._prefaulter.submit(lambda: None).result()
+def _settle_prefault(repo) -> None:
+    """Wait for the handle's pre-faults started so far."""
+    for t in list(repo.runtime._prefaults.values()):
+        t.join()
 
 
 def test_prepare_faults_in_every_copy_the_saves_then_take(repo_path):
     """After Checkpointer.prepare(state), the first saves allocate no staging memory: they take the
     MAX_IN_FLIGHT + 1 copies prepare faulted in, and keep alternating between them."""
     ckpt = Checkpointer(repo_path, policy=1)
-    fut = ckpt.prepare(_state(0, 97))
-    assert fut is not None
-    fut.result()
-    prepared = _pool_ids()
-    fresh = staging._fresh_bytes
+    thread = ckpt.prepare(_state(0, 97))
+    assert thread is not None
+    thread.join()
+    prepared = _pool_ids(ckpt.repo)
+    fresh = ckpt.repo.runtime.staging.fresh_bytes
     used = []
     for step in range(1, 5):
         ckpt.step(_state(step, 97), step=step).wait()
-        used.append(_lent_ids(repo_path))
-    assert staging._fresh_bytes == fresh                       # nothing allocated on a save's path
+        used.append(_lent_ids(ckpt.repo))
+    assert ckpt.repo.runtime.staging.fresh_bytes == fresh      # nothing allocated on a save's path
     assert all(u <= prepared for u in used) and used[0] != used[1] and used[0] == used[2]
-    assert ckpt.prepare(_state(9, 97)) is fut                  # once per layout
+    assert ckpt.prepare(_state(9, 97)) is thread               # once per layout
+    ckpt.close()
 
 
 def test_first_save_of_a_new_layout_prefaults_the_next_copy(repo_path):
     """Without prepare, the first background save of a layout allocates its staging copy, and
     queues the fault-in of the copy the second save needs (the first one stays lent to the delta
     cache): the second and later saves allocate nothing."""
-    h = deltackpt.save(_state(1, 131), repo_path, step=1, blocking=False)
-    h.wait()
-    _settle_prefault()
-    fresh = staging._fresh_bytes
-    used = [_lent_ids(repo_path)]
-    for step in range(2, 5):
-        deltackpt.save(_state(step, 131), repo_path, step=step, blocking=False).wait()
-        used.append(_lent_ids(repo_path))
-    assert staging._fresh_bytes == fresh
+    with deltackpt.Repo(repo_path, create=True) as repo:
+        repo.save(_state(1, 131), step=1, blocking=False).wait()
+        _settle_prefault(repo)
+        fresh = repo.runtime.staging.fresh_bytes
+        used = [_lent_ids(repo)]
+        for step in range(2, 5):
+            repo.save(_state(step, 131), step=step, blocking=False).wait()
+            used.append(_lent_ids(repo))
+        assert repo.runtime.staging.fresh_bytes == fresh
     assert not used[0] & used[1] and used[0] == used[2] and used[1] == used[3]
 
 
@@ -82,13 +85,14 @@ def test_prepare_for_the_encoder_process_pools_a_faulted_segment(repo_path, monk
     if not encoder_process.supported():
         pytest.skip("no encoder process on this platform")
     ckpt = Checkpointer(repo_path, policy=1, background="process")
-    ckpt.prepare(_state(0, 157)).result()
-    with staging._lock:
-        prepared = {s.id for s in staging._segments}
-    fresh = staging._fresh_bytes
+    ckpt.prepare(_state(0, 157)).join()
+    pool = ckpt.repo.runtime.staging
+    with pool._lock:
+        prepared = {s.id for s in pool._segments}
+    fresh = pool.fresh_bytes
     ckpt.step(_state(1, 157), step=1).wait()
-    assert staging._lent[id(ckpt.repo.core)].segment.id in prepared
-    assert staging._fresh_bytes == fresh
+    assert pool._lent.segment.id in prepared
+    assert pool.fresh_bytes == fresh
     ckpt.close()
 
 
@@ -132,9 +136,10 @@ def test_checkpointer_prepares_at_its_first_step(repo_path):
     the first save, steps later, allocates no staging memory."""
     ckpt = Checkpointer(repo_path, policy=3)
     assert ckpt.step(_state(1, 173), step=1) is None
-    _settle_prefault()
-    fresh = staging._fresh_bytes
+    _settle_prefault(ckpt.repo)
+    fresh = ckpt.repo.runtime.staging.fresh_bytes
     assert ckpt.step(_state(2, 173), step=2) is None
     ckpt.step(_state(3, 173), step=3).wait()
-    assert staging._fresh_bytes == fresh
+    assert ckpt.repo.runtime.staging.fresh_bytes == fresh
+    ckpt.close()
     ckpt.close()

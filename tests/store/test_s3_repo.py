@@ -58,7 +58,6 @@ def test_sigkill_during_upload_leaves_no_version(s3_url, site):
     commits nothing; the repository verifies and the next save works."""
     first = deltackpt.save(_model_state(0), s3_url)
     packs_before = Repo(s3_url).core.store.list("packs/")
-    deltackpt.api._OPEN.clear()
     proc = _child(s3_url, 7, 1, rows=4 * 1024, env={"DELTACKPT_FAULT": site})
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL, err
@@ -127,7 +126,6 @@ def test_committer_whose_refs_lock_was_broken_loses_no_version(s3_url):
     and who commits meanwhile, does not overwrite that version: its If-Match PUT fails, it
     re-parents onto the new head, and history stays linear with both versions."""
     first = deltackpt.save(_model_state(0), s3_url)
-    deltackpt.api._OPEN.clear()
     proc = _child(s3_url, 5, 1, env={"DELTACKPT_FAULT": "ref.write:1:stop"})
     try:
         _wait_stopped(proc)
@@ -156,10 +154,9 @@ def test_layer_restore_fetches_only_its_byte_ranges(s3_url):
     """Loading one layer from S3 issues ranged GETs for that layer's chunks only: the bytes fetched
     from packs are about that layer's stored size, not the whole version's."""
     deltackpt.save(_model_state(5), s3_url)
-    deltackpt.api._OPEN.clear()
     counting = CountingStore(FsspecStore(s3_url, cache_dir=False))
     repo = Repo(counting)
-    repo.core.refresh_index()
+    repo.core.index.refresh()
     m = repo.core.manifest(repo.core.resolve("latest"))
     counting.reset()
     state = repo.load(layers=["encoder"])
@@ -167,8 +164,8 @@ def test_layer_restore_fetches_only_its_byte_ranges(s3_url):
     pack_reads = [k for k in counting.keys_read if k.startswith("packs/")]
     enc_blobs = {t.blob for t in m.tensors if t.name.startswith("encoder.")}
     enc_chunks = [c for b in enc_blobs for c in m.blobs[b].chunks]
-    total = repo.core.stored_size(c.chunk_id for b in m.blobs for c in b.chunks)
-    wanted = repo.core.stored_size(c.chunk_id for c in enc_chunks)
+    total = repo.core.index.stored_size(c.chunk_id for b in m.blobs for c in b.chunks)
+    wanted = repo.core.index.stored_size(c.chunk_id for c in enc_chunks)
     assert 1 <= len(pack_reads) <= len(enc_chunks)  # adjacent chunks share one ranged GET
     assert counting.bytes_read <= wanted + 1024 and wanted < total * 0.6  # + the ref read by "latest"
 
@@ -178,7 +175,6 @@ def test_read_cache_avoids_redownloading_on_rollback(s3_url, tmp_path):
     served from the local read cache (zero pack bytes fetched)."""
     for i in range(2):
         deltackpt.save(_model_state(10 + i), s3_url)
-    deltackpt.api._OPEN.clear()
     store = FsspecStore(s3_url, cache_dir=tmp_path / "cache", cache_bytes=64 << 20)
     repo = Repo(store)
     first = repo.load("latest~1")
@@ -189,6 +185,5 @@ def test_read_cache_avoids_redownloading_on_rollback(s3_url, tmp_path):
     assert_bit_identical(first, again)
     # a new process (a new store over the same cache folder) also finds them
     store2 = FsspecStore(s3_url, cache_dir=tmp_path / "cache", cache_bytes=64 << 20)
-    deltackpt.api._OPEN.clear()
     assert_bit_identical(first, Repo(store2).load("latest~1"))
     assert store2.cache.misses == 0 and store2.cache.bytes_fetched == 0  # index, manifest, chunks: all cached

@@ -34,13 +34,12 @@ def _damage_latest(path: str) -> None:
     """Flip a bit inside the object holding the newest version's first chunk."""
     core = deltackpt.Repo(path).core
     chunk = core.manifest(core.latest()).blobs[0].chunks[0].chunk_id
-    pid, entry = core.entry(chunk)
+    pid, entry = core.index.entry(chunk)
     with open(os.path.join(path, "packs", pid[:2], pid), "r+b") as f:
         f.seek(entry.offset + entry.length - 5)
         b = f.read(1)
         f.seek(entry.offset + entry.length - 5)
         f.write(bytes([b[0] ^ 0x40]))
-    deltackpt.api._OPEN.clear()
 
 
 def test_drill_restores_checks_measures_and_records(repo_path):

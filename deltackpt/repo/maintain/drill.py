@@ -81,9 +81,9 @@ def _restore_and_check(fresh: Repository, blobs: list[Blob], pool: ThreadPoolExe
     """Read every blob into new memory and hash each chunk of it again."""
     for batch in _batches(blobs):
         for b in batch:
-            fresh.check_blob(b)
+            fresh.chunks.check_blob(b)
         buffers = [memoryview(bytearray(b.nbytes)) for b in batch]
-        fresh.read_blobs_into(list(zip(batch, buffers)), pool)
+        fresh.chunks.read_blobs_into(list(zip(batch, buffers)), pool)
         for b, buf in zip(batch, buffers):
             pos = 0
             for c in b.chunks:

@@ -30,6 +30,7 @@ from .. import locks
 from ..layout import INDEX, MANIFESTS, TAGS, pack_key
 from ..repository import Repository
 from ..write.deltify import DEFAULT_LAG, deltify_locked
+from ..write.session import WriteSession
 from . import events, holds
 from .gc_plan import GcPlan, GcReport, plan_gc
 from .retention import Retention
@@ -41,12 +42,21 @@ DEFAULT_GRACE_SECONDS = 600.0
 PLAN_RETRIES = 8
 
 
-def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase: bool = True,
+def run_gc(session: WriteSession, policy: Retention, *, dry_run: bool = False, rebase: bool = True,
            grace_seconds: float = DEFAULT_GRACE_SECONDS, deltify: bool = True) -> GcReport:
+    """Apply ``policy`` to the repository of ``session`` (see the module docstring for the order);
+    ``dry_run``: only estimate.  Rebased chunks are encoded at the session's level, and the
+    deltification at the end remembers what was not worth it in the session.
+
+    Example::
+
+        report = run_gc(WriteSession(Repository("ckpt")), Retention(keep_last=3))
+    """
+    repo, level = session.repo, session.settings.level
     report = GcReport(dry_run=dry_run)
     repo.require_present()
     if dry_run:
-        return _estimate(repo, policy, report, rebase, grace_seconds)
+        return _estimate(repo, policy, report, rebase, grace_seconds, level)
 
     # each step is durable before the next starts (module docstring's order)
     sync = getattr(repo.store, "sync_dir", None)
@@ -56,7 +66,7 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
         restamp()  # a lock taken empty on a full disk gets its holder's name now there is room
 
         new_packs: dict[str, tuple[int, list[PackEntry]]] = {}
-        for data, entries in _repack(repo, p.rewrite, p.to_rebase, p.widths, with_entries=True):
+        for data, entries in _repack(repo, p.rewrite, p.to_rebase, p.widths, level, with_entries=True):
             pid = hex_id(data)
             repo.store.put_atomic(pack_key(pid), data, site="gc.pack")
             new_packs[pid] = (len(data), entries)
@@ -71,26 +81,27 @@ def run_gc(repo: Repository, policy: Retention, *, dry_run: bool = False, rebase
         # net: negative when rebasing deltas into keyframes costs more than the removed versions held
         report.reclaimed_bytes = deleted_bytes - new_bytes + (p.old_bytes - sum(p.packs_on_disk.values())) + \
             index_bytes_saved
-        repo.forget_index()
-        repo.refresh_index()
-        repo.decoded = type(repo.decoded)(repo.decoded.max_bytes)
+        repo.index.forget()
+        repo.index.refresh()
+        repo.chunks.decoded.clear()
         if deltify:
             # what the kept versions still hold whole becomes deltas, leaving the versions the
             # policy keeps only for now (keep_last) as they are: they are next to go
-            d = deltify_locked(repo, lag=max(DEFAULT_LAG, policy.keep_last or 0))
+            d = deltify_locked(session, lag=max(DEFAULT_LAG, policy.keep_last or 0))
             report.chunks_deltified, report.deltified_bytes, report.deltify_freed_bytes = \
                 d.chunks, d.written_bytes, d.freed_bytes
     return report
 
 
-def _estimate(repo: Repository, policy: Retention, report: GcReport, rebase: bool, grace_seconds: float) -> GcReport:
+def _estimate(repo: Repository, policy: Retention, report: GcReport, rebase: bool, grace_seconds: float,
+              level: int) -> GcReport:
     """``gc --dry-run``: a reader: no lock, nothing written (works on a read-only or full
     filesystem); a save running meanwhile can make the estimate stale, never wrong on disk."""
     p = plan_gc(repo, policy, report, rebase, grace_seconds)
     # build the rewritten packs in memory (rebased chunks re-encoded exactly as the real run does)
     # so the reclaimed bytes are the net change the real run makes, growth included
     new_packs = {hex_id(data): (len(data), entries)
-                 for data, entries in _repack(repo, p.rewrite, p.to_rebase, p.widths, with_entries=True)}
+                 for data, entries in _repack(repo, p.rewrite, p.to_rebase, p.widths, level, with_entries=True)}
     new_index = len(index_fmt.encode({**p.keep_packs, **new_packs}))
     report.reclaimed_bytes = (p.old_bytes - sum(p.packs_on_disk.values())) + _index_bytes(repo) - new_index + \
         sum(p.packs_on_disk[pid] for pid in p.doomed) - sum(size for size, _ in new_packs.values())
@@ -177,7 +188,7 @@ def _drop_dead_packs(repo: Repository, p: GcPlan, sync: Any) -> set[str]:
     Returns the packs deleted."""
     dead = set(p.doomed) - {pid for pid, _ in p.rewrite}
     # rebasing a chunk decodes it through its old base chain: keep every pack holding a link of it
-    dead -= {pid for cid in repo.chunk_closure(p.to_rebase) for pid, _ in repo.entries_for(cid)}
+    dead -= {pid for cid in repo.index.chunk_closure(p.to_rebase) for pid, _ in repo.index.entries_for(cid)}
     drop_keys: list[str] = []
     still_named: set[str] = set()
     for key in repo.store.list(INDEX):
@@ -210,15 +221,15 @@ def _index_bytes(repo: Repository) -> int:
 
 
 def _repack(repo: Repository, rewrite: list[tuple[str, list[PackEntry]]], to_rebase: set[bytes],
-            widths: dict[bytes, int], with_entries: bool = False):
+            widths: dict[bytes, int], level: int, with_entries: bool = False):
     """Yield the bytes of the new packs holding the live objects of ``rewrite`` (objects whose
     delta base goes away are re-encoded as keyframes), and their entries when asked."""
     builder = PackBuilder()
     for pid, entries in rewrite:
         for e in entries:
             if e.chunk_id in to_rebase:
-                raw = repo.read_chunk(e.chunk_id)
-                enc = registry.get(registry.BG_ZSTD).encode(raw, ChunkContext("uint8", widths.get(e.chunk_id, 1), 0, repo.level))
+                raw = repo.chunks.read_chunk(e.chunk_id)
+                enc = registry.get(registry.BG_ZSTD).encode(raw, ChunkContext("uint8", widths.get(e.chunk_id, 1), 0, level))
                 codec_id, params, payload = registry.BG_ZSTD, enc.params, enc.payload
                 if len(payload) >= len(raw):
                     # read_chunk returns any bytes-like (a numpy array, lately): bytes to concatenate

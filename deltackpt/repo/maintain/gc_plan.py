@@ -81,10 +81,10 @@ class GcPlan:
 
 def plan_gc(repo: Repository, policy: Retention, report: GcReport, rebase: bool, grace_seconds: float) -> GcPlan:
     """Read the index, manifests and refs and decide what goes (fills ``report``'s kept/removed)."""
-    repo.refresh_index()
-    if repo.bad_index_files:
+    repo.index.refresh()
+    if repo.index.bad_files:
         # the damaged files' packs would look unreferenced and be deleted: refuse instead
-        raise CorruptObjectError(f"{repo.location}: damaged index files {sorted(repo.bad_index_files)}; "
+        raise CorruptObjectError(f"{repo.location}: damaged index files {sorted(repo.index.bad_files)}; "
                                  "run rebuild_index before gc")
     kept = policy.select(repo)
     all_versions = repo.version_ids()
@@ -97,10 +97,10 @@ def plan_gc(repo: Repository, policy: Retention, report: GcReport, rebase: bool,
     # a chunk may be indexed in several packs (concurrent saves, an interrupted gc): use the
     # shallowest copy whose pack exists, and never write an index that drops a chunk a kept
     # version needs
-    by_pack: dict[str, list[PackEntry]] = repo.pack_entries
+    by_pack: dict[str, list[PackEntry]] = repo.index.pack_entries
     # the copy with the shortest real chain among packs that exist (copies.py): recorded depths go
     # stale, and two copies may name each other as bases
-    chosen = repo.resolve_copies(packs_on_disk.__contains__).best
+    chosen = repo.index.resolve_copies(packs_on_disk.__contains__).best
     live, to_rebase = _live_set(repo, kept, direct, chosen, rebase)
     report.bases_kept = len(live - direct)
     report.chunks_rebased = len(to_rebase)

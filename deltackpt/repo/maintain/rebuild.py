@@ -62,6 +62,6 @@ def rebuild_index(repo: Repository) -> RebuildReport:
         repo.store.sync_dir(INDEX, site="rebuild.dir") if hasattr(repo.store, "sync_dir") else None
         report.packs_indexed = len(packs)
         report.chunks_indexed = sum(len(entries) for _, entries in packs.values())
-        repo.forget_index()
-        repo.refresh_index()
+        repo.index.forget()
+        repo.index.refresh()
     return report

@@ -61,8 +61,8 @@ class VerifyReport:
 def run_verify(repo: Repository, *, read_data: bool = True,
                progress: Callable[[int, int], None] | None = None) -> VerifyReport:
     report = VerifyReport()
-    repo.refresh_index()
-    repo.decoded = type(repo.decoded)(repo.decoded.max_bytes)  # decode everything afresh
+    repo.index.refresh()
+    repo.chunks.decoded.clear()  # decode everything afresh
     manifests = _check_manifests(repo, report)
     _check_refs(repo, manifests, report)
     _check_blob_lengths(repo, manifests, report)
@@ -108,7 +108,7 @@ def _check_blob_lengths(repo: Repository, manifests: dict, report: VerifyReport)
     a version load refuses)."""
     for vid, m in manifests.items():
         for b, blob in enumerate(m.blobs):
-            why = repo.blob_mismatch(blob)
+            why = repo.chunks.blob_mismatch(blob)
             if why is not None:
                 report.errors.append(Problem(MANIFESTS + vid, f"blob {b}: {why}", [vid]))
 
@@ -119,7 +119,7 @@ def _check_packs(repo: Repository, manifests: dict, report: VerifyReport) -> dic
     users = _users(repo, manifests)
     bad_packs: dict[str, str] = {}
     packs_on_disk = {k.rsplit("/", 1)[-1] for k in repo.store.list(PACKS)}
-    indexed_packs = set(repo.pack_entries)
+    indexed_packs = set(repo.index.pack_entries)
     for pid in sorted(packs_on_disk | indexed_packs):
         try:
             packfile.check(repo.store, pid)  # streamed: a pack is never held whole
@@ -134,14 +134,14 @@ def _check_packs(repo: Repository, manifests: dict, report: VerifyReport) -> dic
     if any(why == "pack file is missing" for why in bad_packs.values()):
         # a save dropping the keyframes its reverse deltas replaced (or a gc) may have removed it
         # since we listed: only a pack the index still names is missing
-        repo.refresh_index()
-        indexed_packs = set(repo.pack_entries)
+        repo.index.refresh()
+        indexed_packs = set(repo.index.pack_entries)
         bad_packs = {pid: why for pid, why in bad_packs.items() if pid in indexed_packs or why != "pack file is missing"}
         users = _users(repo, manifests)
-    sound = lambda cid: any(p not in bad_packs and p in packs_on_disk for p, _ in repo.entries_for(cid))  # noqa: E731
+    sound = lambda cid: any(p not in bad_packs and p in packs_on_disk for p, _ in repo.index.entries_for(cid))  # noqa: E731
     for pid, why in bad_packs.items():
         # a chunk also stored in a sound pack (a later save wrote it again) costs no version
-        affected = sorted({v for cid, p, _ in repo.index_items(all_copies=True) if p == pid and not sound(cid)
+        affected = sorted({v for cid, p, _ in repo.index.items(all_copies=True) if p == pid and not sound(cid)
                            for v in users.get(cid, ())})
         if affected or pid in indexed_packs:
             report.errors.append(Problem(pack_key(pid), why, affected))
@@ -152,8 +152,8 @@ def _check_packs(repo: Repository, manifests: dict, report: VerifyReport) -> dic
 
 def _check_index_files(repo: Repository, users: dict[bytes, set[str]], report: VerifyReport) -> None:
     """An unreadable index file costs every version that needs a chunk no readable index names."""
-    unindexed = {v for cid, vs in users.items() if not repo.has_chunk(cid) for v in vs}
-    for key, why in sorted(repo.bad_index_files.items()):
+    unindexed = {v for cid, vs in users.items() if not repo.index.has_chunk(cid) for v in vs}
+    for key, why in sorted(repo.index.bad_files.items()):
         report.errors.append(Problem(key, f"{why} (rebuild_index restores it from the packs)", sorted(unindexed)))
 
 
@@ -165,17 +165,17 @@ def _check_chunks(repo: Repository, users: dict[bytes, set[str]], report: Verify
     for i, cid in enumerate(needed):
         if progress:
             progress(i, len(needed))
-        if not repo.has_chunk(cid):
+        if not repo.index.has_chunk(cid):
             report.errors.append(Problem(f"chunk {cid.hex()}", "not in the index", sorted(users[cid])))
             continue
         if not read_data:
             try:  # without decoding, still what load refuses first: an encoding no codec owns
-                registry.get(repo.entry(cid)[1].encoding)
+                registry.get(repo.index.entry(cid)[1].encoding)
             except DeltackptError as exc:
                 report.errors.append(Problem(f"chunk {cid.hex()}", str(exc), sorted(users[cid])))
             continue
         try:
-            repo.read_chunk(cid)
+            repo.chunks.read_chunk(cid)
             report.chunks_checked += 1
         except DeltackptError as exc:
             report.errors.append(Problem(f"chunk {cid.hex()}", str(exc), sorted(users[cid])))
@@ -208,7 +208,7 @@ def _users(repo: Repository, manifests: dict) -> dict[bytes, set[str]]:
                     if vid in s:
                         break
                     s.add(vid)
-                    cur = repo.entry(cur)[1].base if repo.has_chunk(cur) else None
+                    cur = repo.index.entry(cur)[1].base if repo.index.has_chunk(cur) else None
                     hops += 1
     return users
 

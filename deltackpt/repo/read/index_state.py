@@ -1,39 +1,57 @@
 """The repository's index in memory: every indexed copy of every chunk, loaded from the index
-files, and which copy to read (copies.py).  A mixin of :class:`~deltackpt.repo.repository.Repository`:
-it uses the repository's store, lock and location."""
+files, and which copy to read (copies.py).  A :class:`~deltackpt.repo.repository.Repository` holds
+one :class:`Index` (``repo.index``); the chunk reader reads through it.
+
+Example::
+
+    index = Index(store, "ckpt")
+    index.refresh()
+    pack_id, entry = index.entry(chunk_id)
+"""
 
 from __future__ import annotations
 
+import threading
 from typing import Iterable
 
 from ...errors import CorruptObjectError, DeltackptError, ObjectNotFoundError
 from ...format import index as index_fmt
 from ...format.limits import MAX_INDEX_BYTES
 from ...format.pack import PackEntry
+from ...store.base import Store
 from ..layout import INDEX
 from .copies import Copy, Resolution, resolve
 
 
-class IndexState:
-    _copies: dict[bytes, list[Copy]]
-    _resolution: Resolution | None
-    _index_files: set[str]
-    index_file_packs: dict[str, set[str]]
-    pack_entries: dict[str, list[PackEntry]]
-    bad_index_files: dict[str, str]
+class Index:
+    """Every indexed copy of every chunk of one repository, as loaded from its index files.
 
-    def refresh_index(self) -> None:
+    Thread-safe: the save's encoder threads and a load's decode threads consult it while a refresh
+    may add to it."""
+
+    def __init__(self, store: Store, location: str) -> None:
+        self.store, self.location = store, location
+        self._lock = threading.RLock()
+        # every indexed copy of every chunk, in index order; which one to read is computed (copies.py)
+        self.copies: dict[bytes, list[Copy]] = {}
+        self._resolution: Resolution | None = None
+        self._files: set[str] = set()
+        self.file_packs: dict[str, set[str]] = {}  # index key -> the packs it names
+        self.pack_entries: dict[str, list[PackEntry]] = {}  # pack id -> its indexed entries
+        self.bad_files: dict[str, str] = {}  # index key -> why it was skipped
+
+    def refresh(self) -> None:
         """Load index files written since the last refresh (by this or another process)."""
         with self._lock:
             for attempt in range(5):
                 keys = self.store.list(INDEX)
                 current = set(keys)
-                if not self._index_files <= current:
+                if not self._files <= current:
                     # gc (or a save dropping superseded keyframes) replaced index files: start over
-                    self.forget_index()
+                    self.forget()
                 try:
                     for key in keys:
-                        if key in self._index_files:
+                        if key in self._files:
                             continue
                         try:
                             packs = index_fmt.decode(self.store.get_bounded(key, MAX_INDEX_BYTES), what=key)
@@ -42,26 +60,26 @@ class IndexState:
                             # chunks read as missing (typed errors), verify names the versions, and
                             # rebuild_index() restores the entries from the packs.  A version byte
                             # this reader does not know is no damage: FormatVersionError propagates
-                            self.bad_index_files[key] = str(exc)
-                            self._index_files.add(key)
+                            self.bad_files[key] = str(exc)
+                            self._files.add(key)
                             continue
                         for pid, (_plen, entries) in packs.items():
-                            self.add_index_entries(pid, entries)
-                        self.note_index_file(key, packs)
+                            self.add_entries(pid, entries)
+                        self.note_file(key, packs)
                     return
                 except (ObjectNotFoundError, FileNotFoundError):
                     continue  # an index file vanished under us (gc): list again
             raise DeltackptError(f"{self.location}: index kept changing while loading; retry")
 
-    def forget_index(self) -> None:
+    def forget(self) -> None:
         """Drop everything loaded from index files (the next refresh reads them all again)."""
         with self._lock:
-            self._copies.clear()
+            self.copies.clear()
             self._resolution = None
-            self._index_files.clear()
-            self.index_file_packs.clear()
+            self._files.clear()
+            self.file_packs.clear()
             self.pack_entries.clear()
-            self.bad_index_files.clear()
+            self.bad_files.clear()
 
     @property
     def resolution(self) -> Resolution:
@@ -71,30 +89,30 @@ class IndexState:
             with self._lock:
                 res = self._resolution
                 if res is None:
-                    res = self._resolution = resolve(self._copies)
+                    res = self._resolution = resolve(self.copies)
         return res
 
     def has_chunk(self, cid: bytes) -> bool:
-        return cid in self._copies
+        return cid in self.copies
 
     def entry(self, cid: bytes) -> tuple[str, PackEntry]:
         """The copy of ``cid`` to read (the first indexed one when no copy's chain resolves)."""
         best = self.resolution.best.get(cid)
         if best is not None:
             return best
-        copies = self._copies.get(cid)
+        copies = self.copies.get(cid)
         if copies:
             return copies[0]
-        hint = f"; damaged index files: {sorted(self.bad_index_files)} (run rebuild_index)" if self.bad_index_files else ""
+        hint = f"; damaged index files: {sorted(self.bad_files)} (run rebuild_index)" if self.bad_files else ""
         raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file){hint}")
 
-    def add_index_entries(self, pack_id: str, entries: Iterable[PackEntry]) -> None:
+    def add_entries(self, pack_id: str, entries: Iterable[PackEntry]) -> None:
         """Index a pack's entries (a chunk indexed twice in one pack counts once)."""
         with self._lock:
             known = self.pack_entries.setdefault(pack_id, [])
             fresh = not known
             for e in entries:
-                copies = self._copies.setdefault(e.chunk_id, [])
+                copies = self.copies.setdefault(e.chunk_id, [])
                 if not fresh and any(p == pack_id for p, _ in copies):
                     continue
                 copies.append((pack_id, e))
@@ -103,7 +121,7 @@ class IndexState:
 
     def entries_for(self, cid: bytes) -> list[tuple[str, PackEntry]]:
         """Every known copy of a chunk, the one with the shortest real chain first."""
-        copies = self._copies.get(cid)
+        copies = self.copies.get(cid)
         if not copies:
             return []
         return copies if len(copies) == 1 else self.resolution.order(copies)
@@ -113,45 +131,45 @@ class IndexState:
         chain does not resolve."""
         return self.resolution.depth.get(cid)
 
-    def note_index_file(self, key: str, packs: Iterable[str] = ()) -> None:
-        self._index_files.add(key)
-        self.index_file_packs[key] = set(packs)
+    def note_file(self, key: str, packs: Iterable[str] = ()) -> None:
+        self._files.add(key)
+        self.file_packs[key] = set(packs)
 
-    def replace_index_files(self, removed: Iterable[str], added: dict[str, dict]) -> None:
+    def replace_files(self, removed: Iterable[str], added: dict[str, dict]) -> None:
         """Mirror in memory what a writer just did on disk: index files ``removed`` are gone (and
         with them every pack only they named), the files in ``added`` ({key: {pack id: (pack length,
         entries)}}) are new."""
         with self._lock:
             gone: set[str] = set()
             for key in removed:
-                gone |= self.index_file_packs.pop(key, set())
-                self._index_files.discard(key)
-            still = set().union(*self.index_file_packs.values(), *(set(p) for p in added.values()))
+                gone |= self.file_packs.pop(key, set())
+                self._files.discard(key)
+            still = set().union(*self.file_packs.values(), *(set(p) for p in added.values()))
             for pid in gone - still:
                 for e in self.pack_entries.pop(pid, ()):
-                    copies = [c for c in self._copies.get(e.chunk_id, ()) if c[0] != pid]
+                    copies = [c for c in self.copies.get(e.chunk_id, ()) if c[0] != pid]
                     if copies:
-                        self._copies[e.chunk_id] = copies
+                        self.copies[e.chunk_id] = copies
                     else:
-                        self._copies.pop(e.chunk_id, None)
+                        self.copies.pop(e.chunk_id, None)
             for key, packs in added.items():
                 for pid, (_plen, entries) in packs.items():
                     if pid not in self.pack_entries:
-                        self.add_index_entries(pid, entries)
-                self.note_index_file(key, packs)
+                        self.add_entries(pid, entries)
+                self.note_file(key, packs)
             self._resolution = None
 
     def resolve_copies(self, usable=None, extra=()) -> Resolution:
         """The copy choice (copies.resolve) over a subset of packs, taken while no other thread of
         this process changes the index."""
         with self._lock:
-            return resolve(self._copies, usable, extra)
+            return resolve(self.copies, usable, extra)
 
-    def index_items(self, *, all_copies: bool = False) -> list[tuple[bytes, str, PackEntry]]:
+    def items(self, *, all_copies: bool = False) -> list[tuple[bytes, str, PackEntry]]:
         """(chunk id, pack id, entry) for the copy of each chunk to read, or for every copy."""
         if all_copies:
-            return [(cid, pid, e) for cid, cps in self._copies.items() for pid, e in cps]
-        return [(cid, *self.entry(cid)) for cid in self._copies]
+            return [(cid, pid, e) for cid, cps in self.copies.items() for pid, e in cps]
+        return [(cid, *self.entry(cid)) for cid in self.copies]
 
 
     def chunk_closure(self, chunk_ids: Iterable[bytes]) -> set[bytes]:
@@ -161,9 +179,9 @@ class IndexState:
             cur: bytes | None = cid
             while cur is not None and cur not in out:
                 out.add(cur)
-                cur = self.entry(cur)[1].base if cur in self._copies else None
+                cur = self.entry(cur)[1].base if cur in self.copies else None
         return out
 
     def stored_size(self, chunk_ids: Iterable[bytes]) -> int:
-        return sum(self.entry(c)[1].length for c in chunk_ids if c in self._copies)
+        return sum(self.entry(c)[1].length for c in chunk_ids if c in self.copies)
 

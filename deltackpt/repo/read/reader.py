@@ -14,7 +14,9 @@ from ...format.limits import MAX_CHAIN_DEPTH
 from ...format.manifest import Blob
 from ...format.pack import PackEntry
 from ..layout import pack_key
+from ...store.base import Store
 from .copies import PackGone
+from .index_state import Index
 from .live import rehydrate
 
 
@@ -43,6 +45,11 @@ class DecodedCache:
                 self._items.move_to_end(cid)
             return data
 
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
     def put(self, cid: bytes, data: bytes) -> None:
         if len(data) > self.max_bytes // 4:
             return
@@ -57,8 +64,21 @@ class DecodedCache:
 
 
 class ChunkReader:
-    """The read path of :class:`~deltackpt.repo.repository.Repository` (a mixin: it uses the
-    repository's store, index and decoded-chunk cache)."""
+    """The read path of a repository (``repo.chunks``): objects fetched from packs through the
+    index, delta chains walked and checked link by link, blobs decoded into their destinations.
+
+    Example::
+
+        reader = ChunkReader(store, index, DecodedCache(256 << 20))
+        data = reader.read_chunk(chunk_id)
+    """
+
+    def __init__(self, store: Store, index: Index, decoded: DecodedCache) -> None:
+        self.store, self.index, self.decoded = store, index, decoded
+
+    def entries_for(self, cid: bytes) -> list[tuple[str, PackEntry]]:
+        """Every indexed copy of ``cid``, the best first (what live rollback reads through)."""
+        return self.index.entries_for(cid)
 
     def read_object(self, pack_id: str, e: PackEntry) -> objects.EncodedObject:
         try:
@@ -97,7 +117,7 @@ class ChunkReader:
                     raise
                 # gc may have repacked (and rebased) this chunk since our index was loaded: look again
                 refreshed = True
-                self.refresh_index()
+                self.index.refresh()
             except CorruptObjectError as exc:
                 bad = getattr(exc, "bad_copy", None)
                 if bad is None or bad in avoid or len(avoid) >= MAX_COPIES_TRIED:
@@ -109,7 +129,7 @@ class ChunkReader:
                ) -> tuple[str, PackEntry, objects.EncodedObject]:
         """Read one stored copy of a chunk's object (not one in ``avoid``), trying other copies
         when a pack is gone or an object's header is damaged."""
-        copies = [(pid, e) for pid, e in self.entries_for(cid) if (pid, e.offset) not in avoid]
+        copies = [(pid, e) for pid, e in self.index.entries_for(cid) if (pid, e.offset) not in avoid]
         if not copies:
             raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file)")
         damaged: CorruptObjectError | None = None
@@ -187,7 +207,7 @@ class ChunkReader:
         allocates ``blob.nbytes`` (a hostile manifest may declare a terabyte over tiny chunks).
         Load runs it on every blob it reads, verify on every blob of every version."""
         for c in blob.chunks:
-            self.entry(c.chunk_id)  # raises, naming the chunk, when it is not indexed
+            self.index.entry(c.chunk_id)  # raises, naming the chunk, when it is not indexed
         why = self.blob_mismatch(blob)
         if why is not None:
             raise CorruptObjectError(why)
@@ -196,7 +216,7 @@ class ChunkReader:
         """Why the index disagrees with the manifest about a blob's chunk lengths, or None; a chunk
         the index lacks is no mismatch here (verify reports it as missing, load via check_blob)."""
         for c in blob.chunks:
-            copies = self.entries_for(c.chunk_id)
+            copies = self.index.entries_for(c.chunk_id)
             if copies and copies[0][1].raw_len != c.raw_len:
                 return f"chunk {c.chunk_id.hex()}: manifest says {c.raw_len} bytes, the index {copies[0][1].raw_len}"
         return None
@@ -274,7 +294,7 @@ class ChunkReader:
         tasks: list[list] = []
         for job in jobs:
             cid = job[1]
-            copies = self.entries_for(cid) if self.decoded.get(cid) is None else []
+            copies = self.index.entries_for(cid) if self.decoded.get(cid) is None else []
             if copies:
                 pid, e = copies[0]
                 placed.append((pid, e.offset, job, e))

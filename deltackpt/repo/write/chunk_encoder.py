@@ -4,7 +4,8 @@ head.py decides).  Runs on the saver's encoder threads; the saver packs the resu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import threading
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -12,10 +13,12 @@ import numpy as np
 from ...codecs.base import ChunkContext
 from ...codecs.floats import max_abs_err
 from ...codecs.pipeline import BaseChunk, encode_chunk
+from ...errors import DeltackptError
 from ...format.ids import digest
 from ...format.objects import EncodedObject
 from ..delta_cache import ChunkMemo, next_star_base
 from ..repository import Repository
+from .session import WriteSession
 from .head import delta_budget, encode_changed, stays_whole
 from .packer import Packer
 from .presence import ChunkPresence
@@ -38,10 +41,16 @@ class ChunkResult:
 class SaveContext:
     """One save's writers and dedup answers, shared by its encoder threads."""
 
-    repo: Repository
+    session: WriteSession
     present: ChunkPresence      # dedup only against chunks whose packs exist (presence.py)
     packer: Packer             # the save's objects
     head: bool = False         # delta_base "child": lossless chunks follow head.py
+    bases_read: int = 0        # bytes of delta bases read back from the repository (not kept in memory)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def repo(self) -> Repository:
+        return self.session.repo
 
     def known(self, cid: bytes) -> bool:
         return cid in self.packer.pending or self.present.usable(cid)
@@ -55,8 +64,21 @@ class SaveContext:
 
     def depth(self, cid: bytes, recorded: int) -> int:
         """The real chain length of an indexed chunk (recorded depths go stale in format 2)."""
-        d = self.repo.chain_depth(cid)
+        d = self.repo.index.chain_depth(cid)
         return recorded if d is None else d
+
+    def with_data(self, memo: ChunkMemo | None) -> ChunkMemo | None:
+        """``memo`` with its bytes, read from the repository when the handle did not keep them
+        (bases.py); None when they cannot be read (the chunk is then written whole)."""
+        if memo is None or memo.data is not None:
+            return memo
+        try:
+            data = self.repo.chunks.read_chunk(memo.chunk_id)
+        except DeltackptError:
+            return None
+        with self._lock:   # encoder threads count it concurrently
+            self.bases_read += memo.raw_len
+        return replace(memo, data=bytes(memoryview(data).cast("B")))
 
 
 def encode_one(sv: SaveContext, raw: memoryview | bytes, ctx: ChunkContext, memo: ChunkMemo | None, mode: str,
@@ -72,28 +94,31 @@ def encode_one(sv: SaveContext, raw: memoryview | bytes, ctx: ChunkContext, memo
         np.copyto(copy_to, np.frombuffer(raw, dtype=np.uint8))
         data = memoryview(copy_to)
     src = digest(data)
-    repo, known, present = sv.repo, sv.known, sv.present
+    settings, known, present = sv.session.settings, sv.known, sv.present
     if sv.head and mode == "lossless":
         return encode_head(sv, data, src, ctx, memo, owner)
     depth_of = lambda cid: sv.depth(cid, getattr(present.entry(cid), "depth", 0))  # noqa: E731 - 0 when written by this save
     # lossless deltas against the position's last keyframe (a star) rather than the parent
-    star = mode == "lossless" and repo.config.delta_base == "keyframe"
+    star = mode == "lossless" and settings.delta_base == "keyframe"
     if mode == "lossless":
         if known(src):
             r = ChunkResult(src, len(data), None, 0, None, depth_of(src), 0.0, False)
             stored = ChunkMemo(src, data, r.depth, src, owner=owner)
             return r, next_star_base(memo, stored, None) if star else stored
-    elif memo is not None and memo.source_id == src and known(memo.chunk_id):
+    elif memo is not None and memo.data is not None and memo.source_id == src and known(memo.chunk_id):
         # unchanged since the last lossy save: reuse what was stored (maybe the input itself), with its error
         err = max_abs_err(memo.data, data, ctx.dtype) if memo.chunk_id != src else 0.0
         return ChunkResult(memo.chunk_id, len(data), None, 0, None, memo.depth, err, memo.chunk_id != src), memo
     base = None
     entry = present.entry(memo.chunk_id) if memo is not None else None  # never a base whose pack is gone
-    if (memo is not None and entry is not None and len(memo.data) == len(data)
-            and (not star or memo.age < repo.config.keyframe_interval)):
+    if (memo is not None and entry is not None and memo.size == len(data)
+            and (not star or memo.age < settings.keyframe_interval)):
+        memo = sv.with_data(memo)
+    if memo is not None and entry is not None and memo.data is not None and memo.size == len(data) \
+            and (not star or memo.age < settings.keyframe_interval):
         base = BaseChunk(memo.chunk_id, memo.data, sv.depth(memo.chunk_id, entry.depth), entry.length)
     prefer = memo.winner if memo is not None and base is not None else None
-    choice = encode_chunk(data, ctx, mode=mode, base=base, keyframe_interval=repo.config.keyframe_interval,
+    choice = encode_chunk(data, ctx, mode=mode, base=base, keyframe_interval=settings.keyframe_interval,
                           prefer=prefer)
     recon = choice.encoded.recon
     cid = src if recon is None else digest(recon)
@@ -120,7 +145,7 @@ def encode_head(sv: SaveContext, data, src: bytes, ctx: ChunkContext, memo: Chun
     """A lossless chunk of the newest version (``delta_base = "child"``, head.py): reused when it is
     stored whole (or unchanged at its position), else a forward delta when small next to the
     position's keyframe, else a keyframe."""
-    unchanged = memo is not None and memo.chunk_id == src and len(memo.data) == len(data)
+    unchanged = memo is not None and memo.chunk_id == src and memo.size == len(data)
     if unchanged and sv.known(src):
         r = ChunkResult(src, len(data), None, 0, None, memo.depth, 0.0, False)
         return r, replace(memo, data=data, owner=owner)
@@ -129,37 +154,41 @@ def encode_head(sv: SaveContext, data, src: bytes, ctx: ChunkContext, memo: Chun
         size = e.length if e is not None else 0
         return (ChunkResult(src, len(data), None, 0, None, 0, 0.0, False),
                 ChunkMemo(src, data, 0, src, owner=owner, anchor_bytes=size))
+    known_dense = memo is not None and memo.dense and memo.data is None
+    if not known_dense:   # a dense position's bytes are not worth reading back: it is written whole
+        memo = sv.with_data(memo)
     base, budget = _head_base(sv, memo, len(data))
     overhead = 12 + 24  # object header and the base id in its parameters
     chosen = encode_changed(data, ctx, base, budget, prefer=memo.winner if memo is not None else None,
                             probe=memo is not None and memo.dense, overhead=overhead)
-    choice, dense = chosen.encoding, chosen.dense
+    choice, dense = chosen.encoding, chosen.dense or known_dense
     params = dict(choice.encoded.params)
     base_id = choice.base.chunk_id if choice.base is not None else None
     if base_id is not None:
         params["base"] = base_id
     head = EncodedObject(choice.encoding, len(data), params, b"").head()
     size = len(head) + len(choice.encoded.payload)
-    lasting = base_id is None and stays_whole(chosen.delta_fraction, len(data), size)
+    lasting = base_id is None and (stays_whole(chosen.delta_fraction, len(data), size)
+                                   or (known_dense and memo is not None and memo.lasting))
     r = ChunkResult(src, len(data), [head, choice.encoded.payload], choice.encoding, base_id, choice.depth, 0.0, False,
                     lasting)
     if base_id is not None:
         assert memo is not None
         return r, ChunkMemo(src, data, choice.depth, src, winner=choice.encoding, owner=owner,
                             anchor_bytes=memo.anchor_bytes, chain_bytes=memo.chain_bytes + size)
-    return r, ChunkMemo(src, data, 0, src, owner=owner, anchor_bytes=size, dense=dense,
+    return r, ChunkMemo(src, data, 0, src, owner=owner, anchor_bytes=size, dense=dense, lasting=lasting,
                         winner=memo.winner if memo is not None else None)
 
 
 def _head_base(sv: SaveContext, memo: ChunkMemo | None, n: int) -> tuple[BaseChunk | None, int]:
     """The position's previous chunk as a forward delta's base, and the stored bytes the delta may
     take (head.py's budget); (None, 0) when a keyframe must be written."""
-    if memo is None or len(memo.data) != n or memo.anchor_bytes <= 0:
+    if memo is None or memo.data is None or len(memo.data) != n or memo.anchor_bytes <= 0:
         return None, 0
     entry = sv.present.entry(memo.chunk_id)  # never a base whose pack is gone
     if entry is None:
         return None, 0
     depth = sv.depth(memo.chunk_id, entry.depth)
-    if depth + 1 > sv.repo.config.keyframe_interval:
+    if depth + 1 > sv.session.settings.keyframe_interval:
         return None, 0
     return BaseChunk(memo.chunk_id, memo.data, depth, entry.length), delta_budget(memo.anchor_bytes, memo.chain_bytes)

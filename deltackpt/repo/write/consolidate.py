@@ -30,12 +30,12 @@ MAX_INDEX_FILES = 16
 
 def consolidate(repo: Repository, *, max_files: int = MAX_INDEX_FILES) -> int:
     """Merge the small index files when there are more than ``max_files``; returns how many went."""
-    if len(repo.index_file_packs) <= max_files:
+    if len(repo.index.file_packs) <= max_files:
         return 0
     store = repo.store
     with locks.refs_lock(store):
-        repo.refresh_index()
-        keys = sorted(k for k in repo.index_file_packs if k not in repo.bad_index_files)
+        repo.index.refresh()
+        keys = sorted(k for k in repo.index.file_packs if k not in repo.index.bad_files)
         if len(keys) <= max_files:
             return 0
         sizes = {k: store.size(k) for k in keys}
@@ -58,5 +58,5 @@ def consolidate(repo: Repository, *, max_files: int = MAX_INDEX_FILES) -> int:
         sync = getattr(store, "sync_dir", None)
         if sync is not None:
             sync(INDEX, site="consolidate.dir")
-        repo.replace_index_files(gone, {new_key: merged})
+        repo.index.replace_files(gone, {new_key: merged})
     return len(gone)

@@ -17,8 +17,8 @@ period's rows); only when that is no smaller is the keyframe re-stored alone.
 What it is worth: a delta must be at most ``KEEP_IF_ABOVE`` of what it replaces, and it is written
 only when every pack it frees ends at least half redundant (supersede.py rewrites a pack at that
 fraction: each byte a rewrite copies then frees at least one); the rest waits until more of its
-pack is redundant.  What a run found not worth it is remembered on the repository handle, so the
-background steps after each save do not encode it again.
+pack is redundant.  What a run found not worth it is remembered in the write session
+(:class:`~.session.WriteSession`), so the steps after each save do not encode it again.
 
 What it never touches: the ``lag`` newest versions (by default the newest alone, so a repository
 keeps about format 2's bytes; a ``keep_last`` policy raises it to the versions it is about to drop),
@@ -26,9 +26,9 @@ and any chunk their chains need, so the newest version stays one keyframe plus a
 delta per chunk.  A keyframe keeps its form when the delta would not be small enough or when chains
 through it would grow past the keyframe interval (a *retained* keyframe, as in format 2).
 
-When it runs: after saves, in the background at idle priority, a bounded step at a time
-(background.py); at the end of gc; and on request (``Repo.deltify``, ``deltackpt deltify``).  A
-process that never runs it still has a correct repository, only a larger one.
+When it runs: after each save commits, one bounded step in the thread that saved (saver.py), so it
+never outlives the save; at the end of gc; and on request (``Repo.deltify``, ``deltackpt
+deltify``).  A process that never runs it still has a correct repository, only a larger one.
 
 Crash safety is supersede.py's order: new objects, then an index naming them, then (under the refs
 lock) index files rewritten without the dropped packs, then the packs deleted.  It runs under a
@@ -50,6 +50,7 @@ from ...format.objects import EncodedObject
 from .. import locks
 from ..layout import DEFAULT_DELTIFY_LAG
 from ..repository import Repository
+from .session import WriteSession
 from .head import DELTA_CODECS, KEEP_WHOLE_ABOVE
 from .packer import Packer
 from .deltify_plan import Candidate, PackLedger, group_periods, period_key, plan, worth_it
@@ -57,7 +58,7 @@ from .supersede import REWRITE_DEAD_FRACTION, drop_superseded
 
 #: the newest versions left as saved (latest)
 DEFAULT_LAG = DEFAULT_DELTIFY_LAG
-#: replaced bytes after which a background step only finishes the packs it began
+#: replaced bytes after which the step after a save only finishes the packs it began
 STEP_BYTES = 256 << 20
 #: a reverse delta replaces a keyframe only when at most this fraction of its size (saves head.py
 #: writes keyframes predicted to stay whole by the same figure apart)
@@ -85,7 +86,7 @@ class DeltifyReport:
                 "encodings": self.encodings}
 
 
-def deltify(repo: Repository, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None,
+def deltify(session: WriteSession, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None,
             stop: Callable[[], bool] | None = None) -> DeltifyReport:
     """Re-store the chunks of versions older than the ``lag`` newest as reverse deltas; past
     ``max_bytes`` of replaced copies (no bound when None) only the packs already begun are
@@ -93,47 +94,48 @@ def deltify(repo: Repository, *, lag: int = DEFAULT_LAG, max_bytes: int | None =
 
     Example::
 
-        report = deltify(repo, lag=1)
+        report = deltify(session, lag=1)
         report.chunks, report.freed_bytes
     """
-    with locks.save_lock(repo.store):
-        return deltify_locked(repo, lag=lag, max_bytes=max_bytes, stop=stop)
+    with locks.save_lock(session.store):
+        return deltify_locked(session, lag=lag, max_bytes=max_bytes, stop=stop)
 
 
-def deltify_locked(repo: Repository, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None,
+def deltify_locked(session: WriteSession, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None,
                    stop: Callable[[], bool] | None = None) -> DeltifyReport:
     """:func:`deltify` for a caller that already keeps gc out (a save lock, or gc's own lock)."""
     t0 = time.perf_counter()
     report = DeltifyReport()
-    if repo.config.delta_base != "child" or repo.config.keyframe_interval <= 0:
+    if not session.settings.reverse_deltas:
         return report  # forward chains and stars are already deltas; format 1 readers follow no reverse delta
     # Dropping packs can leave a rewritten one mostly redundant in turn: an unbounded run goes on
     # until a round re-stores nothing (bounded runs leave that to the next step).
     for _round in range(1 if max_bytes is not None else MAX_ROUNDS):
         before = report.chunks
-        if not _round_locked(repo, lag, max_bytes, stop, report) or report.chunks == before:
+        if not _round_locked(session, lag, max_bytes, stop, report) or report.chunks == before:
             break
     report.seconds = time.perf_counter() - t0
     return report
 
 
-def _round_locked(repo: Repository, lag: int, max_bytes: int | None, stop: Callable[[], bool] | None,
+def _round_locked(session: WriteSession, lag: int, max_bytes: int | None, stop: Callable[[], bool] | None,
                   report: DeltifyReport) -> bool:
     """One pass of :func:`deltify_locked`, adding to ``report``; False when ``stop`` ended it."""
-    repo.refresh_index()
+    repo = session.repo
+    repo.index.refresh()
     undo = report.chunks, report.keyframe_bytes, dict(report.encodings)
     candidates, head = plan(repo, max(1, lag))
     ledger = PackLedger(repo)
     periods = group_periods(worth_it(repo, candidates, ledger))
     stats = _PackCounts()
     packer = Packer(repo, stats)
-    memo = repo.deltify_memo if isinstance(repo.deltify_memo, _Memo) else _Memo()
-    repo.deltify_memo = memo
+    memo = session.deltify_memo if isinstance(session.deltify_memo, _Memo) else _Memo()
+    session.deltify_memo = memo
     restored: dict[bytes, bytes] = {}                # chunk -> the base of its new copy
     overlay: dict[bytes, tuple[bytes, int]] = {}     # chunk -> (new base, new depth), decided this run
     batch: list[_Converted] = []
 
-    res = repo.resolution
+    res = repo.index.resolution
     period_packs: list[set[str]] = []
     last_use: dict[str, int] = {}   # pack -> the last period with a copy in it
     offered: dict[str, int] = {}    # pack -> stored bytes of the candidates' copies in it
@@ -153,7 +155,7 @@ def _round_locked(repo: Repository, lag: int, max_bytes: int | None, stop: Calla
     held = {"new": 0, "old": 0}   # the batch's encoded bytes and the stored bytes they replace
 
     def commit(upto: int) -> None:
-        kept, short = _settle(repo, batch, ledger, overlay)
+        kept, short = _settle(session, batch, ledger, overlay)
         for pid in short:  # remembered only once no later period of this run could add to it
             if last_use.get(pid, -1) <= upto:
                 memo.waiting[pid] = state(pid)
@@ -189,7 +191,7 @@ def _round_locked(repo: Repository, lag: int, max_bytes: int | None, stop: Calla
             if over and not packs <= touched:
                 report.remaining += 1  # a pack only partly re-stored frees nothing: finish begun ones only
                 continue
-            conv = _convert_period(repo, period, overlay, memo)
+            conv = _convert_period(session, period, overlay, memo)
             if conv is not None:
                 batch.append(conv)
                 held["new"] += conv.new_bytes
@@ -213,7 +215,7 @@ def _chain(repo: Repository, cid: bytes, overlay: Mapping[bytes, tuple[bytes, in
     whether the chain ends in a keyframe (not in a loop or a chunk with no copy)."""
     out: list[bytes] = []
     cur: bytes | None = cid
-    res = repo.resolution
+    res = repo.index.resolution
     while cur is not None and cur not in out:
         out.append(cur)
         if cur in overlay:
@@ -253,7 +255,7 @@ class _Memo:
     waiting: dict[str, tuple[int, int]] = field(default_factory=dict)  # pack -> (dead, candidate bytes) then
 
 
-def _settle(repo: Repository, batch: list[_Converted], ledger: PackLedger,
+def _settle(session: WriteSession, batch: list[_Converted], ledger: PackLedger,
             overlay: dict[bytes, tuple[bytes, int]]) -> tuple[list[_Converted], set[str]]:
     """The conversions of ``batch`` worth packing: those whose every replaced copy sits in a pack
     that will then be dropped or rewritten (``REWRITE_DEAD_FRACTION`` of it dead).  A delta written
@@ -272,7 +274,7 @@ def _settle(repo: Repository, batch: list[_Converted], ledger: PackLedger,
         short = {pid for conv in kept for pid, _ in conv.replaced
                  if dead[pid] < REWRITE_DEAD_FRACTION * ledger.size.get(pid, 0)}
         bad = [conv for conv in kept if any(pid in short for pid, _ in conv.replaced)
-               or (gone and not _still_bounded(repo, conv, overlay))]
+               or (gone and not _still_bounded(session, conv, overlay))]
         if not bad:
             return kept, dropped_for
         dropped_for |= short
@@ -283,11 +285,11 @@ def _settle(repo: Repository, batch: list[_Converted], ledger: PackLedger,
                 overlay.pop(r.cid, None)
 
 
-def _still_bounded(repo: Repository, conv: _Converted, overlay: Mapping[bytes, tuple[bytes, int]]) -> bool:
+def _still_bounded(session: WriteSession, conv: _Converted, overlay: Mapping[bytes, tuple[bytes, int]]) -> bool:
     """Whether ``conv``'s chunks still decode through their new bases within depth K, with the
     run's decisions as they stand (a conversion it relied on may have been dropped since: the chunk
     keeps its old form, which may lead back through this one, or be a longer chain)."""
-    k = repo.config.keyframe_interval
+    repo, k = session.repo, session.settings.keyframe_interval
     for r in conv.results:
         chain, closed = _chain(repo, r.cid, overlay)
         if not closed or len(chain) - 1 + r.height > k:
@@ -295,19 +297,19 @@ def _still_bounded(repo: Repository, conv: _Converted, overlay: Mapping[bytes, t
     return True
 
 
-def _convert_period(repo: Repository, period: list[Candidate], overlay: dict[bytes, tuple[bytes, int]],
+def _convert_period(session: WriteSession, period: list[Candidate], overlay: dict[bytes, tuple[bytes, int]],
                     memo: _Memo) -> _Converted | None:
     """Re-store a period as reverse deltas, each chunk against the next newer one (its keyframe
     against the chunk that was its first forward delta), when that is at most ``KEEP_IF_ABOVE`` x
     what the period stores now; else its keyframe alone against the nearest newer chunk that does
     not decode through it.  The decisions go into ``overlay``; nothing is written yet."""
-    res = repo.resolution
+    res = session.repo.index.resolution
     local: dict[bytes, tuple[bytes, int]] = {}
     inside = {c.chunk_id for c in period}
     conv = _Converted([], [])
     for cand in period if len(period) > 1 else ():
         best = res.best.get(cand.chunk_id)
-        got = _reverse_one(repo, cand, local, overlay, inside) if best is not None else None
+        got = _reverse_one(session, cand, local, overlay, inside) if best is not None else None
         if got is None:
             conv = _Converted([], [])
             break
@@ -320,7 +322,7 @@ def _convert_period(repo: Repository, period: list[Candidate], overlay: dict[byt
         if best is None or best[1].base is not None:
             return None
         conv = _Converted([], [(best[0], best[1].length)])
-        got = _reverse_one(repo, keyframe, {}, overlay, frozenset())
+        got = _reverse_one(session, keyframe, {}, overlay, frozenset())
         if got is None:
             return None
         conv.results.append(got)
@@ -332,15 +334,15 @@ def _convert_period(repo: Repository, period: list[Candidate], overlay: dict[byt
     return conv
 
 
-def _reverse_one(repo: Repository, cand: Candidate, local: dict[bytes, tuple[bytes, int]],
+def _reverse_one(session: WriteSession, cand: Candidate, local: dict[bytes, tuple[bytes, int]],
                  overlay: Mapping[bytes, tuple[bytes, int]], inside: frozenset[bytes] | set[bytes],
                  ) -> _Result | None:
     """``cand`` as a reverse delta against the nearest newer chunk at its position that does not
     decode through it (``local``: its period's decisions so far, ``overlay``: the run's), within
     depth K for it and for every chain outside ``inside`` (its period, re-stored with it) that
     reads through it; None when there is none or a chunk is damaged."""
-    res = repo.resolution
-    k = repo.config.keyframe_interval
+    repo, k = session.repo, session.settings.keyframe_interval
+    res = repo.index.resolution
     view = ChainMap(local, overlay)
     height = res.height_outside(cand.chunk_id, inside)
     for succ in cand.successors:
@@ -350,8 +352,8 @@ def _reverse_one(repo: Repository, cand: Candidate, local: dict[bytes, tuple[byt
         if depth is None or height + depth + 1 > k:
             continue
         try:
-            old = repo.read_chunk(cand.chunk_id)
-            new = repo.read_chunk(succ)
+            old = repo.chunks.read_chunk(cand.chunk_id)
+            new = repo.chunks.read_chunk(succ)
         except DeltackptError:
             return None  # damaged: verify names it; a chunk that keeps its copy is no loss
         parts, encoding = _reverse_delta(old, succ, new, depth, cand)

@@ -54,8 +54,8 @@ def plan(repo: Repository, lag: int) -> tuple[list[Candidate], set[bytes]]:
         return [], set()
     by_version = [_positions(repo, v) for v in history]
     head_direct = {c[0] for pos in by_version[:lag] for c in pos.values()}
-    head = repo.chunk_closure(c for c in head_direct if repo.has_chunk(c))
-    res = repo.resolution
+    head = repo.index.chunk_closure(c for c in head_direct if repo.index.has_chunk(c))
+    res = repo.index.resolution
     seen: set[bytes] = set(head)
     out: list[Candidate] = []
     for i in range(lag, len(by_version)):
@@ -73,7 +73,7 @@ def plan(repo: Repository, lag: int) -> tuple[list[Candidate], set[bytes]]:
                     succ.append(nxt[0])
             if not succ:
                 continue
-            bases = {e.base for _pid, e in repo.entries_for(cid)}
+            bases = {e.base for _pid, e in repo.index.entries_for(cid)}
             if depth == 0:
                 if bases - {None}:
                     continue  # deltified before; its keyframe stays only inside a pack kept for others
@@ -91,10 +91,10 @@ class PackLedger:
     reads another copy, or one this run has re-stored)."""
 
     def __init__(self, repo: Repository) -> None:
-        res = repo.resolution
+        res = repo.index.resolution
         self.size: dict[str, int] = {}
         self.dead: dict[str, int] = {}
-        for pid, entries in repo.pack_entries.items():
+        for pid, entries in repo.index.pack_entries.items():
             self.size[pid] = sum(e.length for e in entries)
             self.dead[pid] = sum(e.length for e in entries if res.best.get(e.chunk_id, (None,))[0] != pid)
 
@@ -104,7 +104,7 @@ def worth_it(repo: Repository, candidates: list[Candidate], ledger: PackLedger) 
     them is dropped or rewritten only once enough of it is redundant (supersede.py's threshold),
     and a delta written for a keyframe that stays beside it makes the repository larger.  Those
     keyframes wait until more of their pack is superseded (or for gc)."""
-    res = repo.resolution
+    res = repo.index.resolution
     by_pack: dict[str, list[Candidate]] = {}
     for cand in candidates:
         best = res.best.get(cand.chunk_id)
@@ -113,7 +113,7 @@ def worth_it(repo: Repository, candidates: list[Candidate], ledger: PackLedger) 
     out: list[Candidate] = []
     for pid, cands in by_pack.items():
         going = {c.chunk_id for c in cands}
-        dead = ledger.dead.get(pid, 0) + sum(e.length for e in repo.pack_entries.get(pid, ())
+        dead = ledger.dead.get(pid, 0) + sum(e.length for e in repo.index.pack_entries.get(pid, ())
                                              if e.chunk_id in going and res.best[e.chunk_id][0] == pid)
         total = ledger.size.get(pid, 0)
         if total and dead >= REWRITE_DEAD_FRACTION * total:

@@ -46,6 +46,7 @@ from ...errors import DeltackptError, NotARepositoryError
 from ...format.manifest import TensorEntry
 from ..repository import Repository
 from . import saver
+from .session import WriteSession
 
 _LEN = struct.Struct("<Q")
 MAX_OPEN_REPOS = 4   # repositories the child keeps open (each with its delta cache), least recently used dropped
@@ -184,7 +185,7 @@ class EncoderProcess:
         # socket before the kernel lets it be reaped, so poll() alone can still say "running"
         return not self.lost and self.proc.poll() is None
 
-    def write_version(self, repo: Repository, blobs: list, tensors: list[TensorEntry], tree: Any, *,
+    def write_version(self, session: WriteSession, blobs: list, tensors: list[TensorEntry], tree: Any, *,
                       segment: SharedSegment, workers: int | None = None, **kwargs: Any) -> tuple[str, saver.SaveStats]:
         """Store a version whose blob bytes all lie in ``segment``; returns (version id, stats)."""
         spans = []
@@ -194,11 +195,12 @@ class EncoderProcess:
             if off < 0 and view.nbytes:
                 raise EncoderProcessError(f"blob {b.key!r} is not in the staging segment")
             spans.append(replace(b, data=(max(off, 0), view.nbytes)))
+        repo = session.repo
         repo.require_present()   # before the child opens it: a vanished repository is not created again
-        cfg = repo.config
-        settings = {"repo_id": cfg.repo_id, "chunk_bytes": cfg.chunk_bytes, "keyframe_interval": cfg.keyframe_interval,
-                    "delta_base": cfg.delta_base, "level": repo.level, "delta_cache_bytes": repo.delta_cache.max_bytes,
-                    "workers": workers, "deltify_lag": repo.deltify_lag}
+        w = session.settings
+        settings = {"repo_id": repo.config.repo_id, "chunk_bytes": w.chunk_bytes, "keyframe_interval": w.keyframe_interval,
+                    "delta_base": w.delta_base, "level": w.level, "delta_cache_bytes": session.delta_cache.max_bytes,
+                    "workers": workers, "deltify_lag": session.deltify_lag, "deltify": session.deltify}
         job = _Job(repo.location, settings, segment.id, spans, tensors, tree, kwargs)
         with self.lock:
             try:
@@ -219,7 +221,7 @@ class EncoderProcess:
         if status == "error":
             raise payload
         vid, stats = payload
-        repo.refresh_index()
+        repo.index.refresh()
         return vid, stats
 
     def _tell(self, *message: Any) -> None:
@@ -259,7 +261,7 @@ class EncoderProcess:
 # the child ---------------------------------------------------------------------------------------
 
 def _serve(sock: socket.socket) -> None:
-    repos: dict[str, Repository] = {}
+    repos: dict[tuple[str, str], WriteSession] = {}
     segments: dict[int, mmap.mmap] = {}
     while True:
         msg = _recv(sock, with_fds=True)
@@ -277,11 +279,11 @@ def _serve(sock: socket.socket) -> None:
             except BufferError:
                 pass  # a view of it is still alive (a failed save's traceback): unmapped with it
         elif kind == "drop_owner":
-            for repo in repos.values():
-                repo.delta_cache.drop_owner(args[0])
+            for session in repos.values():
+                session.delta_cache.drop_owner(args[0])
         elif kind == "close":
             for key in [k for k in repos if k[0] == args[0]]:
-                repos.pop(key).delta_cache.clear()
+                repos.pop(key).close()
         elif kind == "save":
             try:
                 result = ("ok", _save(repos, segments, args[0]))
@@ -290,27 +292,31 @@ def _serve(sock: socket.socket) -> None:
             _send(sock, result)
 
 
-def _save(repos: dict[str, Repository], segments: dict[int, mmap.mmap], job: _Job) -> tuple[str, saver.SaveStats]:
+def _save(repos: dict[tuple[str, str], WriteSession], segments: dict[int, mmap.mmap],
+          job: _Job) -> tuple[str, saver.SaveStats]:
     s = job.settings
     key = (job.location, s["repo_id"])   # a repository deleted and created again is another one
-    repo = repos.pop(key, None)
-    if repo is None:
+    session = repos.pop(key, None)
+    if session is None:
         repo = Repository(job.location)   # the parent's handle proved it exists; never create it here
         if repo.config.repo_id != s["repo_id"]:
             raise NotARepositoryError(f"{job.location}: another repository replaced the one this handle opened "
                                       "(its repo_id differs); nothing was written: open it again")
-    repos[key] = repo                     # most recently used last
+        session = WriteSession(repo)
+    repos[key] = session                  # most recently used last
     while len(repos) > MAX_OPEN_REPOS:
-        repos.pop(next(iter(repos))).delta_cache.clear()
-    repo.config.chunk_bytes = s["chunk_bytes"]
-    repo.config.keyframe_interval = s["keyframe_interval"]
-    repo.config.delta_base = s["delta_base"]
-    repo.level = s["level"]
-    repo.delta_cache.max_bytes = s["delta_cache_bytes"]
-    repo.deltify_lag = s.get("deltify_lag", repo.deltify_lag)
+        repos.pop(next(iter(repos))).close()
+    # the parent's handle's settings, which may change between its saves
+    session.settings.chunk_bytes = s["chunk_bytes"]
+    session.settings.keyframe_interval = s["keyframe_interval"]
+    session.settings.delta_base = s["delta_base"]
+    session.settings.level = s["level"]
+    session.delta_cache.max_bytes = s["delta_cache_bytes"]
+    session.deltify_lag = s["deltify_lag"]
+    session.deltify = s["deltify"]
     mem = memoryview(segments[job.segment])
     blobs = [replace(b, data=mem[off:off + n]) for b, (off, n) in ((b, b.data) for b in job.blobs)]
-    return saver.write_version(repo, blobs, job.tensors, job.tree, workers=s["workers"], **job.kwargs)
+    return saver.write_version(session, blobs, job.tensors, job.tree, workers=s["workers"], **job.kwargs)
 
 
 def _portable(exc: BaseException) -> BaseException:

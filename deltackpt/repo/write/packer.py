@@ -87,5 +87,5 @@ class Packer:
         self.repo.store.put_atomic(key, data, site="index")
         self.index_bytes = len(data)
         for pid, (_plen, entries) in self.written.items():
-            self.repo.add_index_entries(pid, entries)
-        self.repo.note_index_file(key, self.written)
+            self.repo.index.add_entries(pid, entries)
+        self.repo.index.note_file(key, self.written)

@@ -61,7 +61,7 @@ class ChunkPresence:
 
     def _first_present(self, cid: bytes) -> PackEntry | None:
         """The copy of ``cid`` a reader would use: the first, in index preference order, whose pack exists."""
-        for pid, e in self.repo.entries_for(cid):
+        for pid, e in self.repo.index.entries_for(cid):
             if self.pack_exists(pid):
                 return e
         return None

@@ -23,13 +23,16 @@ from ...format import refs
 from ...format.manifest import Blob, ChunkRef, Manifest, TensorEntry
 from .. import locks
 from ..repository import Repository
-from . import abandon, background, commit
+from . import abandon, commit
 from .arena import CopyArena
+from .bases import DENSE_KEY, WHOLE_KEY, ParentBases, encode_dense
 from .chunk_encoder import SaveContext, encode_one
 from .chunking import chunk_bounds
 from .consolidate import consolidate
+from .deltify import STEP_BYTES, deltify
 from .packer import Packer
 from .presence import ChunkPresence
+from .session import WriteSession
 
 WINDOW = 16  # chunks in flight per worker pool: bounds memory held by encoded results
 
@@ -48,7 +51,7 @@ class BlobInput:
     exact: bool = True
     owner: Any = None
     """Set by a caller that lends ``data``: it promises the bytes stay unchanged until it calls
-    ``repo.delta_cache.drop_owner(owner)``.  The delta cache then keeps views of them as the next
+    ``session.delta_cache.drop_owner(owner)``.  The delta cache then keeps views of them as the next
     save's delta bases instead of copying every chunk (a background save's staging copy)."""
 
 
@@ -64,6 +67,9 @@ class SaveStats:
     encodings: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     manifest: Manifest | None = None  # the manifest committed (write_version)
+    bases_read: int = 0               # bytes of delta bases read back from the repository
+    dense: list[bool] = field(default_factory=list)  # per chunk, in manifest order: its change was dense
+    lasting: list[bool] = field(default_factory=list)  # and so dense its keyframe will likely stay whole
 
     @property
     def written_bytes(self) -> int:
@@ -74,7 +80,7 @@ def default_workers() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[TensorEntry], tree: Any, *,
+def write_version(session: WriteSession, blobs: list[BlobInput], tensors: list[TensorEntry], tree: Any, *,
                   step: int | None = None, metrics: dict | None = None, meta: Any = None,
                   tag: str | None = None, extra: dict | None = None, workers: int | None = None,
                   progress: Callable[[int, int], None] | None = None,
@@ -83,8 +89,12 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
 
     ``latest=False`` commits it off the training line (an import): ``latest`` does not move, the
     manifest has no parent and records ``extra["off_line"] = True``, and its chunks follow no head
-    budget (they are not the training line's newest version)."""
+    budget (they are not the training line's newest version).
+
+    After the commit, older versions are re-stored as reverse deltas, a bounded step in this
+    thread (:func:`_maintain`): when this returns, nothing of the save is running."""
     t0 = time.perf_counter()
+    repo = session.repo
     if tag is not None:
         refs.check_name(tag)
     if not latest:
@@ -94,7 +104,7 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
     stats = SaveStats()
     repo.require_present()
     with locks.save_lock(repo.store) as lock:
-        manifest_blobs, _sv = _store_locked(repo, blobs, stats, workers, progress, head=latest, owner=lock)
+        manifest_blobs, _sv = _store_locked(session, blobs, stats, workers, progress, head=latest, owner=lock)
         for t in tensors:
             src = blobs[t.blob]
             t.exact, t.max_abs_err = src.exact, src.max_abs_err
@@ -103,19 +113,22 @@ def write_version(repo: Repository, blobs: list[BlobInput], tensors: list[Tensor
         stats.seconds = time.perf_counter() - t0
         written = {"bytes": stats.objects_bytes, "chunks_new": stats.chunks_new,
                    "chunks_reused": stats.chunks_reused, "encodings": stats.encodings}
+        hints = {DENSE_KEY: encode_dense(stats.dense), WHOLE_KEY: encode_dense(stats.lasting)} \
+            if any(stats.dense) else {}
         vid = _commit(repo, Manifest(parent=None, time=time.time(), tree=tree, tensors=tensors,
                                      blobs=manifest_blobs, step=step, metrics=dict(metrics or {}), meta=meta,
-                                     writer=commit.writer_name(), extra={**(extra or {}), "written": written}), stats, tag,
+                                     writer=commit.writer_name(),
+                                     extra={**(extra or {}), "written": written, **hints}), stats, tag,
                       move_latest=latest)
         if not latest:  # the delta bases of the training line's next save are not the import's bytes
-            repo.delta_cache.clear()
+            session.delta_cache.clear()
         _tidy_index(repo)
-    background.after_commit(repo)  # older versions' keyframes become deltas later, off this path
+    _maintain(session)
     stats.seconds = time.perf_counter() - t0
     return vid, stats
 
 
-def store_blobs(repo: Repository, blobs: list[BlobInput], *, workers: int | None = None,
+def store_blobs(session: WriteSession, blobs: list[BlobInput], *, workers: int | None = None,
                 progress: Callable[[int, int], None] | None = None) -> tuple[list[Blob], SaveStats]:
     """Write the chunks of ``blobs`` (packs, then one index file) and commit nothing: the returned
     blobs become part of a version only when a manifest naming them is committed
@@ -124,40 +137,54 @@ def store_blobs(repo: Repository, blobs: list[BlobInput], *, workers: int | None
 
     Example::
 
-        blobs, stats = store_blobs(repo, [BlobInput(("t", "w"), data, "float32", 4, 1024)])
+        blobs, stats = store_blobs(session, [BlobInput(("t", "w"), data, "float32", 4, 1024)])
     """
     t0 = time.perf_counter()
     stats = SaveStats()
+    repo = session.repo
     repo.require_present()
     with locks.save_lock(repo.store) as lock:
         # these chunks chain forward on the parent (delta_base "parent"): a commit elsewhere names
         # them, and head.py's bounds are the committing writer's
-        manifest_blobs, _sv = _store_locked(repo, blobs, stats, workers, progress, head=False, owner=lock)
+        manifest_blobs, _sv = _store_locked(session, blobs, stats, workers, progress, head=False, owner=lock)
     stats.seconds = time.perf_counter() - t0
     return manifest_blobs, stats
 
 
-def commit_manifest(repo: Repository, manifest: Manifest, *, tag: str | None = None) -> str:
+def commit_manifest(session: WriteSession, manifest: Manifest, *, tag: str | None = None) -> str:
     """Commit a manifest whose blobs are already stored (manifest, then ``latest``, then the tag);
     its parent is set to whatever ``latest`` is under the refs lock.  Returns the version id."""
     if tag is not None:
         refs.check_name(tag)
     manifest.writer = manifest.writer or commit.writer_name()
-    repo.require_present()
-    vid = _commit(repo, manifest, SaveStats(), tag)
-    background.after_commit(repo)
+    session.repo.require_present()
+    vid = _commit(session.repo, manifest, SaveStats(), tag)
+    _maintain(session)
     return vid
 
 
-def _store_locked(repo: Repository, blobs: list[BlobInput], stats: SaveStats, workers: int | None,
+def _maintain(session: WriteSession) -> None:
+    """After a commit: re-store what it made older as reverse deltas, one bounded step
+    (``STEP_BYTES`` of replaced copies), in the caller's thread, so that nothing of a save runs
+    once it has returned.  A failure is left for the next save or gc: nothing is lost, the
+    repository is only larger meanwhile."""
+    if not (session.deltify and session.settings.reverse_deltas):
+        return
+    try:
+        session.last_maintenance = deltify(session, lag=session.deltify_lag, max_bytes=STEP_BYTES)
+    except (DeltackptError, OSError) as exc:
+        session.last_maintenance = exc
+
+
+def _store_locked(session: WriteSession, blobs: list[BlobInput], stats: SaveStats, workers: int | None,
                   progress: Callable[[int, int], None] | None, *, head: bool,
                   owner: str | None = None) -> tuple[list[Blob], SaveContext]:
     """Chunks -> packs -> one index file, under the save lock ``owner`` the caller holds.  A failure
     before the packs are published leaves no pack under a final name (the packer deletes its own)."""
-    repo.refresh_index()
+    repo = session.repo
+    repo.index.refresh()
     present = ChunkPresence(repo)
-    sv = SaveContext(repo, present, Packer(repo, stats, owner),
-                     head=head and repo.config.delta_base == "child" and repo.config.keyframe_interval > 0)
+    sv = SaveContext(session, present, Packer(repo, stats, owner), head=head and session.settings.reverse_deltas)
     manifest_blobs: list[Blob] = []
     try:
         _write_blobs(sv, blobs, stats, manifest_blobs, workers, progress)
@@ -178,26 +205,31 @@ def _write_blobs(sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, mani
     ACROSS blobs (a model is mostly tensors of one or two chunks: a window per blob would leave
     the pool idle), and pack the results in submission order, so packs are laid out the same way
     for the same input."""
-    repo = sv.repo
+    session, settings = sv.session, sv.session.settings
     window = _Window(sv, blobs, stats, manifest_blobs, progress)
+    # positions the handle holds no base for take the previous version's chunk (read on demand)
+    parent = ParentBases.of(sv.repo, sv.repo.latest(),
+                            star=settings.keyframe_interval if settings.delta_base == "keyframe" else 0)
     # a star keeps a keyframe as the base for several saves: longer than a lender's promise
-    lent = [b.owner if b.owner is not None and b.mode == "lossless" and repo.config.delta_base != "keyframe" else None
+    lent = [b.owner if b.owner is not None and b.mode == "lossless" and settings.delta_base != "keyframe" else None
             for b in blobs]
-    arena = CopyArena(min(repo.delta_cache.max_bytes,
+    arena = CopyArena(min(session.delta_cache.max_bytes,
                            sum(len(b.data) for b, o in zip(blobs, lent)
                                if b.mode == "lossless" and o is None and not hasattr(b.data, "read_range"))))
     with _EncoderPool(workers or default_workers()) as pool:
         for bi, b in enumerate(blobs):
-            bounds = chunk_bounds(len(b.data), b.row_bytes, b.itemsize, repo.config.chunk_bytes)
+            bounds = chunk_bounds(len(b.data), b.row_bytes, b.itemsize, settings.chunk_bytes)
             # a source with read_range (a GPU tensor staged through a host buffer) is read a chunk
             # at a time, so no host copy of the whole tensor ever exists
             staged = getattr(b.data, "read_range", None)
             view = None if staged else memoryview(b.data).cast("B") if not isinstance(b.data, memoryview) \
                 else b.data.cast("B")
-            ctx = ChunkContext(b.dtype, b.itemsize, b.row_bytes, repo.level)
+            ctx = ChunkContext(b.dtype, b.itemsize, b.row_bytes, settings.level)
             window.remaining[bi] = len(bounds)
             for i, (s, e) in enumerate(bounds):
-                memo = repo.delta_cache.get((b.key, i))
+                memo = session.delta_cache.get((b.key, i))
+                if memo is None and parent is not None:
+                    memo = parent.memo(b.key, i, e - s, lossless=b.mode == "lossless")
                 if staged:  # read_range returns a private copy already
                     raw, copy_to = staged(s, e), None
                 else:
@@ -208,6 +240,7 @@ def _write_blobs(sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, mani
         while window.in_flight:
             window.consume_oldest()
     window.finish_ready()
+    stats.bases_read += sv.bases_read
 
 
 class _EncoderPool:
@@ -282,7 +315,9 @@ def _take(result: tuple, b: BlobInput, i: int, chunks: list[ChunkRef], sv: SaveC
     """Record one encoded chunk (in order): its reference, the delta cache, and its objects."""
     r, memo = result
     chunks.append(ChunkRef(r.cid, r.raw_len))
-    sv.repo.delta_cache.put((b.key, i), memo)
+    sv.session.delta_cache.put((b.key, i), memo)
+    stats.dense.append(bool(memo.dense))
+    stats.lasting.append(bool(memo.dense and memo.lasting))
     stats.chunks_total += 1
     if r.lossy:
         b.exact = False

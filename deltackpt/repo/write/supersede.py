@@ -52,10 +52,10 @@ def _plan(repo: Repository, candidates: set[str], protected: set[bytes],
     strict = True
     while True:  # keeping an object can only make more chunks resolve: this settles
         extra = [(e.chunk_id, (_NEW, e)) for entries in keep.values() for e in entries]
-        res = repo.resolve_copies(usable, extra)
+        res = repo.index.resolve_copies(usable, extra)
         grew = False
         for pid in sorted(candidates):
-            for e in repo.pack_entries.get(pid, ()):
+            for e in repo.index.pack_entries.get(pid, ()):
                 if (pid, e.offset) in kept:
                     continue
                 depth = res.depth.get(e.chunk_id)
@@ -63,7 +63,7 @@ def _plan(repo: Repository, candidates: set[str], protected: set[bytes],
                     continue
                 if e.base is not None and e.base not in res.depth:
                     continue  # it would not resolve yet: wait until its base does
-                if strict and depth is None and any(usable(q) for q, _e in repo.entries_for(e.chunk_id)):
+                if strict and depth is None and any(usable(q) for q, _e in repo.index.entries_for(e.chunk_id)):
                     continue  # a copy elsewhere may resolve once other chunks do
                 keep[pid].append(e)
                 kept.add((pid, e.offset))
@@ -75,9 +75,9 @@ def _plan(repo: Repository, candidates: set[str], protected: set[bytes],
         else:
             break
     # a chunk still unresolved has no copy that resolves at all: keep every one (verify reports it)
-    res = repo.resolve_copies(usable, [(e.chunk_id, (_NEW, e)) for entries in keep.values() for e in entries])
+    res = repo.index.resolve_copies(usable, [(e.chunk_id, (_NEW, e)) for entries in keep.values() for e in entries])
     for pid in candidates:
-        keep[pid].extend(e for e in repo.pack_entries.get(pid, ())
+        keep[pid].extend(e for e in repo.index.pack_entries.get(pid, ())
                          if (pid, e.offset) not in kept and e.chunk_id not in res.depth)
     return keep
 
@@ -89,15 +89,15 @@ def drop_superseded(repo: Repository, restored: Mapping[bytes, bytes], protected
     repository shrinks by the difference."""
     store = repo.store
     with locks.refs_lock(store):
-        repo.refresh_index()
+        repo.index.refresh()
         on_disk = {key.rsplit("/", 1)[-1] for key in store.list(PACKS)}
-        candidates = {pid for cid, base in restored.items() for pid, e in repo.entries_for(cid)
+        candidates = {pid for cid, base in restored.items() for pid, e in repo.index.entries_for(cid)
                       if e.base != base and pid in on_disk}
         if not candidates:
             return 0, 0
         keep = _plan(repo, candidates, protected, on_disk)
         raw = {key: store.get_bounded(key, MAX_INDEX_BYTES)
-               for key, named in repo.index_file_packs.items() if named & candidates}
+               for key, named in repo.index.file_packs.items() if named & candidates}
         files = {key: index_fmt.decode(data, what=key) for key, data in raw.items()}
         sizes = {pid: plen for body in files.values() for pid, (plen, _) in body.items()}
         builder = PackBuilder()
@@ -123,7 +123,7 @@ def drop_superseded(repo: Repository, restored: Mapping[bytes, bytes], protected
                 freed += sizes[pid]
             except FileNotFoundError:
                 pass
-        repo.replace_index_files(replaced, added)
+        repo.index.replace_files(replaced, added)
         return freed, written + index_written
 
 

@@ -126,7 +126,7 @@ def test_replicated_tensors_are_stored_once(tmp_path):
     model_bytes = sum(t.nbytes for t in m.tensors if t.name.startswith("model."))
     per_rank = [t for t in m.tensors if t.name.startswith("model.")]
     assert len(per_rank) == 4  # two Linear layers, weight and bias: one entry each, not one per rank
-    assert core.stored_size(model_chunks) <= model_bytes * 1.05
+    assert core.index.stored_size(model_chunks) <= model_bytes * 1.05
 
 
 @pytest.mark.slow

@@ -1,0 +1,84 @@
+"""A writer's state on one repository: the settings its saves use, the delta bases kept between
+saves (:class:`~..delta_cache.DeltaCache`) and what deltification found not worth doing.
+
+A :class:`WriteSession` belongs to one handle (the public :class:`deltackpt.Repo`, or the encoder
+child's own); nothing in it is shared between handles, and it starts no thread: deltification
+after a save runs in the thread that saved, a bounded step at a time (``saver``), so when a save
+returns nothing of it is still running.
+
+Example::
+
+    session = WriteSession(Repository("ckpt", create=True))
+    vid, stats = saver.write_version(session, blobs, tensors, tree, step=10)
+    session.close()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ...codecs.base import check_level
+from ...format import config as config_fmt
+from ..delta_cache import DeltaCache
+from ..layout import DEFAULT_DELTA_CACHE_BYTES, DEFAULT_DELTIFY_LAG
+from ..repository import Repository
+
+
+@dataclass
+class WriteSettings:
+    """How a session's saves cut and encode chunks: from the repository's config unless the
+    handle overrides them (``Repo(..., chunk_bytes=...)``), plus the zstd ``level``."""
+
+    chunk_bytes: int
+    keyframe_interval: int
+    delta_base: str
+    level: int = 1
+
+    @property
+    def reverse_deltas(self) -> bool:
+        """Whether older versions are re-stored as reverse deltas (``delta_base = "child"``)."""
+        return self.delta_base == "child" and self.keyframe_interval > 0
+
+
+class WriteSession:
+    """The writer's side of one repository handle (see the module docstring).
+
+    ``delta_cache_bytes``: memory for the next save's delta bases (0: none; a position without a
+    cached base reads it from the repository when that pays).  ``deltify``: whether a save
+    re-stores older versions as reverse deltas after it commits (a bounded step, inline).
+    """
+
+    def __init__(self, repo: Repository, *, chunk_bytes: int | None = None, keyframe_interval: int | None = None,
+                 delta_base: str | None = None, level: int | None = None,
+                 delta_cache_bytes: int = DEFAULT_DELTA_CACHE_BYTES, deltify: bool = True) -> None:
+        cfg = repo.config
+        if chunk_bytes is not None:
+            config_fmt.check_chunk_bytes(chunk_bytes)
+        if keyframe_interval is not None:
+            config_fmt.check_keyframe_interval(keyframe_interval)
+        if level is not None:
+            check_level(level)
+        self.repo = repo
+        self.settings = WriteSettings(
+            chunk_bytes=cfg.chunk_bytes if chunk_bytes is None else chunk_bytes,
+            keyframe_interval=cfg.keyframe_interval if keyframe_interval is None else keyframe_interval,
+            delta_base=cfg.delta_base if delta_base is None else config_fmt.check_delta_base(delta_base, cfg.version),
+            level=1 if level is None else level)
+        self.delta_cache = DeltaCache(delta_cache_bytes)
+        self.deltify = deltify
+        #: the newest versions deltification leaves as saved (a keep_last retention raises it)
+        self.deltify_lag = DEFAULT_DELTIFY_LAG
+        #: what deltification found not worth doing, so that later runs skip it (deltify.py)
+        self.deltify_memo: Any = None
+        #: the DeltifyReport (or the error) of the step the last save ran after it committed
+        self.last_maintenance: Any = None
+
+    @property
+    def store(self) -> Any:
+        return self.repo.store
+
+    def close(self) -> None:
+        """Forget the delta bases and deltification's memory (the handle is closing)."""
+        self.delta_cache.clear()
+        self.deltify_memo = None
