@@ -17,10 +17,10 @@ from tests.conftest import file_digests, run_cli
 
 @pytest.fixture
 def open_then_deleted(repo_path):
-    repo = deltackpt.Repo(repo_path, create=True)
-    v1 = repo.save({"w": torch.arange(6.0)}, step=1)
-    shutil.rmtree(repo_path)
-    return repo, v1
+    with deltackpt.Repo(repo_path, create=True) as repo:
+        v1 = repo.save({"w": torch.arange(6.0)}, step=1)
+        shutil.rmtree(repo_path)
+        yield repo, v1
 
 
 def test_save_through_a_handle_of_a_deleted_repository_fails_typed_and_writes_nothing(repo_path, open_then_deleted):
