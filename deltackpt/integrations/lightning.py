@@ -253,7 +253,7 @@ class DeltackptGuard(Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if self.repo.closed:   # a second fit after teardown closed the handle this callback opened
-            self.repo = Repo(self.repo.core.store, create=True)
+            self.repo = Repo(self.repo, create=True)
         parts = self.guard.parts
         parts.model = pl_module
         parts.optimizer = trainer.optimizers[0] if trainer.optimizers else None

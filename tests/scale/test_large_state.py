@@ -51,12 +51,12 @@ def test_staged_source_saves_the_same_chunks_as_a_host_view(tmp_path):
     """A tensor read through StagedSource (the GPU path, here forced on a CPU tensor without
     pinning) is stored as exactly the chunks a direct host view gives."""
     t = torch.randn(300, 1000)
-    core = deltackpt.Repo(str(tmp_path / "r"), create=True, chunk_bytes=64 << 10).core
+    session = deltackpt.Repo(str(tmp_path / "r"), create=True, chunk_bytes=64 << 10).session
     _tree, leaves = flatten({"w": t})
     blobs, _entries = plan_blobs(leaves)
-    direct, _ = saver.store_blobs(core, blobs)
+    direct, _ = saver.store_blobs(session, blobs)
     blobs[0].data = StagedSource(t, pin=False)
-    staged, stats = saver.store_blobs(core, blobs)
+    staged, stats = saver.store_blobs(session, blobs)
     assert [c.chunk_id for c in staged[0].chunks] == [c.chunk_id for c in direct[0].chunks]
     assert len(staged[0].chunks) > 4 and stats.chunks_new == 0
 

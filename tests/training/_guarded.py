@@ -85,7 +85,23 @@ def make_run(repo: Any, *, opt: str = "adamw", every: int = 5, scaler: bool = Fa
     g = Guard(model=model, optimizer=optimizer, scheduler=sched, scaler=grad_scaler, sampler=sampler,
               **(guard or {}))
     c = Checkpointer(repo, EveryN(every), guard=g, **{"blocking": True, "start_step": start_step, **(ckpt or {})})
-    return Run(model, optimizer, sched, grad_scaler, sampler, loader, g, c, step=start_step or 0, info=info)
+    run = Run(model, optimizer, sched, grad_scaler, sampler, loader, g, c, step=start_step or 0, info=info)
+    OPEN.append(run)
+    return run
+
+
+#: the runs made by the current test: tests/training/conftest.py closes them after it (their
+#: Checkpointer's handle and the guard's holds), as a training script ends its Checkpointer
+OPEN: list[Run] = []
+
+
+def close_all() -> None:
+    while OPEN:
+        run = OPEN.pop()
+        try:
+            run.ckpt.close()
+        except Exception:  # noqa: BLE001 - a test that expected the run to fail has asserted it
+            run.guard.close()
 
 
 def train(run: Run, until: int, poison: Callable[[int, torch.Tensor], float | None] = lambda s, i: None,

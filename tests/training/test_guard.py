@@ -166,7 +166,7 @@ def test_versions_of_the_bad_stretch_are_never_targets(repo_path):
     assert len(bad) == 1 and bad <= set(rb.abandoned)
     fresh = Guard(repo_path, model=run.model, optimizer=run.opt, start_step=60)
     assert bad <= fresh._abandoned
-    found = targets.candidates(deltackpt.Repo(repo_path).core, before=100, excluded=fresh._abandoned,
+    found = targets.candidates(deltackpt.Repo(repo_path), before=100, excluded=fresh._abandoned,
                                preexisting=fresh._preexisting, start_step=60, needs=("model",))
     assert found and not any(c.id in bad for c in found)
 

@@ -72,6 +72,8 @@ class SaveContext:
         (bases.py); None when they cannot be read (the chunk is then written whole)."""
         if memo is None or memo.data is not None:
             return memo
+        if self.present.entry(memo.chunk_id) is None:
+            return None   # its pack is gone (the save warns of it): never a base, written whole
         try:
             data = self.repo.chunks.read_chunk(memo.chunk_id)
         except DeltackptError:
