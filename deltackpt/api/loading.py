@@ -35,8 +35,11 @@ def load(repo: "str | os.PathLike | Handle | Store", version: "str | Version" = 
          return_version: bool = False, threads: int | None = None) -> Any:
     """Load a version: the saved structure with bit-identical tensors.
 
-    ``layers=["encoder"]`` returns only tensors under that module path and reads only their
-    chunks.  ``return_version=True`` returns ``(state, Version)``; ``Version.exact`` says whether
+    ``layers=["encoder"]`` returns only what is under that module path (``encoder.*``, or
+    ``model.encoder.*``) and reads only its tensors' chunks: the containers on the way to it are
+    kept, everything else is left out, plain values included (``layers=["model"]`` on a
+    ``{"model": ..., "optimizer": ...}`` state returns ``{"model": {...}}``; a list keeps its
+    length, with None where an item was left out).  ``return_version=True`` returns ``(state, Version)``; ``Version.exact`` says whether
     any tensor was stored lossily.  ``threads``: decode threads (default
     ``$DELTACKPT_READ_THREADS``, else every core).
 
@@ -45,9 +48,9 @@ def load(repo: "str | os.PathLike | Handle | Store", version: "str | Version" = 
         state = deltackpt.load("ckpt", "latest~2")
         model.load_state_dict(state["model"])
     """
+    from ..repo.layers import select_tree, selected_tensors
     from ..torchstate.flatten import unflatten
     from ..torchstate.materialize import build_tensors, read_blobs, read_threads
-    from ..torchstate.planner import selected_tensors
 
     if threads is not None:
         read_threads(threads)  # refused before anything is read
@@ -59,8 +62,8 @@ def load(repo: "str | os.PathLike | Handle | Store", version: "str | Version" = 
     with bar("load", sum(m.blobs[b].nbytes for b in {m.tensors[i].blob for i in chosen})):
         buffers = read_blobs(core, vid, m, (m.tensors[i].blob for i in chosen), threads=threads)
     tensors = build_tensors(m, chosen, buffers, map_location)
-    keep = None if layers is None else set(chosen).__contains__
-    state = unflatten(m.tree, tensors.__getitem__, keep)
+    tree = m.tree if layers is None else select_tree(m.tree, set(chosen).__contains__, layers)
+    state = unflatten(tree, tensors.__getitem__)
     return (state, core.version(vid)) if return_version else state
 
 
@@ -125,7 +128,7 @@ def _matching_tensors(m: Any, vid: str, target: dict, prefix: str, layers: Any, 
     """(model key, tensor index) for each tensor of the model that ``layers`` selects and the
     version holds; a model and version that do not match (``strict``) are refused here, before
     anything is read or written."""
-    from ..torchstate.planner import layer_matcher
+    from ..repo.layers import layer_matcher
 
     by_name = {t.name: i for i, t in enumerate(m.tensors)}
     match = layer_matcher(layers)

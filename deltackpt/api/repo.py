@@ -96,15 +96,17 @@ class Repo(Handle):
         return [Version.damaged(vid, str(m), tuple(sorted(tags.get(vid, [])))) if isinstance(m, DeltackptError)
                 else self.core.version(vid, tags, manifest=m) for vid, m in self.core.scan()]
 
-    def show(self, version: "str | Version" = "latest") -> dict[str, Any]:
+    def show(self, version: "str | Version" = "latest", *, layers: "list[str] | str | None" = None) -> dict[str, Any]:
         """A version and its tensors (dtype, shape, logical and stored bytes, encoding, exactness).
 
         ``repo.show("latest")["tensors"][0]["stored_bytes"]``"""
+        from ..repo.layers import selected_tensors
+
         vid = self.core.resolve(version)
         m = self.core.manifest(vid)
         self.core.refresh_index()
         tensors = []
-        for t in m.tensors:
+        for t in (m.tensors[i] for i in selected_tensors(m, layers, f"version {vid[:10]}")):
             blob = m.blobs[t.blob]
             tensors.append({"name": t.name, "dtype": t.dtype, "shape": t.shape, "logical_bytes": t.nbytes,
                             "stored_bytes": self.core.stored_size(c.chunk_id for c in blob.chunks),
