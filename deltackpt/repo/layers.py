@@ -41,6 +41,7 @@ def selected_tensors(manifest: Manifest, layers: Iterable[str] | str | None, wha
     if layers is not None:
         for layer in [layers] if isinstance(layers, str) else list(layers):
             one = layer_matcher([layer])
+            assert one is not None
             if not any(one(manifest.tensors[i].name) for i in chosen):
                 raise StateMismatchError(f"{what}: layer {layer!r:.80} selects no tensor; {layer_hint(manifest, layer)}")
     return chosen
@@ -106,7 +107,7 @@ def select_tree(tree: Any, keep: Callable[[int], bool], layers: Iterable[str] | 
     while stack:
         frame = stack[-1]
         is_dict, items, out, inside, name, _, parent, slot, is_tuple = frame
-        item = next(items, _END)
+        item: Any = next(items, _END)
         if item is _END:
             stack.pop()
             if not frame[5]:       # nothing kept inside, and not selected itself
