@@ -65,6 +65,10 @@ def _project_urls() -> dict[str, str]:
         return tomllib.load(f)["project"].get("urls", {})
 
 
+#: what the project publishes: nothing yet (no package index page, no documentation site, no public
+#: repository).  Add an address here, to pyproject.toml's [project.urls] and to mkdocs.yml only once
+#: it exists.
+PUBLISHED: dict[str, str] = {}
 #: addresses that would be the project's own: a page may name one only once pyproject.toml does
 OWN_ADDRESS = re.compile(r"https?://(?:(?:www\.)?github\.com/deltackpt|deltackpt\.github\.io|(?:test\.)?pypi\.org/project/deltackpt)"
                          r"[^)\s>\"'`]*")
@@ -78,6 +82,7 @@ def test_links_lead_to_files_or_to_addresses_the_project_publishes():
     CONTRIBUTING, docs/) links to an address of the project's that they do not name, and every
     relative link of the top-level pages leads to a file of the repository."""
     urls = _project_urls()
+    assert urls == PUBLISHED, f"pyproject.toml names {urls}; what exists: {PUBLISHED}"
     with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as f:
         mkdocs = f.read()
     for key, setting in (("Documentation", "site_url"), ("Repository", "repo_url")):
@@ -96,3 +101,13 @@ def test_links_lead_to_files_or_to_addresses_the_project_publishes():
                 if not target.startswith(("https://", "http://", "#", "mailto:")):
                     path = os.path.join(ROOT, target.split("#")[0])
                     assert os.path.exists(path), f"{rel}: the link {target} leads to no file"
+
+
+def test_the_first_install_line_installs_from_the_clone_or_a_built_wheel():
+    """No package index serves deltackpt, so the README's and the home page's first install command
+    installs the clone (`pip install .`), as the fresh-venv check of issue 33 did, not a name pip
+    would look up."""
+    for page in ("README.md", os.path.join("docs", "index.md")):
+        with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+            first = next(line for line in f if line.startswith("pip install"))
+        assert first.split("#")[0].split() == ["pip", "install", "."], (page, first)
