@@ -261,13 +261,19 @@ class Repository(ChunkReader, IndexState):
     def _revision_names(self) -> list[str]:
         """The names a revision may be spelt with besides ids: latest, HEAD, the tags, and
         best:METRIC for the newest version's metrics (what a "did you mean" picks from)."""
-        names = [refs.LATEST, "HEAD", *(k[len(TAGS):] for k in self.store.list(TAGS))]
+        names = [refs.LATEST, "HEAD"]
+        # a guess never replaces the error it decorates: a tags folder or newest version that
+        # cannot be read (a symlink, damage) leaves its names out
+        try:
+            names += [k[len(TAGS):] for k in self.store.list(TAGS)]
+        except DeltackptError:
+            pass
         try:
             vid = self.latest()
             if vid is not None:
                 names += [f"best:{metric}" for metric in self.manifest(vid).metrics]
         except DeltackptError:
-            pass  # a damaged newest version: suggest what is left
+            pass
         return names
 
     def _best(self, base: str) -> str:
