@@ -1,6 +1,8 @@
 """mkdocs hook (mkdocs.yml ``hooks:``): the docstrings are written for Python's help() and use
-Sphinx roles (:func:`~deltackpt.save`) and ``Example::``; the API pages show those as code and
-``Example:``, so a docstring reads well in both places without a second spelling."""
+Sphinx roles (:func:`~deltackpt.save`), and some older ones ``Example::``; the API pages show those
+as code and ``Example:``, so a docstring reads well in both places without a second spelling.  (The
+public API's docstrings are Google style, whose Args/Returns/Raises mkdocstrings renders as
+sections.)"""
 
 from __future__ import annotations
 

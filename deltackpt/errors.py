@@ -54,6 +54,11 @@ class ConflictError(DeltackptError, RuntimeError):
 class StoreError(DeltackptError, OSError):
     """The storage backend failed (disk full, I/O error, missing object)."""
 
+    def __str__(self) -> str:
+        # StoreError(errno, message): the message says the reason in words, the number is .errno
+        # (OSError would print "[Errno 13] ..." in front of it)
+        return str(self.strerror) if len(self.args) == 2 and self.strerror else super().__str__()
+
 
 class ObjectNotFoundError(StoreError, FileNotFoundError):
     """A key the repository refers to is missing from the store."""

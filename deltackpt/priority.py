@@ -17,8 +17,8 @@ without a way out.
 
 Example::
 
-    from deltackpt.snapshot import async_save
-    async_save.BACKGROUND_IDLE = False   # before the first background save: normal priority
+    from deltackpt.snapshot.runtime import BackgroundOptions
+    repo = deltackpt.Repo("ckpt", background=BackgroundOptions(idle=False))   # normal priority
 """
 
 from __future__ import annotations

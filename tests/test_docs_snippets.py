@@ -1,5 +1,5 @@
 """Every code block of README.md and docs/ runs as written (tests/docs_snippets.py says how), and
-the README's links work on a package index page (absolute, pointing where pyproject.toml says)."""
+the pages link only to files of the repository and to addresses the project publishes."""
 
 from __future__ import annotations
 
@@ -62,23 +62,52 @@ def test_a_wrong_block_fails_the_page(tmp_path):
 def _project_urls() -> dict[str, str]:
     tomllib = pytest.importorskip("tomllib")
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        return tomllib.load(f)["project"]["urls"]
+        return tomllib.load(f)["project"].get("urls", {})
 
 
-def test_readme_links_are_absolute_and_match_the_project_urls():
-    """A package index shows the README away from the repository: relative links would break.  The
-    repository and documentation addresses are the ones pyproject.toml and mkdocs.yml name."""
+#: what the project publishes: nothing yet (no package index page, no documentation site, no public
+#: repository).  Add an address here, to pyproject.toml's [project.urls] and to mkdocs.yml only once
+#: it exists.
+PUBLISHED: dict[str, str] = {}
+#: addresses that would be the project's own: a page may name one only once pyproject.toml does
+OWN_ADDRESS = re.compile(r"https?://(?:(?:www\.)?github\.com/deltackpt|deltackpt\.github\.io|(?:test\.)?pypi\.org/project/deltackpt)"
+                         r"[^)\s>\"'`]*")
+TOP_PAGES = ["README.md", "CHANGELOG.md", "SECURITY.md", "CONTRIBUTING.md"]
+
+
+def test_links_lead_to_files_or_to_addresses_the_project_publishes():
+    """Nothing is published yet (no package index page, documentation site or public repository),
+    so pyproject.toml names no project URL and mkdocs.yml no site_url or repo_url: the two agree,
+    and name the same addresses once there are some.  No page (README, CHANGELOG, SECURITY,
+    CONTRIBUTING, docs/) links to an address of the project's that they do not name, and every
+    relative link of the top-level pages leads to a file of the repository."""
     urls = _project_urls()
-    repo, docs = urls["Repository"], urls["Documentation"]
+    assert urls == PUBLISHED, f"pyproject.toml names {urls}; what exists: {PUBLISHED}"
     with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as f:
         mkdocs = f.read()
-    assert f"site_url: {docs}" in mkdocs and f"repo_url: {repo}" in mkdocs
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        readme = f.read()
-    for target in re.findall(r"\]\(([^)\s]+)\)", readme) + re.findall(r"<(https?://[^>]+)>", readme):
-        assert target.startswith(("https://", "http://", "#")), f"relative link in README.md: {target}"
-    for page in PAGES:
+    for key, setting in (("Documentation", "site_url"), ("Repository", "repo_url")):
+        named = re.findall(rf"^{setting}:\s*(\S+)", mkdocs, flags=re.M)
+        assert named == ([urls[key]] if key in urls else []), (setting, named, urls.get(key))
+    published = tuple(u.rstrip("/") for u in urls.values())
+    for page in sorted({*PAGES, *(os.path.join(ROOT, p) for p in TOP_PAGES)}) + [os.path.join(ROOT, "pyproject.toml"),
+                                                                              os.path.join(ROOT, "mkdocs.yml")]:
         with open(page, encoding="utf-8") as f:
             text = f.read()
-        for url in re.findall(r"https://(?:github\.com/deltackpt|deltackpt\.github\.io)[^)\s>\"']*", text):
-            assert url.startswith((repo.rstrip("/"), docs.rstrip("/"))), f"{os.path.relpath(page, ROOT)}: {url}"
+        rel = os.path.relpath(page, ROOT)
+        for url in OWN_ADDRESS.findall(text):
+            assert published and url.startswith(published), f"{rel}: {url} is not an address the project publishes"
+        if rel in TOP_PAGES:
+            for target in re.findall(r"\]\(([^)\s]+)\)", text):
+                if not target.startswith(("https://", "http://", "#", "mailto:")):
+                    path = os.path.join(ROOT, target.split("#")[0])
+                    assert os.path.exists(path), f"{rel}: the link {target} leads to no file"
+
+
+def test_the_first_install_line_installs_from_the_clone_or_a_built_wheel():
+    """No package index serves deltackpt, so the README's and the home page's first install command
+    installs the clone (`pip install .`), as the fresh-venv check of issue 33 did, not a name pip
+    would look up."""
+    for page in ("README.md", os.path.join("docs", "index.md")):
+        with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+            first = next(line for line in f if line.startswith("pip install"))
+        assert first.split("#")[0].split() == ["pip", "install", "."], (page, first)

@@ -35,19 +35,40 @@ def load(repo: "str | os.PathLike | Handle | Store", version: "str | Version" = 
          return_version: bool = False, threads: int | None = None) -> Any:
     """Load a version: the saved structure with bit-identical tensors.
 
-    ``layers=["encoder"]`` returns only tensors under that module path and reads only their
-    chunks.  ``return_version=True`` returns ``(state, Version)``; ``Version.exact`` says whether
-    any tensor was stored lossily.  ``threads``: decode threads (default
-    ``$DELTACKPT_READ_THREADS``, else every core).
+    Args:
+        repo: the repository: a path or URL, a :class:`~deltackpt.Repo` or a store.
+        version: which version: an id or a 4+ digit prefix, a tag, ``latest``, ``latest~N`` or
+            ``best:METRIC[:min|:max]`` (or a :class:`~deltackpt.Version`).
+        layers: module paths to load (``["encoder"]`` selects ``encoder.*`` and
+            ``model.encoder.*``); only their tensors' chunks are read.  What comes back is the
+            selected subtrees and the containers on the way to them: everything else is left out,
+            plain values included (``layers=["model"]`` on a ``{"model": ..., "optimizer": ...,
+            "step": ...}`` state returns ``{"model": {...}}``); a list keeps its length, with None
+            where an item was left out.
+        map_location: where the tensors go (``"cpu"``, ``"cuda:0"``, a torch.device; None: where
+            they were saved).
+        return_version: also return the :class:`~deltackpt.Version` loaded.
+        threads: decode threads (default ``$DELTACKPT_READ_THREADS``, else every core).
 
-    Example::
+    Returns:
+        The saved structure (or ``(state, Version)`` with ``return_version``); ``Version.exact``
+        says whether some tensor was stored lossily.
 
+    Raises:
+        UnknownVersionError: no such version (the message suggests the closest names).
+        StateMismatchError: a layer that selects no tensor (the message lists the version's layers).
+        CorruptObjectError: a damaged chunk or manifest, named with its version and tensor.
+
+    Example:
+        ```python
         state = deltackpt.load("ckpt", "latest~2")
         model.load_state_dict(state["model"])
+        head = deltackpt.load("ckpt", layers=["head"])["model"]     # reads only the head's chunks
+        ```
     """
+    from ..repo.layers import select_tree, selected_tensors
     from ..torchstate.flatten import unflatten
     from ..torchstate.materialize import build_tensors, read_blobs, read_threads
-    from ..torchstate.planner import selected_tensors
 
     if threads is not None:
         read_threads(threads)  # refused before anything is read
@@ -60,8 +81,8 @@ def load(repo: "str | os.PathLike | Handle | Store", version: "str | Version" = 
         with bar("load", sum(m.blobs[b].nbytes for b in {m.tensors[i].blob for i in chosen})):
             buffers = read_blobs(core, vid, m, (m.tensors[i].blob for i in chosen), threads=threads)
         tensors = build_tensors(m, chosen, buffers, map_location)
-        keep = None if layers is None else set(chosen).__contains__
-        state = unflatten(m.tree, tensors.__getitem__, keep)
+        tree = m.tree if layers is None else select_tree(m.tree, set(chosen).__contains__, layers)
+        state = unflatten(tree, tensors.__getitem__)
         return (state, core.version(vid)) if return_version else state
 
 
@@ -70,25 +91,42 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Handle | Store"
             strict: bool = True, threads: int | None = None) -> Version:
     """Copy a version into ``model``'s existing parameters and buffers, in place.
 
-    Chunks are decoded straight into the parameters' memory (no second full copy on the CPU).
-    With ``layers``, only those tensors are read and written; the rest of the model is untouched.
-    With ``optimizer``, its state is loaded from the version's ``optimizer`` entry (into the
-    optimizer's own state tensors where their shapes and dtypes match).
-
-    A rollback reads only what changed: each chunk of a contiguous CPU tensor is hashed where it
+    Chunks are decoded straight into the parameters' memory (no second full copy on the CPU).  A
+    rollback reads only what changed: each chunk of a contiguous CPU tensor is hashed where it
     lies; one the model already holds is neither read nor written, and one a few stored deltas
     away from it (the version before or after, by how the repository chains them) is stepped
-    there in place, reading only those deltas.  Every other chunk is read whole.  ``threads``:
-    decode threads (default ``$DELTACKPT_READ_THREADS``, else every core).
+    there in place, reading only those deltas.  Every other chunk is read whole.  A model (and
+    optimizer) that does not match the version is refused before anything is written.
 
-    Chunks are hash-checked as they land; a corrupt one raises CorruptObjectError naming the
-    version and tensor, and that tensor may then be partly overwritten (in-place means no spare
-    copy): restore again from another version, or use :func:`deltackpt.resume`, which does.
+    Args:
+        model: the module to restore into; its keys are the version's (or the version's
+            ``model.*`` ones, for a saved training state).
+        repo: the repository: a path or URL, a :class:`~deltackpt.Repo` or a store.
+        version: which version (an id or prefix, a tag, ``latest~N``, ``best:METRIC``).
+        layers: module paths: only those tensors are read and written; the rest of the model is
+            untouched.
+        optimizer: also load its state from the version's ``optimizer`` entry (into the
+            optimizer's own state tensors where their shapes and dtypes match).
+        strict: refuse a version whose tensors and the model's differ (False: restore the ones
+            both have).
+        threads: decode threads (default ``$DELTACKPT_READ_THREADS``, else every core).
 
-    Example::
+    Returns:
+        The :class:`~deltackpt.Version` restored.
 
+    Raises:
+        UnknownVersionError: no such version.
+        StateMismatchError: the model or optimizer does not match the version (missing or
+            unexpected keys, shapes, dtypes), or the version holds no optimizer; nothing was written.
+        CorruptObjectError: a damaged chunk, named with its version and tensor.  That tensor may
+            then be partly overwritten (in place means no spare copy): restore again from another
+            version, or use :func:`deltackpt.resume`, which loads before it writes.
+
+    Example:
+        ```python
         deltackpt.restore(model, "ckpt", "latest~1", optimizer=opt)
         deltackpt.restore(model, "ckpt", layers=["encoder"])   # one layer, nothing else read
+        ```
     """
     if threads is not None:
         from ..torchstate.materialize import read_threads
@@ -137,7 +175,7 @@ def _matching_tensors(m: Any, vid: str, target: dict, prefix: str, layers: Any, 
     """(model key, tensor index) for each tensor of the model that ``layers`` selects and the
     version holds; a model and version that do not match (``strict``) are refused here, before
     anything is read or written."""
-    from ..torchstate.planner import layer_matcher
+    from ..repo.layers import layer_matcher
 
     by_name = {t.name: i for i, t in enumerate(m.tensors)}
     match = layer_matcher(layers)

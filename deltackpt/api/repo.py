@@ -34,31 +34,53 @@ if TYPE_CHECKING:
 
 
 class Repo(Handle):
-    """A deltackpt repository handle: the owner of everything work on it starts and holds.
+    """A deltackpt repository handle: list, inspect, tag, check and maintain its versions, save and
+    load through it; the owner of everything work on it starts and holds.
 
-    Example::
+    A handle keeps the bytes its next save will delta against in memory (``delta_cache_bytes``)
+    and runs background saves in a thread of its own.  :meth:`close` (or leaving the ``with``
+    block) finishes the background saves, frees that memory and joins every thread and process
+    the handle started: afterwards nothing of it runs or writes into the folder.  Two handles on
+    one repository share nothing but the files.
 
+    Args:
+        location: a folder, an fsspec URL (``s3://bucket/run1``) or a store; another Repo opens a
+            new handle on the same store.
+        create: create the repository if it does not exist (a save creates it too).
+        chunk_bytes: bytes per chunk for this handle's saves (the config's when None; 2 MiB in a new
+            repository).
+        keyframe_interval: store a chunk whole at least every N versions, bounding delta chains
+            (the config's when None; 8 in a new repository).
+        delta_cache_bytes: memory for the bytes the next save deltas against (only positions whose
+            last change was a delta keep theirs); past it, or with 0, the base is read back from the
+            repository when a delta needs it.
+        level: zstd compression level of this handle's saves (default 1).
+        delta_base: how versions chain, stored in the config by :meth:`init`: ``"child"`` (the
+            default of format 2) writes each changed chunk once, whole or as a small forward delta,
+            so ``resume`` reads about one object per chunk, and later re-stores older versions as
+            deltas against newer chunks (:meth:`deltify`, and a bounded step after each save);
+            ``"parent"`` chains every change forward (the smallest saves, the newest version the
+            dearest to read); ``"keyframe"`` takes every lossless delta against its chunk's last
+            keyframe.  bench/DELTAS.md compares them.
+        background: how background saves run: ``"thread"``, ``"process"`` or a
+            :class:`~deltackpt.snapshot.runtime.BackgroundOptions`.
+        deltify: re-store older versions as reverse deltas after each save (default
+            ``$DELTACKPT_DELTIFY``, on), where that pays back.
+
+    Raises:
+        NotARepositoryError: the location holds no repository (and ``create`` is False).
+        InvalidArgumentError: a setting out of range (``chunk_bytes``, ``keyframe_interval``,
+            ``level``, ``delta_base``, ``background``).
+        StoreError: the storage failed; the message names the path and the reason.
+
+    Example:
+        ```python
         with deltackpt.Repo("ckpt", create=True) as repo:
             v = repo.save({"model": model.state_dict(), "step": 10}, step=10)
             for version in repo.log():
                 print(version.short_id, version.step, version.metrics)
             state = repo.load("latest~1", layers=["encoder"])
-
-    A handle keeps the last saved bytes in memory (``delta_cache_bytes``; 0 turns it off) as the
-    bases the next save stores its deltas against, and runs background saves in a thread of its
-    own (``background``: ``"thread"``, ``"process"`` or a
-    :class:`~deltackpt.snapshot.runtime.BackgroundOptions`).  :meth:`close` (or leaving the
-    ``with`` block) finishes the background saves, frees that memory and joins every thread and
-    process the handle started: afterwards nothing of it runs or writes into the folder.  Two
-    handles on one repository share nothing but the files.
-
-    ``delta_base`` (stored in the config by ``Repo.init``) picks the topology: ``"child"`` (the
-    default of format 2) writes each changed chunk once, whole or as a small forward delta, so
-    ``resume`` reads about one object per chunk, and later re-stores older versions as deltas
-    against newer chunks (:meth:`deltify`, and a bounded step after each save unless
-    ``deltify=False``); ``"parent"`` chains every change forward (the smallest saves, the newest
-    version the dearest to read); ``"keyframe"`` takes every lossless delta against its chunk's
-    last keyframe.  bench/DELTAS.md compares them.
+        ```
     """
 
     def __init__(self, location: "str | os.PathLike[str] | Store | Handle", *, create: bool = False,
@@ -72,7 +94,21 @@ class Repo(Handle):
 
     @classmethod
     def init(cls, location: "str | os.PathLike[str] | Store", **kwargs: Any) -> "Repo":
-        """Create an empty repository (no error if it exists).  ``Repo.init("ckpt")``"""
+        """Create an empty repository; one already there is opened as it is.
+
+        Args:
+            location: a folder, an fsspec URL or a store.
+            **kwargs: the settings of :class:`Repo` (``chunk_bytes``, ``keyframe_interval``,
+                ``delta_base``, ...), stored in the new repository's config.
+
+        Returns:
+            The :class:`Repo` (close it, or use it in a ``with`` block).
+
+        Example:
+            ```python
+            repo = deltackpt.Repo.init("ckpt", keyframe_interval=4)
+            ```
+        """
         return cls(location, create=True, **kwargs)
 
     def __enter__(self) -> "Repo":
@@ -80,6 +116,7 @@ class Repo(Handle):
 
     @property
     def location(self) -> str:
+        """Where the repository is: its absolute folder, or its URL."""
         return self.core.location
 
     def __reduce__(self) -> tuple:
@@ -102,25 +139,71 @@ class Repo(Handle):
         return None if vid is None else self.core.version(vid)
 
     def resolve(self, version: "str | Version" = "latest") -> Version:
-        """The Version a revision names: ``repo.resolve("latest~2")``."""
+        """The version a revision names.
+
+        Args:
+            version: an id or a 4+ digit prefix, a tag, ``latest``, ``latest~N``, ``best:METRIC[:min|:max]``.
+
+        Returns:
+            Its :class:`~deltackpt.Version`.
+
+        Raises:
+            UnknownVersionError: no version has that name; the message suggests the closest names
+                (``did you mean 'latest'?``).
+            AmbiguousVersionError: an id prefix that several versions start with.
+
+        Example:
+            ```python
+            repo.resolve("latest~2").step
+            ```
+        """
         return self.core.version(self.core.resolve(version))
 
     def log(self) -> list[Version]:
-        """Every version, newest first: ``[v.step for v in repo.log()]``.  A version whose
-        manifest cannot be used is listed too, with ``v.error`` saying why (the others still are)."""
+        """Every version, newest first.
+
+        Returns:
+            The :class:`~deltackpt.Version` of each.  A version whose manifest cannot be used is listed
+            too, with ``error`` saying why (the others still are).
+
+        Example:
+            ```python
+            [v.step for v in repo.log()]
+            ```
+        """
         tags = self.core.tags_by_version()
         return [Version.damaged(vid, str(m), tuple(sorted(tags.get(vid, [])))) if isinstance(m, DeltackptError)
                 else self.core.version(vid, tags, manifest=m) for vid, m in self.core.scan()]
 
-    def show(self, version: "str | Version" = "latest") -> dict[str, Any]:
-        """A version and its tensors (dtype, shape, logical and stored bytes, encoding, exactness).
+    def show(self, version: "str | Version" = "latest", *, layers: "list[str] | str | None" = None) -> dict[str, Any]:
+        """A version and its tensors: what ``deltackpt show`` prints.
 
-        ``repo.show("latest")["tensors"][0]["stored_bytes"]``"""
+        Args:
+            version: which version.
+            layers: list only the tensors under these module paths (as in :func:`deltackpt.load`).
+
+        Returns:
+            ``{"version": Version.to_json(), "exact": bool, "tensors": [...], "written": {...},
+            "last_drill": {...} | None}``; each tensor has its ``name``, ``dtype``, ``shape``,
+            ``logical_bytes``, ``stored_bytes`` (its chunks' stored objects), ``chunks``, ``encoding``,
+            ``exact`` and ``max_abs_err``.
+
+        Raises:
+            UnknownVersionError: no such version.
+            StateMismatchError: a layer that selects no tensor.
+
+        Example:
+            ```python
+            repo.show("latest", layers=["encoder"])["tensors"][0]["stored_bytes"]
+            ```
+        """
+        from ..repo.layers import selected_tensors
+
         vid = self.core.resolve(version)
         m = self.core.manifest(vid)
         self.core.index.refresh()
         tensors = []
-        for t in m.tensors:
+        for t in (m.tensors[i] for i in selected_tensors(m, layers, f"version {vid[:10]}")):
             blob = m.blobs[t.blob]
             tensors.append({"name": t.name, "dtype": t.dtype, "shape": t.shape, "logical_bytes": t.nbytes,
                             "stored_bytes": self.core.index.stored_size(c.chunk_id for c in blob.chunks),
@@ -131,50 +214,129 @@ class Repo(Handle):
                 "written": m.extra.get("written", {}), "last_drill": drill}
 
     def tag(self, name: str, version: "str | Version" = "latest", *, force: bool = False) -> Version:
-        """Name a version: ``repo.tag("best", "latest~3")``.  Tags are kept by gc."""
+        """Name a version; gc keeps tagged versions.
+
+        Args:
+            name: the tag: letters, digits, ``.``, ``_``, ``-``; not ``latest`` or ``HEAD``, not
+                starting with ``best``, not 4 or more hex digits.
+            version: which version (default ``latest``).
+            force: move the tag if it names another version.
+
+        Returns:
+            The :class:`~deltackpt.Version` tagged.
+
+        Raises:
+            InvalidNameError: a name that is not allowed.
+            ConflictError: the tag names another version (and ``force`` is False).
+
+        Example:
+            ```python
+            repo.tag("before-lr-change", "latest~3")
+            ```
+        """
         vid = self.core.resolve(version)
         commit.set_tag(self.core, name, vid, force=force)
         return self.core.version(vid)
 
     def untag(self, name: str) -> None:
-        """Remove a tag (the version stays until gc removes it)."""
+        """Remove a tag; the version stays until gc removes it.
+
+        Args:
+            name: the tag.
+
+        Raises:
+            UnknownVersionError: no such tag.
+        """
         commit.delete_tag(self.core, name)
 
     def tags(self) -> dict[str, str]:
+        """Every tag and the version id it names: ``{"warmup-done": "3fa1...", ...}``."""
         return self.core.tags()
 
     def events(self) -> list[Event]:
-        """The repository's event records (a guard's rollbacks, drills), newest first; a record
-        that does not parse is listed as kind ``"damaged"`` with ``data["error"]`` saying why.
+        """The repository's event records (a guard's rollbacks, drills), newest first.
 
-        ``[e.kind for e in repo.events()]``"""
+        Returns:
+            The records; one that does not parse is listed as kind ``"damaged"``, with
+            ``data["error"]`` saying why.
+
+        Example:
+            ```python
+            [e.kind for e in repo.events()]
+            ```
+        """
         return [e if isinstance(e, Event) else Event(eid, "damaged", math.nan, {"error": str(e)})
                 for eid, e in events.scan(self.core)]
 
     def drill(self, version: "str | Version" = "latest", *, threads: int | None = None,
               record: bool = True) -> DrillReport:
-        """Restore ``version`` into fresh memory as a restarted process would, check every chunk
-        against its hash, measure the time and bytes read, and record it (``deltackpt log`` shows
-        the last drill; ``YoungDaly`` uses the restore time).  ``threads``: decode threads
-        (default: every core).  A version that does not restore gives ``ok`` False, not an error.
+        """Restore a version into fresh memory as a restarted process would, check every chunk against
+        its hash, measure the time and bytes read, and record it (``deltackpt log`` shows the last
+        drill; ``YoungDaly`` uses the restore time).
 
-        ``report = repo.drill("latest~1"); assert report.ok``"""
+        Args:
+            version: which version (default ``latest``).
+            threads: decode threads (default: every core).
+            record: record the drill as an event.
+
+        Returns:
+            A ``DrillReport``: ``ok``, the time and bytes read, and what failed.  A version that does
+            not restore gives ``ok`` False, not an error.
+
+        Example:
+            ```python
+            report = repo.drill("latest~1"); assert report.ok
+            ```
+        """
         revision = version.id if isinstance(version, Version) else version
         return run_drill(self.core, revision, threads=threads or os.cpu_count() or 1, record=record)
 
     def verify(self, *, read_data: bool = True) -> VerifyReport:
-        """Re-read and re-hash everything: ``assert repo.verify().ok``."""
+        """Re-read everything and check it: manifests, index, packs and every chunk's hash.
+
+        Args:
+            read_data: decode and hash every chunk (False: check the structure only).
+
+        Returns:
+            A :class:`~deltackpt.VerifyReport`: ``ok``, the problems found and every version each
+            affects.
+
+        Example:
+            ```python
+            assert repo.verify().ok
+            ```
+        """
         with bar("verify", 1, unit_bytes=False) as update:
             return run_verify(self.core, read_data=read_data, progress=update)
 
     def rebuild_index(self) -> Any:
-        """Re-derive the index from the pack headers (after verify reports a lost or damaged
-        index file): ``repo.rebuild_index().packs_indexed``"""
+        """Re-derive the index from the pack headers, after verify reports a lost or damaged index file.
+
+        Returns:
+            A report of what was indexed (``packs_indexed``, ...).
+
+        Example:
+            ```python
+            repo.rebuild_index().packs_indexed
+            ```
+        """
         from ..repo.maintain.rebuild import rebuild_index
         return rebuild_index(self.core)
 
     def du(self) -> dict[str, Any]:
-        """Logical and stored bytes per version and in total: ``repo.du()["total"]["stored_bytes"]``."""
+        """Disk use: what ``deltackpt du`` prints.
+
+        Returns:
+            ``{"versions": [...], "total": {...}}``: per version its ``logical_bytes`` (size in
+            memory), ``written_bytes`` (what its save added), ``referenced_bytes`` (what a load of it
+            reads) and ``unique_bytes`` (what no other version uses); in total the versions, their
+            logical bytes and the stored bytes (packs and metadata).
+
+        Example:
+            ```python
+            repo.du()["total"]["stored_bytes"]
+            ```
+        """
         core = self.core
         core.index.refresh()
         refs_by_version: dict[str, set[bytes]] = {}
@@ -199,8 +361,22 @@ class Repo(Handle):
                                             "metadata_bytes": meta}}
 
     def diff(self, a: "str | Version", b: "str | Version" = "latest") -> list[dict[str, Any]]:
-        """Per tensor: fraction of elements changed, max abs and relative L2 difference, stored
-        bytes in each version.  ``repo.diff("latest~1", "latest")``"""
+        """Tensor by tensor, how two versions differ.
+
+        Args:
+            a: the older version.
+            b: the newer version (default ``latest``).
+
+        Returns:
+            One dict per tensor: ``name``, ``changed_fraction`` (of its elements), ``max_abs`` and
+            ``rel_l2`` (of the difference), ``stored_bytes_a`` and ``stored_bytes_b``; a tensor only
+            one version has has ``status`` ``added`` or ``removed``.
+
+        Example:
+            ```python
+            repo.diff("latest~1", "latest")
+            ```
+        """
         from ..torchstate.diff import diff_versions
         return diff_versions(self, a, b)
 
@@ -222,15 +398,25 @@ class Repo(Handle):
         return gc(self, **kwargs)
 
     def deltify(self, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None) -> DeltifyReport:
-        """Re-store what older versions hold whole as deltas against newer versions, now (saves do
-        it in the background, a bounded step at a time; gc does it for what it keeps).  The ``lag``
-        newest versions are left as saved (by default latest alone); past ``max_bytes`` of
-        replaced copies only the packs already begun are finished.
+        """Re-store what older versions hold whole as deltas against newer versions, now (saves do it
+        in the background, a bounded step at a time; gc does it for what it keeps).
 
-        Example::
+        Args:
+            lag: the ``lag`` newest versions are left as saved (by default latest alone).
+            max_bytes: past this many bytes of replaced copies, only the packs already begun are
+                finished (None: no limit).
 
+        Returns:
+            A report: the ``chunks`` re-stored and the ``freed_bytes``, among others.
+
+        Raises:
+            InvalidArgumentError: ``lag`` below 1 or a negative ``max_bytes``.
+
+        Example:
+            ```python
             report = deltackpt.Repo("ckpt").deltify()
             print(report.chunks, report.freed_bytes)
+            ```
         """
         if not is_int(lag) or lag < 1:
             raise InvalidArgumentError(f"lag must be an integer >= 1, got {lag!r:.80}")
@@ -251,19 +437,40 @@ def gc(repo: "str | os.PathLike | Repo | Store", *, keep_last: int | None = None
        dry_run: bool = False, keep_best: "tuple[str, int, str] | str | None" = None, keep_every: int | None = None,
        keep_within: float | None = None, rebase: bool = True,
        grace_seconds: float = DEFAULT_GRACE_SECONDS) -> GcReport:
-    """Remove versions outside the retention rules, and the bytes only they held.
+    """Remove the versions outside the retention rules, and the bytes only they held.
 
-    The union of the rules is kept, and ``latest`` always.  ``keep_best`` on a metric no version
-    records is refused (InvalidArgumentError, nothing removed): it would keep nothing.  A kept
-    version never loses a delta base: its chunk is rewritten as a keyframe (``rebase=True``,
-    reported as ``chunks_rebased``) or the base is kept (``bases_kept``).  What the kept versions
-    older than the ``keep_last`` window still hold whole then becomes deltas against newer
-    versions (``chunks_deltified``).
+    The union of the rules is kept, and ``latest`` always.  A kept version never loses a delta
+    base: its chunk is rewritten whole (``rebase=True``, reported as ``chunks_rebased``) or the base
+    is kept (``bases_kept``).  What the kept versions older than the ``keep_last`` window still hold
+    whole then becomes deltas against newer versions (``chunks_deltified``).
 
-    Example::
+    Args:
+        repo: the repository: a path or URL, a :class:`Repo` or a store.
+        keep_last: keep ``latest`` and its N-1 first-parent ancestors.
+        keep_tags: keep tagged versions (False: remove them and their tags too).
+        dry_run: say what would go; take no lock, write nothing.
+        keep_best: the best versions by a metric: ``"val_loss:2"`` (lower is better),
+            ``"accuracy:3:max"`` or ``("val_loss", 2, "min")``.
+        keep_every: keep one version every this many steps.
+        keep_within: keep the versions saved in the last this many seconds.
+        rebase: store kept chunks whose delta base is removed whole again (False: keep the base).
+        grace_seconds: a pack no index names yet may belong to a save still running in another
+            process, so gc deletes such files only once they are older than this.
 
+    Returns:
+        A :class:`~deltackpt.GcReport`: the versions ``removed`` and ``kept`` (with why), the
+        ``reclaimed_bytes`` and what happened to the pack files.
+
+    Raises:
+        InvalidArgumentError: a rule out of range, or ``keep_best`` on a metric no version records
+            (it would keep nothing); nothing is removed.
+        RepositoryLockedError: another gc holds the repository, or a save outlasted gc's wait.
+
+    Example:
+        ```python
         report = deltackpt.gc("ckpt", keep_last=3, keep_best="val_loss:2", dry_run=True)
         print(report.removed, report.reclaimed_bytes)
+        ```
     """
     policy = Retention(keep_last=keep_last, keep_best=keep_best, keep_every=keep_every,
                        keep_within=keep_within, keep_tags=keep_tags)

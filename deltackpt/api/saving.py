@@ -23,58 +23,77 @@ def save(obj: Any, repo: "str | os.PathLike | Handle | Store", *, step: int | No
          optimizer: Any = None, latest: bool = True) -> "Version | SaveHandle":
     """Save a module's state_dict, a state dict or a nested training state as a new version.
 
-    Unchanged chunks are not written again; changed ones are stored as deltas against the last
-    version this process saved, when that is smaller.  ``encoding`` opts tensors into lossy modes
-    by name pattern (``{"optimizer.*": "q8-delta"}``); the default is lossless.
+    Unchanged chunks are not written again; changed ones are stored as deltas against the
+    previous version when that is smaller.  Everything that can refuse the input does so before
+    the repository is created or touched.
 
-    ``blocking=False`` returns a :class:`~deltackpt.snapshot.async_save.SaveHandle` as soon as
-    the tensors are copied to host memory; the rest runs in the background
-    (``handle.wait()`` returns the Version).  Any save first waits for a background save to the
-    same repository still in flight, and raises its error if nobody has waited for it.
+    Who owns the work: saving to a :class:`~deltackpt.Repo` uses that handle (the bytes its next
+    save deltas against, its save thread; ``repo.close()`` ends them).  Saving to a path opens a
+    handle for this call, which a blocking save closes before returning and a background one frees
+    once it is done: nothing of the save runs or writes into the folder afterwards.  A loop that
+    saves often is better served by one ``Repo``: it keeps the bytes the next deltas need in
+    memory instead of reading them back.
 
-    ``background``: where a background save runs, ``"thread"`` or ``"process"`` (a persistent
-    encoder process fed through shared memory: the save's Python then never takes the training
-    loop's GIL; local repositories and CPU tensors only, others use the thread).  Default: the
-    handle's (``Repo(..., background=...)``), else ``"thread"``.
+    Args:
+        obj: a module (its ``state_dict()`` is saved), or any nesting of dicts, lists and tuples
+            whose leaves are tensors and plain values (numbers, strings, booleans, None, bytes).
+        repo: the repository: a path or URL (created on the first save), a :class:`~deltackpt.Repo`
+            or a store.
+        step: the training step to record (``log`` lists it, ``keep_every`` counts by it).
+        metrics: numbers to record (``{"loss": 0.31}``); ``best:loss`` and ``keep_best`` choose by them.
+        meta: plain values to record beside the state (hyperparameters, a git revision).
+        tag: a name for the new version (kept by gc).
+        encoding: lossy modes by name pattern, e.g. ``{"optimizer.*": "q8-delta"}``, or one mode for
+            every float tensor; the default stores every tensor bit for bit.
+        blocking: False returns a :class:`~deltackpt.snapshot.handle.SaveHandle` as soon as the
+            tensors are copied to host memory; the rest runs in the background (``handle.wait()``
+            returns the Version).  Any save first waits for a background save to the same
+            repository still in flight, and raises its error if nobody has waited for it.
+        workers: encoder threads.  By default a blocking save uses every core (up to 4) and a
+            background save the cores the training loop leaves free (``os.cpu_count()`` minus
+            ``torch.get_num_threads()``, at least 1).  On Linux a background save's threads run
+            under ``SCHED_IDLE`` until anyone waits for the save (:mod:`deltackpt.priority`;
+            ``Repo(..., background=BackgroundOptions(idle=False))`` turns it off).
+        background: where a background save runs: ``"thread"``, or ``"process"`` (a persistent
+            encoder process fed through shared memory, so the save's Python never takes the
+            training loop's GIL; local repositories and CPU tensors only, others use the thread).
+            Default: the handle's (``Repo(..., background=...)``), else ``"thread"``.
+        optimizer: with ``blocking=False``, one optimizer or a list: a *lazy* snapshot.  The
+            tensors the optimizer owns (its parameters and its state) are copied in the
+            background while the next forward and backward run, and ``optimizer.step()`` waits for
+            that copy before it writes; every other tensor is copied at call time.  Any other
+            in-place write to those tensors before the next ``optimizer.step()``
+            (``model.load_state_dict``, EMA weights swapped in) must call
+            ``handle.wait_snapshot()`` first; :mod:`deltackpt.snapshot.lazy` lists what is safe
+            without it.  With ``blocking=True`` it is checked, then ignored.
+        latest: False commits the version off the training line (what ``deltackpt import`` does):
+            ``latest`` does not move, so :func:`deltackpt.resume`, ``latest~N`` and the next
+            save's parent ignore it, and gc ranks it after the training line; find it by ``tag``
+            (give one: an untagged version off the line is the first gc removes) or by id.
 
-    Who owns the work: saving to a :class:`~deltackpt.Repo` uses that handle (its delta bases, its
-    save thread; ``repo.close()`` ends them).  Saving to a path opens a handle for this call: a
-    blocking save closes it before returning, a background one when its handle is waited for, so
-    nothing of the save runs or writes into the folder afterwards.  A loop that saves often is
-    better served by one ``Repo`` (it keeps the last saved bytes in memory as the next deltas'
-    bases instead of reading them back).
+    Returns:
+        The new :class:`~deltackpt.Version` (its id, step, metrics, logical and written bytes),
+        or, with ``blocking=False``, the :class:`~deltackpt.snapshot.handle.SaveHandle` whose
+        ``wait()`` returns it.
 
-    ``optimizer`` (with ``blocking=False``; one optimizer or a list): a *lazy* snapshot.  The
-    tensors the optimizer owns (its parameters and every tensor in ``optimizer.state``, found by
-    storage) are copied in the background while the next forward and backward run, and a step
-    pre-hook makes ``optimizer.step()`` wait for that copy before it writes; every other tensor is
-    copied at call time.  Any other in-place write to a parameter or optimizer-state tensor before
-    the next ``optimizer.step()`` (``model.load_state_dict``, EMA weights swapped in, ``p.mul_()``
-    under ``no_grad``) is the user's to declare by calling ``handle.wait_snapshot()`` first; what
-    is safe without it is listed in :mod:`deltackpt.snapshot.lazy`.  ``handle.step_wait_seconds``
-    tells how long steps waited.  With ``blocking=True`` the save is complete when it returns and
-    ``optimizer`` is not needed (it is checked, then ignored).
+    Raises:
+        UnsupportedLeafError: a leaf that is neither a tensor nor plain data (it would need
+            pickle), or a tensor of an unsupported kind; the message names its key.
+        InvalidArgumentError: an argument out of its range (``latest``, ``encoding``, ``optimizer``).
+        InvalidNameError: a tag name that is not allowed.
+        ConflictError: the tag is taken.
+        StoreError: the storage failed (a folder that cannot be created, a full disk); the
+            message names the path and the reason.
 
-    ``workers``: encoder threads.  By default a blocking save uses every core (up to 4) and a
-    background save the cores the training loop leaves free (``os.cpu_count()`` minus
-    ``torch.get_num_threads()``, at least 1), so that it does not compete with training for CPU.
-    On Linux a background save's threads also run under ``SCHED_IDLE``, so they never preempt the
-    training loop, and return to normal priority once anyone waits for the save
-    (:mod:`deltackpt.priority`; ``Repo(..., background=BackgroundOptions(idle=False))`` turns it off).
-
-    ``latest=False`` commits the version off the training line (what ``deltackpt import`` does
-    with a foreign file): ``latest`` does not move, so :func:`deltackpt.resume`, ``latest~N`` and
-    the next save's parent ignore it, and ``gc`` ranks it after the training line; find it by
-    ``tag`` (keep one: an untagged version off the line is the first gc removes) or by id.
-
-    Example::
-
+    Example:
+        ```python
         v = deltackpt.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 100},
                            "ckpt", step=100, metrics={"loss": 0.31}, tag="warmup-done")
         h = deltackpt.save(model, "ckpt", step=200, blocking=False)   # training goes on
         h.wait()
         h = deltackpt.save(training_state(model=model, optimizer=opt), "ckpt", step=300,
                            blocking=False, optimizer=opt)        # returns before copying the weights
+        ```
     """
     import torch
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import deltackpt
 
-from . import events
+from . import columns, events
 from .render import emit_json, human_bytes, one_line, table, when
 
 #: `verify` found problems (the other statuses are main's: they come from exceptions)
@@ -73,7 +73,7 @@ def cmd_log(args: argparse.Namespace) -> int:
         rows.append([v.short_id, when(v.time), v.step, human_bytes(v.logical_bytes),
                      "?" if v.written_bytes is None else human_bytes(v.written_bytes),
                      ",".join(v.tags), "" if v.exact else "lossy", metrics])
-    table(["version", "time", "step", "size", "written", "tags", "exact", "metrics"], rows)
+    table(list(columns.LOG), rows)
     events.print_recent([e.to_json() for e in _repo(args).events()])
     damaged = sum(v.error is not None for v in versions)
     if damaged:
@@ -83,7 +83,7 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    info = _repo(args).show(args.version)
+    info = _repo(args).show(args.version, layers=args.layer or None)
     if args.json:
         emit_json(info)
         return 0
@@ -96,9 +96,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         print("drill   " + events.describe_drill(info["last_drill"]))
     logical = sum(t["logical_bytes"] for t in info["tensors"])
     stored = sum(t["stored_bytes"] for t in info["tensors"])
-    print(f"tensors {len(info['tensors'])}, size {human_bytes(logical)}, stored {human_bytes(stored)} "
+    under = f" under {', '.join(args.layer)}" if args.layer else ""
+    print(f"tensors {len(info['tensors'])}{under}, size {human_bytes(logical)}, stored {human_bytes(stored)} "
           "(the chunk objects it reads)\n")
-    table(["tensor", "dtype", "shape", "size", "stored", "encoding", "max_abs_err"],
+    table(list(columns.SHOW),
           [[t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "()", human_bytes(t["logical_bytes"]),
             human_bytes(t["stored_bytes"]), t["encoding"], "" if t["exact"] else f"{t['max_abs_err']:.3g}"]
            for t in info["tensors"]])
@@ -231,7 +232,7 @@ def cmd_du(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(info)
         return 0
-    table(["version", "step", "size", "written", "needs", "only its own"],
+    table(list(columns.DU),
           [[r["short_id"], r["step"], human_bytes(r["logical_bytes"]), human_bytes(r["written_bytes"]),
             human_bytes(r["referenced_bytes"]), human_bytes(r["unique_bytes"])] for r in info["versions"]])
     t = info["total"]
@@ -247,7 +248,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         emit_json(rows)
         return 0
     fmt = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
-    table(["tensor", "changed", "max_abs", "rel_l2", "stored_a", "stored_b"],
+    table(list(columns.DIFF),
           [[r["name"], r.get("status") or _changed(r), fmt(r.get("max_abs")),
             fmt(r.get("rel_l2")), human_bytes(r.get("stored_bytes_a")), human_bytes(r.get("stored_bytes_b"))]
            for r in rows])

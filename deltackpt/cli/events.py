@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from . import columns
 from .render import emit_json, human_bytes, table, when
 
 
@@ -50,7 +51,7 @@ def cmd_events(args: argparse.Namespace, repo: Any) -> int:
     if not rows:
         print("no events yet")
         return 0
-    table(["event", "time", "kind", "what"],
+    table(list(columns.EVENTS),
           [[r["id"][:10], when(r["time"]) if r.get("time") is not None else "?", r["kind"],
             describe_rollback(r) if r["kind"] == "rollback" else describe_drill(r) if r["kind"] == "drill"
             else r.get("error", "")] for r in rows])

@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-n", "--limit", type=int, metavar="N", help="list only the newest N")
     sp = command("show", commands.cmd_show, "a version's metadata and tensors")
     sp.add_argument("version", nargs="?", default="latest", help="which version (default: latest)")
+    sp.add_argument("--layer", action="append", metavar="MODULE",
+                    help="list only the tensors under this module path (repeatable; `encoder` also "
+                         "selects `model.encoder`)")
     _restore(command("restore", commands.cmd_restore,
                      "write a version (or some layers) to a .pt or .safetensors file"))
     _tag(command("tag", commands.cmd_tag, "name a version"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .columns import TABLES
 from .parser import EXIT_MEANINGS, build_parser
 
 SETUP = '''\
@@ -26,7 +27,7 @@ for step in (100, 200, 300, 400):
 EXAMPLES = {
     "init": ["deltackpt init --repo fresh --keyframe-interval 4"],
     "log": ["deltackpt log --repo ckpt -n 3", "deltackpt --repo ckpt --json log"],
-    "show": ["deltackpt show latest~1 --repo ckpt"],
+    "show": ["deltackpt show latest~1 --repo ckpt", "deltackpt show --layer 2 --repo ckpt"],
     "restore": ["deltackpt restore latest --layer 0 -o layer0.safetensors --repo ckpt"],
     "tag": ["deltackpt tag good latest~1 --repo ckpt"],
     "gc": ["deltackpt gc --keep-last 2 --keep-best loss:1 --dry-run --repo ckpt",
@@ -96,6 +97,11 @@ def render() -> str:
         if rows:
             out.append("| argument | meaning |\n|---|---|\n" + "\n".join(rows) + "\n")
         out.append("```sh\n" + "\n".join(EXAMPLES[name]) + "\n```\n")
+        for what, meanings in TABLES.get(name, []):
+            lead = ("Its header lines, above the tensor table:" if what == "header line" else
+                    "Its columns (`--json` prints the same facts, unrounded, under longer names):")
+            out.append(f"{lead}\n\n| {what} | meaning |\n|---|---|\n"
+                       + "\n".join(f"| `{k}` | {_cell(v)} |" for k, v in meanings.items()) + "\n")
     exits = [f"| {code} | {_cell(text)} |" for code, text in EXIT_MEANINGS]
     out.append("## Exit status\n\n| status | meaning |\n|---|---|\n" + "\n".join(exits) + "\n")
     return "\n".join(out)

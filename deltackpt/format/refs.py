@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -83,6 +84,13 @@ def parse_revision(text: object) -> Revision:
     if not m:
         raise UnknownVersionError(f"not a revision: {text!r:.80} (try 'latest', 'latest~2', a tag or an id prefix)")
     return Revision(m.group("base"), int(m.group("back") or 0))
+
+
+def did_you_mean(word: str, names: list[str], spell: str = "{}") -> str:
+    """``"; did you mean 'latest'?"``: the names closest to a misspelt ``word`` (difflib's ratio,
+    else a match ignoring case), each written as ``spell.format(name)``; empty when none is close."""
+    close = difflib.get_close_matches(word, names, n=3, cutoff=0.6) or [n for n in names if n.lower() == word.lower()]
+    return f"; did you mean {' or '.join(repr(spell.format(c)) for c in close)}?" if close else ""
 
 
 def parse_best(base: str) -> tuple[str, str]:

@@ -234,7 +234,8 @@ class Repository:
                     pass
             if vid is None:
                 if not (4 <= len(base) <= 32 and is_hex_prefix(base)):
-                    raise UnknownVersionError(f"no tag or version {base!r} in {self.location}")
+                    raise UnknownVersionError(f"no tag or version {base!r} in {self.location}"
+                                              f"{refs.did_you_mean(base, self._revision_names(), '{}' + (f'~{rev.back}' if rev.back else ''))}")
                 matches = [v for v in self.version_ids() if v.startswith(base)]
                 if not matches:
                     raise UnknownVersionError(f"no version with id prefix {base!r} in {self.location}")
@@ -251,20 +252,42 @@ class Repository:
             vid = parent
         return vid
 
+    def _revision_names(self) -> list[str]:
+        """The names a revision may be spelt with besides ids: latest, HEAD, the tags, and
+        best:METRIC for the newest version's metrics (what a "did you mean" picks from)."""
+        names = [refs.LATEST, "HEAD"]
+        # a guess never replaces the error it decorates: a tags folder or newest version that
+        # cannot be read (a symlink, damage) leaves its names out
+        try:
+            names += [k[len(TAGS):] for k in self.store.list(TAGS)]
+        except DeltackptError:
+            pass
+        try:
+            vid = self.latest()
+            if vid is not None:
+                names += [f"best:{metric}" for metric in self.manifest(vid).metrics]
+        except DeltackptError:
+            pass
+        return names
+
     def _best(self, base: str) -> str:
         metric, direction = refs.parse_best(base)
         sign = -1 if direction == "max" else 1
         best: tuple[float, float, str] | None = None
+        recorded: dict[str, None] = {}
         for vid, m in self.scan():
             if isinstance(m, DeltackptError):
                 continue  # a damaged version is no candidate; it does not hide the others either
+            recorded.update(dict.fromkeys(m.metrics))
             value = m.metrics.get(metric)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
                 cand = (sign * float(value), -_sort_time(m.time), vid)
                 if best is None or cand < best:
                     best = cand
         if best is None:
-            raise UnknownVersionError(f"no version records the metric {metric!r}")
+            suffix = base[len("best:") + len(metric):]   # the :min or :max as given
+            raise UnknownVersionError(f"no version records the metric {metric!r}"
+                                      f"{refs.did_you_mean(metric, list(recorded), f'best:{{}}{suffix}')}")
         return best[2]
 
     def history(self) -> list[str]:

@@ -90,7 +90,7 @@ class FsspecStore(Store):
         return f"{self.root}/{check_key(key)}"
 
     def _error(self, exc: Exception, action: str, key: str) -> StoreError:
-        if isinstance(exc, FileNotFoundError):
+        if isinstance(exc, FileNotFoundError) and action != "write":  # a write's is a missing folder
             return ObjectNotFoundError(f"{action} {key!r} in {self.url}: no such object")
         code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EIO
         return StoreError(code, f"{action} {key!r} in {self.url} failed: {type(exc).__name__}: {exc}")

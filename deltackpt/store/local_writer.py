@@ -35,11 +35,14 @@ fsync at commit waits only for the tail.  Durability still comes from that final
 
 
 def os_error(exc: OSError, action: str, key: str) -> StoreError:
-    if isinstance(exc, FileNotFoundError):
+    """The store's error for an OS error on ``key``: reading (or deleting) a missing file is
+    ObjectNotFoundError; any other failure, a write into a folder that is missing, read-only or not
+    a folder among them, names the file the OS refused and the OS's reason in one line."""
+    if isinstance(exc, FileNotFoundError) and action != "write":
         return ObjectNotFoundError(f"{action} {key!r}: no such object")
+    where = f"{exc.filename}: " if exc.filename and str(exc.filename) != key else ""
     hint = " (disk full: free space and retry; committed versions are intact)" if exc.errno == errno.ENOSPC else ""
-    err = StoreError(exc.errno, f"{action} {key!r} failed: {exc.strerror or exc}{hint}")
-    return err
+    return StoreError(exc.errno or errno.EIO, f"cannot {action} {key!r}: {where}{exc.strerror or exc}{hint}")
 
 
 def owned_temp(name: str, owner: str) -> bool:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 from typing import Iterable, Mapping
 
 from ..codecs.pipeline import check_mode
-from ..errors import CodecError, StateMismatchError
+from ..errors import CodecError
 from ..format.dtypes import is_float
 from ..format.manifest import Manifest, TensorEntry
+from ..repo.layers import layer_matcher, selected_tensors  # noqa: F401  (their old home)
 from ..repo.write.saver import BlobInput
 from .dtypes import name_of
 from .flatten import TensorLeaf, contiguous_strides
@@ -89,50 +89,3 @@ def plan_blobs(leaves: list[TensorLeaf], encoding: Mapping[str, str] | str | Non
         entries.append(TensorEntry(leaf.name, list(leaf.key), dtype, shape, list(t.stride()), storage_blob[gid],
                                    t.storage_offset() * isz, device=str(t.device)))
     return blobs, entries
-
-
-def layer_matcher(layers: Iterable[str] | str | None):
-    """A predicate on dotted tensor names: ``encoder`` selects ``encoder.*`` and ``model.encoder.*``
-    (on dot boundaries, so ``encoder`` does not select ``encoder2``)."""
-    if layers is None:
-        return None
-    if isinstance(layers, str):
-        layers = [layers]
-    prefixes = []
-    for layer in layers:
-        layer = layer.strip(".")
-        prefixes += [layer, f"model.{layer}"]
-
-    def match(name: str) -> bool:
-        return any(name == p or name.startswith(p + ".") for p in prefixes)
-
-    return match
-
-
-def selected_tensors(manifest: Manifest, layers: Iterable[str] | str | None, what: str = "the version") -> list[int]:
-    """The indices of the tensors ``layers`` selects (every tensor when None).  A layer that selects
-    nothing is a StateMismatchError naming it and the layers there are, never an empty selection
-    (which ``deltackpt restore --layer`` wrote as an empty file, exiting 0)."""
-    match = layer_matcher(layers)
-    chosen = [i for i, t in enumerate(manifest.tensors) if match is None or match(t.name)]
-    if layers is not None:
-        for layer in [layers] if isinstance(layers, str) else list(layers):
-            one = layer_matcher([layer])
-            if not any(one(manifest.tensors[i].name) for i in chosen):
-                raise StateMismatchError(f"{what}: layer {layer!r:.80} selects no tensor; {_layer_hint(manifest, layer)}")
-    return chosen
-
-
-def _layer_hint(manifest: Manifest, layer: str) -> str:
-    """Which layers the version has: the closest names to ``layer``, and its top-level names."""
-    prefixes: set[str] = set()
-    top: dict[str, None] = {}
-    for t in manifest.tensors:
-        parts = t.name.split(".")
-        top.setdefault(parts[0])
-        prefixes.update(".".join(parts[:n]) for n in range(1, len(parts) + 1))
-    close = difflib.get_close_matches(layer.strip("."), sorted(prefixes), n=3, cutoff=0.6)
-    names = list(top)
-    listed = ", ".join(n for n in names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
-    guess = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-    return f"{guess}its top-level layers: {listed or 'none (it holds no tensor)'}"

@@ -29,40 +29,49 @@ if TYPE_CHECKING:
 
 
 class Checkpointer:
-    """Decides at every step whether to save, saves (in the background by default) and applies
-    a retention policy after each save.
+    """Decides at every step whether to save, saves (in the background by default) and applies a
+    retention policy after each save.
 
-    ``policy``: a :mod:`~deltackpt.training.policies` object, an int (every N steps) or a list
-    (save when any is due).  ``retention``: a :class:`~deltackpt.Retention` run as gc after every
-    ``gc_every`` saves (in the background thread, after the save commits).  ``state`` passed to
-    :meth:`step` may be a callable, called only when a save is due.  ``start_step``: the step a
-    resumed run starts from (``resume(...).step``), so schedules continue instead of restarting.
-    ``background``: ``"thread"`` or ``"process"``, as in :func:`deltackpt.save`.
+    Args:
+        repo: the repository: a path or URL, or a :class:`~deltackpt.Repo`.
+        policy: when to save: a :mod:`~deltackpt.training.policies` object, an int (every N steps)
+            or a list (save when any is due).
+        retention: a :class:`~deltackpt.Retention` run as gc after every ``gc_every`` saves (in the
+            background thread, after the save commits).
+        blocking: save in the loop's thread (True) or in the background (default).
+        gc_every: run ``retention`` after every this many saves.
+        encoding: lossy modes by name pattern, as in :func:`deltackpt.save`.
+        grace_seconds: gc's grace period, as in :func:`deltackpt.gc`.
+        start_step: the step a resumed run starts from (``resume(...).step``), so schedules continue
+            instead of restarting.
+        clock: the clock time-based policies read (``time.monotonic``).
+        background: ``"thread"`` or ``"process"``, as in :func:`deltackpt.save`.
+        snapshot: ``"eager"`` (default) copies every tensor before :meth:`step` returns;
+            ``"lazy"``, with ``optimizer``, returns before the optimizer's parameters and state are
+            copied, and ``opt.step()`` waits for the copy (``optimizer`` in
+            :func:`deltackpt.save` says exactly what is safe, ``self.last.wait_snapshot()`` what is
+            not).
+        optimizer: the optimizer (one or a list) a lazy snapshot watches.
+        guard: a :class:`~deltackpt.Guard` judging the ``metrics`` of every step; when it rolls the
+            run back, :meth:`step` saves nothing, sets ``rollback`` and the loop carries on from
+            ``rollback.step`` with a new data iterator.
+        drill_every: a rollback drill of ``drill_revision`` after every that many saves, in the
+            background at idle priority; its measured restore time goes to the policy
+            (``YoungDaly``).
+        drill_revision: the revision drilled.
 
-    ``snapshot="lazy"`` with ``optimizer=opt`` (one or a list): background saves return before
-    the optimizer's parameters and state are copied; ``opt.step()`` waits for the copy (see
-    ``optimizer`` in :func:`deltackpt.save` for exactly what is safe, and
-    ``self.last.wait_snapshot()`` for what is not).  ``snapshot="eager"`` (default) copies every
-    tensor before :meth:`step` returns.
+    Raises:
+        InvalidArgumentError: a setting out of range.
 
-    ``guard``: a :class:`~deltackpt.training.Guard` judging the ``metrics`` of every step; when
-    it rolls the run back, :meth:`step` saves nothing, sets :attr:`rollback` and the loop carries
-    on from ``rollback.step`` with a new data iterator.  ``drill_every``: a rollback drill of
-    ``drill_revision`` after every that many saves, in the background at idle priority; its
-    measured restore time goes to the policy (``YoungDaly``).
-
-    :meth:`prepare` allocates and faults in the staging memory the background saves of a state
-    will hold, in a background thread, so the first save costs what the later ones do.  The first
-    :meth:`step` given a state (not a callable) calls it; with a callable, call it yourself.
-
-    Example::
-
+    Example:
+        ```python
         ckpt = Checkpointer("ckpt", policy=YoungDaly(mtbf=4 * 3600), retention=Retention(keep_last=3))
         for step in range(1, n + 1):
             loss = train_step()
             ckpt.step(lambda: training_state(model=model, optimizer=opt, step=step), step=step,
                       metrics={"loss": loss})
         ckpt.close()     # waits for the last save
+        ```
     """
 
     def __init__(self, repo: "str | os.PathLike | Repo", policy: "Policy | int | list | None" = None, *,
@@ -129,11 +138,37 @@ class Checkpointer:
         self._told_restore = restore
 
     def due(self, step: int, metrics: Mapping[str, Any] | None = None) -> bool:
+        """Whether the policy would save at ``step`` (with these ``metrics``), without saving.
+
+        Args:
+            step: the training step.
+            metrics: the values reported this step.
+
+        Returns:
+            True when a save is due.
+        """
         return self.policy.due(step, self.clock(), metrics or {})
 
     def step(self, state: Any = None, *, step: int, metrics: Mapping[str, Any] | None = None, force: bool = False,
              meta: Any = None, tag: str | None = None) -> "SaveHandle | Version | None":
-        """Save ``state`` if the policy says so (or ``force``); returns the handle/Version or None."""
+        """Save ``state`` if the policy says so (or ``force``).
+
+        Args:
+            state: the state to save, or a callable returning it, called only when a save is due.  The
+                first call given a state (not a callable) also calls :meth:`prepare`.
+            step: the training step.
+            metrics: the values reported this step: the policy and the guard judge them, and a save
+                records them.
+            force: save whatever the policy says.
+            meta: plain values recorded with the save.
+            tag: a name for the version saved.
+
+        Returns:
+            The save's handle (background) or Version (blocking), or None when nothing was saved.
+
+        Raises:
+            DivergenceError: the guard gave up (too many rollbacks).
+        """
         from ..api import save
 
         metrics = dict(metrics or {})
@@ -191,10 +226,19 @@ class Checkpointer:
 
     def prepare(self, state: Any) -> "threading.Thread | None":
         """Allocate and fault in, in a background thread, the staging memory background saves of
-        ``state`` (or ``state()``) hold: ``MAX_IN_FLIGHT`` copies, plus the one lent to the delta
-        cache.  Call it once the state has its final shapes (after the first optimizer step, when
-        the optimizer state exists); saves of another layout simply allocate their own.  Returns
-        the pre-fault's thread, which the repository handle owns (None for a blocking Checkpointer)."""
+        ``state`` hold (``BackgroundOptions.max_in_flight`` copies), so the first save costs what
+        the later ones do.
+
+        Call it once the state has its final shapes (after the first optimizer step, when the
+        optimizer state exists); saves of another layout simply allocate their own.
+
+        Args:
+            state: the state (or a callable returning it) the saves will take.
+
+        Returns:
+            The pre-fault's thread, which the repository handle owns (None for a blocking
+            Checkpointer).
+        """
         from ..torchstate.flatten import flatten
 
         if self.blocking:
@@ -214,7 +258,11 @@ class Checkpointer:
             internal.run_after(repo, lambda: internal.collect(repo, policy, grace_seconds=grace))
 
     def wait(self) -> Version | None:
-        """Wait for saves (and gc, and a drill) in flight; raise their errors.  Returns the last Version."""
+        """Wait for the saves (and gc, and a drill) in flight and raise their errors.
+
+        Returns:
+            The last Version saved, or None.
+        """
         self.repo.wait()
         if self.drills is not None:
             self.drills.wait()
@@ -225,7 +273,11 @@ class Checkpointer:
 
     def close(self) -> Version | None:
         """Wait for everything in flight, end the guard's holds and, when this Checkpointer opened
-        the repository (it was given a path), close that handle: nothing of it runs afterwards."""
+        the repository (it was given a path), close that handle: nothing of it runs afterwards.
+
+        Returns:
+            The last Version saved, or None.
+        """
         try:
             return self.wait()
         finally:

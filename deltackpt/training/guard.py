@@ -108,20 +108,57 @@ def _count(name: str, value: Any, minimum: int) -> int:
 
 
 class Guard:
-    """Roll a diverging run back to its last good version (see the module docstring).
+    """Roll a diverging run back to its last good version, by itself.
 
-    ``repo``: the repository the run saves to (or give the guard to a Checkpointer, which
-    attaches it).  ``watch``: the reported values judged, by name (``"loss"``, ``["loss",
-    "grad_norm"]``, or ``{"loss": Spike(), "val_acc": Spike(direction="down")}``); ``rule``: the
-    rule for names given without one (default ``Spike()``).  ``patience``: consecutive spikes
-    before firing (a non-finite value fires at once).  ``margin``: steps between the first bad
-    step and the newest version taken (1: the version whose weights produced the first bad loss
-    is not trusted either).  ``start_step``: the step a resumed run resumed from (older versions
-    of the repository at or before it are this run's).  ``commit``: save the restored state as a
-    new version (True), not (False), or a function ``commit(rollback) -> Version``.
-    ``skip_ahead``: with ``data="skip"``, items skipped beyond the position where the guard fired
-    (a bad shard usually goes on past the batch that showed it; PaLM's authors skipped a few
-    hundred batches around each spike), within the epoch.
+    When a watched value is non-finite, or a spike rule fires ``patience`` steps in a row, the
+    guard lets any background save in flight commit, picks the newest version of this run older
+    than the first bad step by more than ``margin`` (or the one ``target`` names), restores every
+    part given in place (reading only the chunks that differ), moves the data on as ``data`` says,
+    marks the versions saved since as abandoned and commits the restored state as a new version
+    (the module docstring, :mod:`deltackpt.training.guard`, gives the steps in full).
+
+    Args:
+        repo: the repository the run saves to; or give the guard to a
+            :class:`~deltackpt.Checkpointer`, which attaches it.
+        model: the module to restore.
+        optimizer: its optimizer.
+        scheduler: a learning-rate scheduler (anything with ``state_dict``/``load_state_dict``).
+        scaler: a ``GradScaler``.
+        sampler: a :class:`~deltackpt.training.ResumableSampler` (or anything with
+            ``state_dict``/``load_state_dict``), moved as ``data`` says.
+        watch: the reported values judged, by name: ``"loss"``, ``["loss", "grad_norm"]``, or
+            ``{"loss": Spike(), "val_acc": Spike(direction="down")}``.
+        rule: the rule for names given without one (default ``Spike()``).
+        patience: consecutive spikes before firing (a non-finite value fires at once).
+        margin: steps between the first bad step and the newest version taken (1: the version whose
+            weights produced the first bad loss is not trusted either).
+        target: a revision to roll back to instead, judged among the healthy versions
+            (``"best:val_loss"``).
+        data: after the rollback, ``"skip"`` the data consumed since that version, ``"reseed"``
+            (reshuffle the rest of the epoch with ``seed``) or ``"replay"`` it as it was.
+        lr_scale: multiply the restored learning rate (and the schedule) by this.
+        max_rollbacks: more rollbacks than this within ``window`` steps raise DivergenceError.
+        window: the steps ``max_rollbacks`` counts over.
+        restore_rng: restore the RNG states saved with the version.
+        commit: save the restored state as a new version (True), not (False), or a function
+            ``commit(rollback) -> Version``.
+        start_step: the step a resumed run resumed from (older versions of the repository at or
+            before it are this run's).
+        seed: the seed of ``data="reseed"``.
+        skip_ahead: with ``data="skip"``, items skipped beyond the position where the guard fired (a
+            bad shard usually goes on past the batch that showed it; PaLM's authors skipped a few
+            hundred batches around each spike), within the epoch.
+
+    Raises:
+        InvalidArgumentError: a setting out of range, or a ``data`` choice the sampler cannot do.
+
+    Example:
+        ```python
+        guard = Guard("ckpt", model=model, optimizer=opt, scheduler=sched, sampler=sampler)
+        rb = guard.check(step, {"loss": loss})
+        if rb is not None:          # rolled back: carry on from rb.step with a new data iterator
+            step = rb.step
+        ```
     """
 
     def __init__(self, repo: "str | os.PathLike | Repo | None" = None, *, model: Any = None, optimizer: Any = None,
@@ -163,9 +200,18 @@ class Guard:
 
     # wiring ----------------------------------------------------------------------------------
     def attach(self, repo: "str | os.PathLike | Repo", *, start_step: int | None = None) -> "Guard":
-        """Use ``repo`` (a Checkpointer calls this with its own).  Versions already there belong to
-        this run only at or before ``start_step`` (a resumed run); the rest are another run's."""
-        self._owns_repo = not isinstance(repo, Repo)   # a path: the guard opened the handle, close() closes it
+        """Use ``repo`` (a Checkpointer calls this with its own).
+
+        Args:
+            repo: the repository the run saves to (a path: the guard opens a handle of its own,
+                which :meth:`close` closes).
+            start_step: versions already there belong to this run only at or before this step (a
+                resumed run); the rest are another run's.
+
+        Returns:
+            The guard itself.
+        """
+        self._owns_repo = not isinstance(repo, Repo)
         self.repo = repo if isinstance(repo, Repo) else Repo(repo, create=True)
         core = self.repo
         if start_step is not None:
@@ -181,8 +227,13 @@ class Guard:
         return self
 
     def saved(self, step: int, result: "Version | Any") -> None:
-        """Tell the guard this run saved ``step`` (a Version, or a background save's handle): its
-        newest trusted versions are held, so retention cannot drop the next rollback's target."""
+        """Tell the guard this run saved ``step``: its newest trusted versions are held, so retention
+        cannot drop the next rollback's target.
+
+        Args:
+            step: the step saved.
+            result: the save's Version, or a background save's handle.
+        """
         if isinstance(result, Version):
             self._mine[result.id] = step
         elif result is not None:
@@ -205,8 +256,22 @@ class Guard:
 
     # judging ---------------------------------------------------------------------------------
     def check(self, step: int, metrics: Mapping[str, Any]) -> Rollback | None:
-        """Judge this step's reported values; roll back when they are bad.  Returns the
-        :class:`Rollback` done, or None.  Raises :class:`DivergenceError` past the cap."""
+        """Judge this step's reported values; roll back when they are bad.
+
+        Args:
+            step: the training step.
+            metrics: the values reported this step (``{"loss": 0.3, "grad_norm": 1.2}``); the watched
+                ones are judged, a tensor's ``item()`` is taken.
+
+        Returns:
+            The :class:`~deltackpt.training.guard.Rollback` done (carry on from its ``step`` with a new
+            data iterator), or None.
+
+        Raises:
+            DivergenceError: more than ``max_rollbacks`` rollbacks within ``window`` steps, or no
+                version to roll back to.
+            InvalidArgumentError: a watched value that is not a number, or no repository attached.
+        """
         if self.repo is None:
             raise InvalidArgumentError("Guard has no repository: Guard(repo, ...) or Checkpointer(repo, guard=...)")
         _count("step", step, -(1 << 63))
@@ -320,8 +385,15 @@ class Guard:
                               f"{last}")
 
     def rollback_state(self, rb: Rollback) -> dict[str, Any]:
-        """The state committed after a rollback: every part the guard restores, the restored
-        step and the version's ``extra``, as :func:`training_state` lays it out."""
+        """The state committed after a rollback: every part the guard restores, the restored step and
+        the version's ``extra``, as :func:`~deltackpt.training.training_state` lays it out.
+
+        Args:
+            rb: the rollback.
+
+        Returns:
+            The state dict.
+        """
         p = self.parts
         return training_state(model=p.model, optimizer=p.optimizer, scheduler=p.scheduler, scaler=p.scaler,
                               sampler=p.sampler, step=rb.step, extra=rb.extra, capture_rng=p.restore_rng)

@@ -49,7 +49,19 @@ def _positive(name: str, value: float) -> None:
 
 
 class EveryN(Policy):
-    """Save every ``steps`` steps (counted from the last save).  ``EveryN(500)``"""
+    """Save every ``steps`` steps, counted from the last save.
+
+    Args:
+        steps: the steps between saves.
+
+    Raises:
+        DeltackptError: ``steps`` is not a positive number.
+
+    Example:
+        ```python
+        Checkpointer("ckpt", policy=EveryN(500))     # Checkpointer("ckpt", policy=500) is the same
+        ```
+    """
 
     def __init__(self, steps: int) -> None:
         _positive("steps", steps)
@@ -70,7 +82,19 @@ class EveryN(Policy):
 
 
 class EveryT(Policy):
-    """Save when ``seconds`` have passed since the last save (or since the first step seen)."""
+    """Save when ``seconds`` have passed since the last save (or since the first step seen).
+
+    Args:
+        seconds: the time between saves, on the Checkpointer's clock.
+
+    Raises:
+        DeltackptError: ``seconds`` is not a positive number.
+
+    Example:
+        ```python
+        Checkpointer("ckpt", policy=EveryT(15 * 60))
+        ```
+    """
 
     def __init__(self, seconds: float) -> None:
         _positive("seconds", seconds)
@@ -94,16 +118,30 @@ class EveryT(Policy):
 
 class YoungDaly(Policy):
     """Save every ``sqrt(2 * C * (MTBF + R))`` seconds (Young 1974; the restart term is Daly's
-    first-order model, 2006), where C is the measured cost of a save (an exponential moving
-    average of the stalls, so the interval follows the cost as it changes), MTBF the mean time
-    between failures you give, and R the restart cost: ``restart_cost`` (seconds from a failure
-    to a process ready to load, which nothing here can measure) plus the restore time the last
-    rollback drill measured (``Checkpointer(drill_every=...)``, ``deltackpt drill``; 0 until
-    one has).  Until a save has been measured, ``initial_cost`` stands in for C.
+    first-order model, 2006).
 
-    Example: a 0.05 s stall, a 4 h MTBF and no restart cost give sqrt(2 * 0.05 * 14400) = 38 s;
-    a measured 30 s restore makes it sqrt(2 * 0.05 * 14430) = 38.0 s (R matters when it is a
-    sizeable part of the MTBF).
+    C is the measured cost of a save (an exponential moving average of the stalls, so the interval
+    follows the cost as it changes), MTBF the mean time between failures you give, and R the
+    restart cost: ``restart_cost`` plus the restore time the last rollback drill measured
+    (``Checkpointer(drill_every=...)``, ``deltackpt drill``; 0 until one has).  A 0.05 s stall, a
+    4 h MTBF and no restart cost give sqrt(2 * 0.05 * 14400) = 38 s; a measured 30 s restore makes
+    it sqrt(2 * 0.05 * 14430) = 38.0 s (R matters when it is a sizeable part of the MTBF).
+
+    Args:
+        mtbf: the mean time between failures, in seconds.
+        initial_cost: stands in for C until a save has been measured (seconds).
+        smoothing: the weight of the newest save's cost in the moving average.
+        min_interval: never save more often than this (seconds).
+        restart_cost: seconds from a failure to a process ready to load, which nothing here can
+            measure.
+
+    Raises:
+        DeltackptError: ``mtbf`` or ``initial_cost`` not positive, ``restart_cost`` negative.
+
+    Example:
+        ```python
+        Checkpointer("ckpt", policy=YoungDaly(mtbf=4 * 3600, restart_cost=120), drill_every=20)
+        ```
     """
 
     def __init__(self, mtbf: float, *, initial_cost: float = 1.0, smoothing: float = 0.3,
@@ -152,12 +190,21 @@ class YoungDaly(Policy):
 
 
 class DenseEarly(Policy):
-    """Checkpoint densely early and sparsely later (COCI-like): the gap between saves starts at
-    ``first`` steps and grows by ``growth`` after every save, up to ``max_every`` steps.  Early
-    versions are the ones an exploratory run most often rolls back to (the model changes fastest
-    and jobs die most often early), later ones cost the same but buy less.
+    """Checkpoint densely early and sparsely later (COCI-like).
 
-    ``DenseEarly(first=10, growth=1.5, max_every=2000)`` saves at steps 10, 25, 47, 81, ...
+    The gap between saves starts at ``first`` steps and grows by ``growth`` after every save, up to
+    ``max_every`` steps.  Early versions are the ones an exploratory run most often rolls back to
+    (the model changes fastest and jobs die most often early); later ones cost the same but buy less.
+
+    Args:
+        first: the step of the first save, and the first gap.
+        growth: the factor each gap grows by.
+        max_every: the largest gap, in steps.
+
+    Example:
+        ```python
+        DenseEarly(first=10, growth=1.5, max_every=2000)   # saves at steps 10, 25, 47, 81, ...
+        ```
     """
 
     def __init__(self, first: int = 10, growth: float = 1.5, max_every: int = 1000) -> None:
@@ -191,8 +238,22 @@ class DenseEarly(Policy):
 
 
 class OnImprovement(Policy):
-    """Save when ``metric`` improves on the best value seen so far (``mode`` ``"min"`` or
-    ``"max"``; by more than ``min_delta``).  Steps that do not report the metric are never due."""
+    """Save when ``metric`` improves on the best value seen so far.  Steps that do not report the
+    metric are never due.
+
+    Args:
+        metric: the name of the reported value.
+        mode: ``"min"`` (lower is better) or ``"max"``.
+        min_delta: the least improvement that counts.
+
+    Raises:
+        DeltackptError: ``mode`` is neither ``"min"`` nor ``"max"``.
+
+    Example:
+        ```python
+        Checkpointer("ckpt", policy=[EveryN(1000), OnImprovement("val_loss")])
+        ```
+    """
 
     def __init__(self, metric: str, mode: str = "min", min_delta: float = 0.0) -> None:
         if mode not in ("min", "max"):
@@ -228,7 +289,16 @@ class OnImprovement(Policy):
 
 
 class AnyOf(Policy):
-    """Due when any of ``policies`` is; every one of them hears about every save."""
+    """Due when any of ``policies`` is; every one of them hears about every save.
+
+    Args:
+        *policies: the policies.
+
+    Example:
+        ```python
+        AnyOf(EveryT(3600), OnImprovement("val_loss"))     # a list to Checkpointer does the same
+        ```
+    """
 
     def __init__(self, *policies: Policy) -> None:
         self.policies = list(policies)

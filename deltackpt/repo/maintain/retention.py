@@ -19,17 +19,29 @@ from .holds import held
 
 @dataclass(frozen=True)
 class Retention:
-    """Keep the last N, the best K by a metric, one version every K steps, everything newer than a
-    duration, and tagged versions.
+    """Which versions gc keeps: the last N, the best K by a metric, one version every K steps,
+    everything newer than a duration, and tagged versions (the union of the rules; ``latest``
+    always).
 
     "Last" is history order, not the clock: ``keep_last=3`` keeps ``latest``, ``latest~1`` and
-    ``latest~2`` (first parents), however skewed the clocks of the writers that saved them.
-    Every rule is checked when the policy is made (:class:`~deltackpt.errors.InvalidArgumentError`),
-    so a bad one is refused before gc takes a lock.
+    ``latest~2`` (first parents), however skewed the clocks of the writers that saved them.  Every
+    rule is checked when the policy is made, so a bad one is refused before gc takes a lock.
 
-    Example::
+    Args:
+        keep_last: keep ``latest`` and its N-1 first-parent ancestors.
+        keep_best: the best versions by a metric: ``("val_loss", 2, "min")``, or the text
+            ``"val_loss:2"`` (lower is better) or ``"accuracy:3:max"``.
+        keep_every: keep one version every this many steps.
+        keep_within: keep the versions saved in the last this many seconds.
+        keep_tags: keep tagged versions.
 
+    Raises:
+        InvalidArgumentError: a rule out of range.
+
+    Example:
+        ```python
         Retention(keep_last=3, keep_best=("val_loss", 2, "min"), keep_every=1000)
+        ```
     """
 
     keep_last: int | None = None
