@@ -53,7 +53,6 @@ SECOND_TIER = {
     "tests/test_docs_snippets.py::test_page_runs_as_written": "every page's code, framework training runs included",
     "tests/docs/": "a documentation page's code",
     "tests/test_core_only.py::test_demo_runs_with_only_the_core": "the demo (make demo runs it too)",
-    "tests/test_old_import_paths.py": "imports every framework the integrations use",
 }
 
 
