@@ -48,6 +48,8 @@ def args(out: str, **overrides) -> transformers.TrainingArguments:
               per_device_train_batch_size=4, learning_rate=1e-3, report_to=[], use_cpu=True, logging_steps=2,
               seed=3, dataloader_num_workers=0, disable_tqdm=True)
     kw.update(overrides)
+    if "eval_strategy" in kw and "eval_strategy" not in transformers.TrainingArguments.__dataclass_fields__:
+        kw["evaluation_strategy"] = kw.pop("eval_strategy")   # its name before transformers 4.41
     return transformers.TrainingArguments(**kw)
 
 

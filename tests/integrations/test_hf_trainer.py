@@ -292,9 +292,10 @@ def test_sigkill_mid_run_leaves_no_folder_and_resumes_from_the_repository(tmp_pa
     """A real Trainer process (background saves) killed with SIGKILL after step 6 leaves no
     checkpoint-* folder; the step-4 version resumes to step 8 bit-identical to the straight run."""
     out = tmp_path / "out"
+    path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
     proc = subprocess.Popen([sys.executable, "-m", "tests.integrations.hf_tiny", str(out), repo_path, "6"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": ROOT})
+                            env={**os.environ, "PYTHONPATH": path})
     try:
         lines = []
         while not lines or lines[-1] and not lines[-1].startswith("AT "):   # the Trainer prints its logs too

@@ -90,7 +90,8 @@ def _standalone(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for name, t in tensors.items():
         storage = t.untyped_storage()
-        alone = t.is_contiguous() and storage.data_ptr() not in seen and storage.nbytes() == t.numel() * t.element_size()
+        alone = (t.is_contiguous() and storage.data_ptr() not in seen
+                 and storage.nbytes() == t.numel() * t.element_size())
         if t.numel():
             seen.add(storage.data_ptr())
         out[name] = t if alone else t.contiguous().clone()

@@ -44,6 +44,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -52,7 +53,7 @@ import numpy as np
 
 from ...api import Repo, gc, load, open_repo, restore, save
 from ...deps import require
-from ...errors import InvalidArgumentError, StateMismatchError, UnknownVersionError
+from ...errors import DeltackptError, InvalidArgumentError, StateMismatchError, UnknownVersionError
 from ...format.refs import check_name
 from ...training import rng
 from ...training.parts import check_parts
@@ -103,8 +104,8 @@ class _Resume:
             saved["best_model_checkpoint"] = None
             try:
                 best = repo.resolve(best).id
-            except UnknownVersionError:
-                best = None   # removed since (as the Trainer forgets a deleted best folder)
+            except DeltackptError:
+                best = None   # removed since, or a Trainer folder deleted since: forgotten, as the Trainer does
         folder = tempfile.mkdtemp(prefix="deltackpt-resume-")
         with open(os.path.join(folder, TRAINER_STATE_NAME), "w", encoding="utf-8") as f:
             f.write(json.dumps(saved, indent=2, sort_keys=True) + "\n")
@@ -197,8 +198,8 @@ class DeltackptTrainerMixin:
         self._deltackpt_check_supported()
         target = resume_from_checkpoint
         resume = None
-        if resume_from_checkpoint is not None and resume_from_checkpoint is not False \
-                and not (isinstance(resume_from_checkpoint, (str, os.PathLike)) and os.path.isdir(resume_from_checkpoint)):
+        folder = isinstance(resume_from_checkpoint, (str, os.PathLike)) and os.path.isdir(resume_from_checkpoint)
+        if resume_from_checkpoint is not None and resume_from_checkpoint is not False and not folder:
             revision = "latest" if resume_from_checkpoint is True else resume_from_checkpoint
             resume = _Resume.open(self.checkpoint_repo, revision, self.model)
             target = resume.folder
@@ -361,7 +362,11 @@ class DeltackptTrainerMixin:
             super()._load_best_model()  # type: ignore[misc]
             return
         self._deltackpt_settle()
-        restore(self.model, self.checkpoint_repo, best)  # type: ignore[attr-defined]
+        try:
+            restore(self.model, self.checkpoint_repo, best)  # type: ignore[attr-defined]
+        except UnknownVersionError as exc:   # removed meanwhile (a gc by hand): the Trainer warns and goes on
+            warnings.warn(f"load_best_model_at_end: the best version is gone ({exc}); the model stays as trained",
+                          RuntimeWarning, stacklevel=2)
 
 
 class DeltackptTrainer(DeltackptTrainerMixin, transformers.Trainer):
