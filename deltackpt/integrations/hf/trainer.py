@@ -47,7 +47,7 @@ import tempfile
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -61,8 +61,13 @@ from . import layout
 from .callback import DeltackptCallback
 
 if TYPE_CHECKING:
+    import torch
+    from transformers import Trainer as _TrainerBase   # what the mixin is mixed into
+
     from ...repo.versions import Version
     from ...snapshot.async_save import SaveHandle
+else:
+    _TrainerBase = object
 
 transformers = require("transformers", feature="deltackpt's transformers Trainer")
 
@@ -97,7 +102,7 @@ class _Resume:
         best = saved.get("best_model_checkpoint")
         if isinstance(v.meta, dict) and v.meta.get("trainer_best"):
             best = v.id       # a version cannot name itself in its own state: its meta says so
-        ours = best is not None and not os.path.isdir(best)
+        ours = isinstance(best, str) and not os.path.isdir(best)
         if ours:
             # the Trainer drops a best checkpoint that is no folder (with a warning): it is put
             # back once the Trainer has read the state (see _AfterStateLoaded)
@@ -146,7 +151,7 @@ class _AfterStateLoaded(transformers.TrainerCallback):
         state.best_model_checkpoint = resume.best_model_checkpoint
 
 
-class DeltackptTrainerMixin:
+class DeltackptTrainerMixin(_TrainerBase):
     """Makes a ``transformers.Trainer`` (or a subclass: ``Seq2SeqTrainer``, trl's ``SFTTrainer``)
     save its checkpoints as versions of the deltackpt repository ``repo`` and resume from them.
 
@@ -205,7 +210,7 @@ class DeltackptTrainerMixin:
             target = resume.folder
         self._deltackpt_resume = resume
         try:
-            output = super().train(resume_from_checkpoint=target, trial=trial,  # type: ignore[misc]
+            output = super().train(resume_from_checkpoint=target, trial=trial,
                                    ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
         except BaseException:
             self._deltackpt_finish(raise_errors=False)   # a save in flight still lands; the run's error wins
@@ -218,7 +223,7 @@ class DeltackptTrainerMixin:
         return output
 
     def _deltackpt_check_supported(self) -> None:
-        args = self.args  # type: ignore[attr-defined]
+        args = self.args
         sharded = [n for n in ("deepspeed", "fsdp") if getattr(self, f"is_{n}_enabled", False)]
         if sharded or args.world_size > 1:
             raise InvalidArgumentError(
@@ -231,31 +236,32 @@ class DeltackptTrainerMixin:
         """Store this save step as a version (the Trainer's folder is not written).  transformers
         before 4.47 passes the evaluation ``metrics`` here and judges the best model in this method."""
         metrics = kwargs.get("metrics", args[0] if args else None)
-        targs, state = self.args, self.state  # type: ignore[attr-defined]
+        targs, state = self.args, self.state
         if getattr(self, "hp_search_backend", None) is None and trial is None:
-            self.store_flos()  # type: ignore[attr-defined]
+            self.store_flos()
         self._deltackpt_settle()    # the previous background save: its error surfaces here
         best = self._deltackpt_is_new_best(metrics, trial)
         self._deltackpt_export_callback_states()
         everything = not getattr(targs, "save_only_model", False)
-        scaler = getattr(self.accelerator, "scaler", None) if everything else None  # type: ignore[attr-defined]
-        snapshot = layout.trainer_snapshot(state, self.model,  # type: ignore[attr-defined]
-                                           self.optimizer if everything else None,  # type: ignore[attr-defined]
-                                           self.lr_scheduler if everything else None,  # type: ignore[attr-defined]
+        scaler = getattr(self.accelerator, "scaler", None) if everything else None
+        snapshot = layout.trainer_snapshot(state, self.model,
+                                           self.optimizer if everything else None,
+                                           self.lr_scheduler if everything else None,
                                            scaler, capture_rng=everything)
         lazy = None
         if not self.checkpoint_blocking and self.checkpoint_lazy:
-            lazy = layout.torch_optimizer(self.optimizer)  # type: ignore[attr-defined]
-        run_dir = self._get_output_dir(trial=trial)  # type: ignore[attr-defined]
+            lazy = layout.torch_optimizer(self.optimizer)
+        run_dir = self._get_output_dir(trial=trial)
         result = save(snapshot, self.checkpoint_repo, step=int(state.global_step),
                       metrics=layout.metrics_at_step(state),
                       meta={"hf_output_dir": os.path.abspath(run_dir), "trainer_best": best},
                       encoding=self.checkpoint_encoding, blocking=self.checkpoint_blocking, optimizer=lazy)
         if self.checkpoint_blocking:
-            self._deltackpt_committed(result, best)
+            self._deltackpt_committed(cast("Version", result), best)
             return
+        result = cast("SaveHandle", result)
         self._deltackpt_in_flight = (result, best)
-        if lazy is not None and (self.control.should_training_stop  # type: ignore[attr-defined]
+        if lazy is not None and (self.control.should_training_stop
                                  or state.global_step >= state.max_steps):
             # no optimizer.step() follows to wait for the copy, and the Trainer may now load the
             # best model into these very tensors
@@ -266,7 +272,7 @@ class DeltackptTrainerMixin:
         the step of the best evaluation (``best_global_step``); 4.47-4.4x point
         ``best_model_checkpoint`` at the folder they would write now; before 4.47 the Trainer
         judged in ``_save_checkpoint`` itself, which this then does as it did."""
-        targs, state = self.args, self.state  # type: ignore[attr-defined]
+        targs, state = self.args, self.state
         if metrics is not None and targs.metric_for_best_model is not None:
             name = targs.metric_for_best_model
             value = metrics[name if name.startswith("eval_") else f"eval_{name}"]
@@ -278,7 +284,7 @@ class DeltackptTrainerMixin:
         step = state.global_step
         if getattr(state, "best_global_step", None) is not None:
             return bool(state.best_global_step == step)
-        folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{step}")  # type: ignore[attr-defined]
+        folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{step}")
         return state.best_model_checkpoint == folder
 
     def _deltackpt_export_callback_states(self) -> None:
@@ -287,8 +293,9 @@ class DeltackptTrainerMixin:
         exportable = getattr(importlib.import_module("transformers.trainer_callback"), "ExportableState", None)
         if exportable is None:   # transformers before 4.41 has no stateful callbacks
             return
-        stored = self.state.stateful_callbacks  # type: ignore[attr-defined]
-        for cb in [*self.callback_handler.callbacks, self.control]:  # type: ignore[attr-defined]
+        # annotated as a list: TrainerState turns the list it is given into {class name: state}
+        stored = cast("dict[str, Any]", self.state.stateful_callbacks)
+        for cb in [*self.callback_handler.callbacks, self.control]:
             if isinstance(cb, exportable):
                 name = type(cb).__name__
                 if isinstance(stored.get(name), list):
@@ -314,10 +321,10 @@ class DeltackptTrainerMixin:
         """A version is in the repository: name it as the best if it is, then apply the Trainer's
         retention (``save_total_limit`` newest versions, and the tagged best)."""
         if best:
-            self.state.best_model_checkpoint = version.id  # type: ignore[attr-defined]
+            self.state.best_model_checkpoint = version.id
             if self.checkpoint_best_tag is not None:
                 self.checkpoint_repo.tag(self.checkpoint_best_tag, version, force=True)
-        limit = self.args.save_total_limit  # type: ignore[attr-defined]
+        limit = self.args.save_total_limit
         if limit is not None and limit > 0:
             gc(self.checkpoint_repo, keep_last=limit)
 
@@ -334,36 +341,36 @@ class DeltackptTrainerMixin:
 
     def _load_from_checkpoint(self, resume_from_checkpoint: Any, model: Any = None) -> None:
         if self._deltackpt_resuming(resume_from_checkpoint) is None:
-            super()._load_from_checkpoint(resume_from_checkpoint, model)  # type: ignore[misc]
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
         # else: the model is written with the optimizer, once every part has been checked
 
     def _load_optimizer_and_scheduler(self, checkpoint: Any) -> None:
         resume = self._deltackpt_resuming(checkpoint)
         if resume is None:
-            super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]
+            super()._load_optimizer_and_scheduler(checkpoint)
             return
         resume.apply(self)
 
     def _load_scaler(self, checkpoint: Any) -> None:
         if self._deltackpt_resuming(checkpoint) is None:
-            super()._load_scaler(checkpoint)  # type: ignore[misc]
+            super()._load_scaler(checkpoint)
         # else: loaded with the optimizer
 
     def _load_rng_state(self, checkpoint: Any) -> None:
         resume = self._deltackpt_resuming(checkpoint)
         if resume is None:
-            super()._load_rng_state(checkpoint)  # type: ignore[misc]
+            super()._load_rng_state(checkpoint)
         elif layout.RNG in resume.state:
             rng.restore(resume.state[layout.RNG])
 
     def _load_best_model(self) -> None:
-        best = self.state.best_model_checkpoint  # type: ignore[attr-defined]
+        best = self.state.best_model_checkpoint
         if best is None or os.path.isdir(best):   # a Trainer folder: a run resumed from one
-            super()._load_best_model()  # type: ignore[misc]
+            super()._load_best_model()
             return
         self._deltackpt_settle()
         try:
-            restore(self.model, self.checkpoint_repo, best)  # type: ignore[attr-defined]
+            restore(cast("torch.nn.Module", self.model), self.checkpoint_repo, best)
         except UnknownVersionError as exc:   # removed meanwhile (a gc by hand): the Trainer warns and goes on
             warnings.warn(f"load_best_model_at_end: the best version is gone ({exc}); the model stays as trained",
                           RuntimeWarning, stacklevel=2)
