@@ -13,6 +13,7 @@ The work folder's contents are removed at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -77,6 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     data = _data(tokenizer)
     result: dict = {"model": "all-MiniLM-L6-v2 + 2-class head", "steps": a.steps, "save_steps": a.save_steps,
                     "transformers": transformers.__version__}
+    # the Trainer prints its logs on stdout, which is this program's JSON
+    with contextlib.redirect_stdout(sys.stderr):
+        _run(a, data, result)
+    json.dump(result, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+def _run(a: argparse.Namespace, data: list[dict], result: dict) -> None:
     try:
         # 1. the Trainer's own checkpoints
         out = os.path.join(a.work, "hf-out")
@@ -133,9 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for name in ("hf-out", "dc-out", "dc-repo", "plain-repo"):
             shutil.rmtree(os.path.join(a.work, name), ignore_errors=True)
-    json.dump(result, sys.stdout, indent=1)
-    print()
-    return 0
 
 
 if __name__ == "__main__":
