@@ -1,8 +1,9 @@
 """Hugging Face transformers.Trainer saving into a deltackpt repository, and resuming from it.
 
-``DeltackptCallback`` stores model, optimizer, scheduler, trainer state and RNG at every save
-step (and removes the Trainer's own checkpoint-N directories); ``checkout`` writes a version
-back as a checkpoint directory for ``trainer.train(resume_from_checkpoint=...)``.
+``DeltackptTrainer`` is the Trainer with the repository as its checkpoint writer: model, optimizer,
+scheduler, trainer state, RNG and model config at every save step, no checkpoint-N folder, and
+``trainer.train(resume_from_checkpoint="latest")`` resumes from the repository (no pickle, no
+folder).  ``export`` then writes a folder ``from_pretrained`` loads.
 
     python examples/hf_trainer.py --repo /tmp/hf-ckpt --steps 40 --stop-at 25   # "crashes" at step 25
     python examples/hf_trainer.py --repo /tmp/hf-ckpt --steps 40 --resume       # resumes from step 20
@@ -22,7 +23,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import deltackpt  # noqa: E402
-from deltackpt.integrations.hf import DeltackptCallback, checkout  # noqa: E402
+from deltackpt.integrations.hf import DeltackptTrainer, export  # noqa: E402
 
 
 class StopAt(transformers.TrainerCallback):
@@ -56,17 +57,18 @@ def main(argv: list[str] | None = None) -> int:
     targs = transformers.TrainingArguments(output_dir=out, max_steps=args.steps, save_steps=args.save_steps,
                                            save_strategy="steps", per_device_train_batch_size=8, learning_rate=5e-4,
                                            logging_steps=5, report_to=[], use_cpu=True, seed=0, disable_tqdm=True)
-    callbacks = [DeltackptCallback(args.repo, remove_hf_checkpoints=True)]
-    if args.stop_at:
-        callbacks.append(StopAt(args.stop_at))
-    trainer = transformers.Trainer(model=model, args=targs, train_dataset=data, callbacks=callbacks)
-    resume_dir = None
-    if args.resume and os.path.exists(args.repo):
-        resume_dir = checkout(args.repo, out + "-resume")
-        print(f"resuming from {deltackpt.Repo(args.repo).resolve().step}")
-    trainer.train(resume_from_checkpoint=resume_dir)
+    callbacks = [StopAt(args.stop_at)] if args.stop_at else []
+    trainer = DeltackptTrainer(model=model, args=targs, train_dataset=data, callbacks=callbacks, repo=args.repo)
+    resume = None
+    if args.resume and trainer.checkpoint_repo.log():
+        resume = "latest"
+        print(f"resuming from {trainer.checkpoint_repo.resolve(resume).step}")
+    trainer.train(resume_from_checkpoint=resume)
     for v in deltackpt.Repo(args.repo).log()[:5]:
         print(f"{v.short_id}  step {v.step}  loss {v.metrics.get('loss')}  written {v.written_bytes} B")
+    folders = [d for d in os.listdir(out) if d.startswith("checkpoint-")] if os.path.isdir(out) else []
+    print(f"checkpoint folders in {out}: {folders}")
+    print(f"model folder for from_pretrained: {export(args.repo, out + '-model')}")
     print(f"done at step {trainer.state.global_step}")
     return 0
 

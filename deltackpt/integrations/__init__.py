@@ -4,7 +4,8 @@
   ``deltackpt.dcp.Writer`` and ``Reader``);
 - ``lightning``: a Lightning ``CheckpointIO`` (``plain``: Lightning's hyper-parameter objects as
   plain values and back);
-- ``hf``: a transformers ``TrainerCallback`` and ``checkout`` of a version as a HF directory;
+- ``hf``: a transformers ``Trainer`` subclass whose checkpoints are versions (and ``export`` of one
+  as a ``from_pretrained`` folder), and the older ``TrainerCallback``;
 - ``files``: import and export of ``torch.save`` and safetensors files (``deltackpt import``/``export``).
 
 What it may import: the public API (:mod:`deltackpt.api`), :mod:`deltackpt.training`,

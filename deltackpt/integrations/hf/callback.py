@@ -1,11 +1,15 @@
-"""Hugging Face ``transformers.Trainer``: save into a deltackpt repository at every save step,
-resume from it with the Trainer's own resume logic.
+"""The observer path: :class:`DeltackptCallback` stores each Trainer save step as a version while
+the Trainer goes on writing its own ``checkpoint-N`` folders, and :func:`checkout` writes a version
+back as such a folder.  Prefer :class:`~deltackpt.integrations.hf.DeltackptTrainer`, which makes the
+repository the Trainer's checkpoint writer (no folder is written, resume reads the repository); the
+callback stays for a ``Trainer`` class you cannot change, and for the divergence guard.
 
 Saving: add :class:`DeltackptCallback` to the Trainer.  At each ``on_save`` it stores the model
-weights, optimizer, LR scheduler, the TrainerState (as its JSON text) and the RNG states as one
-version (deltas against the previous, unchanged chunks not written), with ``step`` =
-``global_step`` and the last logged metrics.  ``remove_hf_checkpoints=True`` then deletes the
-``checkpoint-N`` directory the Trainer wrote, so only the repository holds checkpoints.
+weights, optimizer, LR scheduler, the TrainerState (as its JSON text), the RNG states and the model
+config as one version (:mod:`.layout`; deltas against the previous, unchanged chunks not written),
+with ``step`` = ``global_step`` and the metrics logged at that step.  ``remove_hf_checkpoints=True``
+then deletes the ``checkpoint-N`` directory the Trainer wrote (after it was written: the Trainer's
+bytes are still spent).
 
 ``blocking=False`` saves in the background, and lazily (``lazy=True``, the default): the weights
 and optimizer state are copied while the next step's forward and backward run, and that step's
@@ -25,21 +29,19 @@ and dataloader go on (the batches since that version are skipped, the schedule r
 version's position), and the restored state is saved as a version at the current step.
 Single-process training only: under DDP every rank would have to roll back together.
 
-Resuming: :func:`checkout` writes a version back as a Trainer checkpoint directory
-(``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``trainer_state.json``,
+Resuming (deprecated: ``DeltackptTrainer.train(resume_from_checkpoint="latest")`` reads the
+repository directly): :func:`checkout` writes a version back as a Trainer checkpoint directory
+(``model.safetensors``, ``config.json``, ``optimizer.pt``, ``scheduler.pt``, ``trainer_state.json``,
 ``rng_state.pth``) and ``trainer.train(resume_from_checkpoint=that_dir)`` resumes exactly as from
-the Trainer's own checkpoint (data order, skipped batches, RNG).  Why not restore inside a
-callback: the Trainer decides how many batches to skip before any callback runs.  The ``.pt``
-and ``.pth`` files are ``torch.save`` files because that is what the Trainer reads (it loads them
-with ``weights_only=True``); the repository itself holds no pickle.
+the Trainer's own checkpoint.  The ``.pt`` and ``.pth`` files are ``torch.save`` files because that
+is what a plain Trainer reads (it loads them with ``weights_only=True``); the repository itself
+holds no pickle.
 
 Example::
 
     trainer = Trainer(model=model, args=args, train_dataset=ds,
                       callbacks=[DeltackptCallback("ckpt", remove_hf_checkpoints=True)])
     trainer.train()
-    ...  # killed; in the new process:
-    trainer.train(resume_from_checkpoint=checkout("ckpt", "resume-dir"))
 """
 
 from __future__ import annotations
@@ -52,13 +54,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..api import Repo, internal, load, portable_location, save
-from ..deps import require
-from ..errors import StateMismatchError
-from ..training import rng
+from ...api import Repo, internal, load, portable_location, save
+from ...deps import require
+from ...errors import StateMismatchError
+from . import layout
 
 if TYPE_CHECKING:
-    from ..training.guard import Guard
+    from ...training.guard import Guard
 
 TrainerCallback = require("transformers", feature="deltackpt's transformers callback").TrainerCallback
 
@@ -112,7 +114,7 @@ class DeltackptCallback(TrainerCallback):
         if self.guard is None or not state.is_world_process_zero:
             return
         # the Trainer builds its optimizer and scheduler inside train(): the guard meets them here
-        inner = _torch_optimizer(optimizer) or optimizer
+        inner = layout.torch_optimizer(optimizer) or optimizer
         self.guard.parts.model, self.guard.parts.optimizer, self.guard.parts.scheduler = model, inner, lr_scheduler
         self._parts = {"model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
         self.guard.commit = lambda rb: save(self._snapshot(self._state, **self._parts), self.repo,
@@ -128,27 +130,15 @@ class DeltackptCallback(TrainerCallback):
 
     @staticmethod
     def _snapshot(state: Any, model: Any = None, optimizer: Any = None, lr_scheduler: Any = None) -> dict[str, Any]:
-        if model is None:
-            raise StateMismatchError("DeltackptCallback.on_save: the Trainer passed no model")
-        snapshot: dict[str, Any] = {"model": model.state_dict(), "trainer_state": _state_json(state),
-                                    "rng": rng.capture()}
-        if optimizer is not None:
-            snapshot["optimizer"] = optimizer.state_dict()
-        if lr_scheduler is not None:
-            snapshot["scheduler"] = lr_scheduler.state_dict()
-        return snapshot
+        return layout.trainer_snapshot(state, model, optimizer, lr_scheduler)
 
     def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         if not state.is_world_process_zero:
             return
         snapshot = self._snapshot(state, model, optimizer, lr_scheduler)
-        metrics = {}
-        for entry in reversed(state.log_history):
-            metrics.update({k: v for k, v in entry.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-                            and k not in metrics and k != "step"})
-        hooked = _torch_optimizer(optimizer) if not self.blocking and self.lazy else None
+        hooked = layout.torch_optimizer(optimizer) if not self.blocking and self.lazy else None
         lazy = hooked is not None
-        result = save(snapshot, self.repo, step=int(state.global_step), metrics=metrics,
+        result = save(snapshot, self.repo, step=int(state.global_step), metrics=layout.metrics_at_step(state),
                       meta={"hf_output_dir": os.path.abspath(args.output_dir)}, encoding=self.encoding,
                       blocking=self.blocking, optimizer=hooked)
         if self.guard is not None:
@@ -190,32 +180,20 @@ class DeltackptCallback(TrainerCallback):
                 repo.close()
 
 
-def _torch_optimizer(optimizer: Any) -> "torch.optim.Optimizer | None":
-    """The optimizer whose ``step()`` writes the tensors, or None where there is no such torch
-    optimizer with step hooks (no optimizer, DeepSpeed's own): the snapshot is then eager.
-    accelerate's ``AcceleratedOptimizer`` (what the Trainer passes) calls its inner optimizer's
-    ``step()``, whose hooks are the ones that run."""
-    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
-        optimizer = optimizer.optimizer
-    hooked = isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "_optimizer_step_pre_hooks")
-    return optimizer if hooked else None
-
-
-def _state_json(state: Any) -> str:
-    import dataclasses
-    # the same text TrainerState.save_to_json writes into trainer_state.json
-    return json.dumps(dataclasses.asdict(state), indent=2, sort_keys=True) + "\n"
-
-
 def checkout(repo: "str | os.PathLike | Repo", directory: "str | os.PathLike", version: str = "latest") -> str:
-    """Write ``version`` as a Trainer checkpoint directory and return its path, for
+    """Deprecated: resume with :class:`~deltackpt.integrations.hf.DeltackptTrainer` (no folder, no
+    pickle) and write a model folder with :func:`~deltackpt.integrations.hf.export`.
+
+    Write ``version`` as a Trainer checkpoint directory and return its path, for a plain
     ``trainer.train(resume_from_checkpoint=...)``.  ``version`` may be any revision
-    (``"best:eval_loss"``, a tag, ``"latest~1"``)."""
+    (``"best:eval_loss"``, a tag, ``"latest~1"``).  The folder is the user's to delete.
+
+    Example: ``trainer.train(resume_from_checkpoint=checkout("ckpt", "resume-dir"))``"""
     from safetensors.torch import save_file
 
     state, v = load(repo, version, return_version=True)
     if not isinstance(state, dict) or "model" not in state or "trainer_state" not in state:
-        raise StateMismatchError(f"version {v.short_id} was not written by DeltackptCallback")
+        raise StateMismatchError(f"version {v.short_id} was not written by DeltackptCallback or DeltackptTrainer")
     out = os.path.abspath(os.fspath(directory))
     os.makedirs(out, exist_ok=True)
     # safetensors refuses tensors sharing storage (tied embeddings): give each its own copy;
@@ -228,6 +206,9 @@ def checkout(repo: "str | os.PathLike | Repo", directory: "str | os.PathLike", v
         torch.save(state["scheduler"], os.path.join(out, "scheduler.pt"))
     with open(os.path.join(out, "trainer_state.json"), "w") as f:
         f.write(state["trainer_state"])
+    if isinstance(state.get(layout.CONFIG), str):   # so that from_pretrained can read the folder too
+        with open(os.path.join(out, "config.json"), "w") as f:
+            f.write(state[layout.CONFIG])
     r = state.get("rng")
     if r is not None:
         py, npy = r["python"], r["numpy"]
