@@ -246,7 +246,7 @@ def held_copies(monkeypatch):
     """The first lazy copy waits for a gate (then 0.3 s more): a copy that the optimizer did not
     wait for would read later values."""
     from deltackpt import faults
-    from deltackpt.snapshot import async_save
+    from tests.conftest import drain_background
     gate, seen, real_hit = threading.Event(), [], faults.hit
 
     def hit(site: str):
@@ -259,7 +259,7 @@ def held_copies(monkeypatch):
 
     monkeypatch.setattr(faults, "hit", hit)
     yield gate
-    async_save.drain_all()
+    drain_background()
 
 
 def test_background_saves_hold_the_state_at_the_save(tmp_path, repo_path, held_copies):

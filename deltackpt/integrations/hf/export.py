@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ...api import Repo, load
+from ...api import Repo, internal, load
 from ...errors import FileAccessError, StateMismatchError
 from . import layout
 
@@ -44,13 +44,21 @@ def export(repo: "str | os.PathLike | Repo", directory: "str | os.PathLike", ver
     """
     from safetensors.torch import save_file
 
-    state, v = load(repo, version, layers=[layout.MODEL], return_version=True)
+    handle = repo if isinstance(repo, Repo) else Repo(repo)
+    try:
+        state, v = load(handle, version, layers=[layout.MODEL], return_version=True)
+        # the config is plain text in the saved structure, beside the weights (not a layer: no tensor)
+        tree = internal.manifest(handle, v.id).tree
+        stored = tree.get(layout.CONFIG) if isinstance(tree, dict) else None
+    finally:
+        if handle is not repo:
+            handle.close()
     where = f"version {v.short_id}"
     weights = state.get(layout.MODEL) if isinstance(state, dict) else None
     if not isinstance(weights, dict) or not weights:
         raise StateMismatchError(f"{where} holds no 'model' entry: export writes versions saved by DeltackptTrainer "
                                  "or DeltackptCallback")
-    config_text = _config_text(config, state.get(layout.CONFIG), where)
+    config_text = _config_text(config, stored, where)
     out = os.path.abspath(os.fspath(directory))
     parent = os.path.dirname(out)
     if not os.path.isdir(parent):
