@@ -40,10 +40,10 @@ test: $(VENV)/.test
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
 
 bench-quick: $(VENV)/.test
-	$(PY) -m bench.run --quick
+	$(PY) -m bench all --quick
 
 bench: $(VENV)/.test
-	$(PY) -m bench.run
+	$(PY) -m bench compare
 
 reliability: $(VENV)/.test
 	DELTACKPT_RELIABILITY=full $(PY) -m pytest -q tests/reliability tests/corruption tests/security -p no:cacheprovider
