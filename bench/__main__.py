@@ -65,6 +65,12 @@ def _list() -> int:
     return 0
 
 
+def _cpu() -> float:
+    """User + system seconds of this process and of the children it reaped."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def _all_quick(tmp: str | None) -> int:
     """Every study's quick mode in this process, one after the other; each must leave its scratch
     folder empty.  A failing study does not stop the others; the exit status says whether any did."""
@@ -78,7 +84,7 @@ def _all_quick(tmp: str | None) -> int:
         for name in STUDIES:
             mod = study(name)
             print(f"== {name} --quick", flush=True)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu()
             try:
                 status = mod.run(parser(name, mod).parse_args(["--quick", "--tmp", parent]))
             except (Exception, SystemExit) as exc:   # noqa: BLE001  (reported, and the run fails)
@@ -92,13 +98,16 @@ def _all_quick(tmp: str | None) -> int:
                 status = status or f"left {left} in its scratch folder"
                 for entry in left:
                     shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
-            rows.append((name, time.perf_counter() - t0, status))
+            rows.append((name, time.perf_counter() - t0, _cpu() - c0, status))
             if status:
                 failed.append(name)
-    print("\n| study | quick wall s | result |\n|---|---|---|")
-    for name, s, status in rows:
-        print(f"| {name} | {s:.1f} | {'ok' if not status else status} |")
-    print(f"| all | {time.perf_counter() - t_all:.1f} | {'ok' if not failed else 'FAILED: ' + ', '.join(failed)} |")
+    # CPU seconds beside the wall: on a shared machine the wall time says as much about the others
+    print("\n| study | quick wall s | CPU s (children too) | result |\n|---|---|---|---|")
+    for name, s, cpu, status in rows:
+        print(f"| {name} | {s:.1f} | {cpu:.1f} | {'ok' if not status else status} |")
+    print(f"| all | {time.perf_counter() - t_all:.1f} | {sum(r[2] for r in rows):.1f} | "
+          f"{'ok' if not failed else 'FAILED: ' + ', '.join(failed)} |")
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     return 1 if failed else 0
 
 

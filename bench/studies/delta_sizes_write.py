@@ -1,13 +1,13 @@
-"""Issue 24's figures on real repositories: what each save writes, what deltification writes later,
-what the repository keeps per version once deltified, and what the newest version costs to read,
-with and without a ``keep_last=3`` retention.  Every ratio is against the ``torch.save`` bytes of
+"""The write path on real repositories (the delta_sizes study's ``write`` section): what each save
+writes, what deltification writes later, what the repository keeps per version once deltified, and
+what the newest version costs to read, with and without a ``keep_last=3`` retention.  Every ratio is against the ``torch.save`` bytes of
 the same version.
 
-    PYTHONPATH=. python bench/deltas.py --workloads full,frozen,recsys,gpt,cnn --versions 10 \\
+    python -m bench delta_sizes --workloads full,frozen,recsys,gpt,cnn --versions 10 \\
         --cache /work/cache --sections write --record write_path
 
-Each run saves the cached versions into a fresh repository with background deltification off (so a
-save's bytes are its own), then:
+Each run saves the cached versions into a fresh repository through one handle (the repository's
+size right after a save returns is what that save left), then:
 
 * **as saved**: bytes written per later save (every file the save created or replaced), CPU per
   save, and the newest version read cold from a fresh handle (bytes fetched, objects decoded per

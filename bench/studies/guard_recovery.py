@@ -1,7 +1,7 @@
 """Recovery from a divergence: the guard's in-place rollback against the by-hand alternative
 (stop, ``torch.load`` the last good file, restart), measured in the same run.
 
-Each workload of bench/workloads.py trains for real; every ``every`` steps its state is saved twice,
+Each workload of bench/common/workloads.py trains for real; every ``every`` steps its state is saved twice,
 into a deltackpt repository and as a ``torch.save`` file (what a team restarting by hand would
 load).  After version ``--blow-up-after`` the learning rate is multiplied by 1000 (a schedule bug):
 the loss spikes, the guard fed every step's loss fires and rolls model and optimizer back in place

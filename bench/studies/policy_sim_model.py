@@ -1,4 +1,4 @@
-"""The failure simulation behind bench/policy_sim.py: one job over a seeded failure trace, driven
+"""The failure simulation behind the policy_sim study: one job over a seeded failure trace, driven
 by deltackpt's own policy objects in simulated time, and every policy of the report over every trace."""
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ the loop is reported apart (``tail``), not counted.
 
 Two conditions: ``free-core`` (torch uses all cores but one: the one a background save is meant to
 use) and ``contended`` (torch uses every core).  Results print as tables, go to
-bench/results/training_slowdown.json with ``--record KEY``, and a full run rewrites the
-training-slowdown section of bench/POLICIES.md (``--policies PATH`` elsewhere, ``--from-record KEY``
-rewrites it from a recorded run without measuring).
+bench/results/training_slowdown.json with ``--record KEY``, and a whole-run measurement rewrites
+the training-slowdown section of bench/POLICIES.md (``--policies PATH`` elsewhere, ``--no-policies``
+not at all, ``--from-record KEY`` rewrites it from a recorded run without measuring).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -69,6 +70,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--policies", default=None, metavar="PATH",
                     help="POLICIES.md whose training-slowdown section to rewrite (default: bench/POLICIES.md after a "
                          "full whole-run measurement; quick: a copy in the scratch folder)")
+    ap.add_argument("--no-policies", action="store_true", help="leave POLICIES.md alone (an ad-hoc run)")
     ap.add_argument("--from-record", default=None, metavar="KEY",
                     help="rewrite the POLICIES.md section from recorded run KEY, measuring nothing")
     ap.add_argument("--dir", default=None, help="working folder, kept (default: a scratch folder, removed)")
@@ -120,8 +122,11 @@ def run_once(job, system: str, every: int, saves: int, workdir: str, burn_s: flo
     finally:
         saver.close()
     ok = None
-    if check and system != "none" and not system.endswith("-burn"):
-        ok = digests(savers.restored(saver)) == expected
+    try:
+        if check and system != "none" and not system.endswith("-burn"):
+            ok = digests(savers.restored(saver)) == expected
+    finally:   # each run starts from an empty folder (its untimed first save writes everything)
+        shutil.rmtree(saver.workdir, ignore_errors=True)
     bgs = [b for b in bgs if b is not None]
     return {"system": system, "wall_s": wall, "tail_s": tail, "cpu_s": cpu, "stalls_s": stalls,
             "stall_median_s": statistics.median(stalls) if stalls else 0.0, "step_wait_s": waits,
@@ -301,7 +306,7 @@ def run(a: argparse.Namespace) -> int:
             return 0
     if a.record:
         print(f"recorded as {a.record} in {record.record('training_slowdown', a.record, out)}")
-    if not a.paired:
+    if not a.paired and not a.no_policies:
         path = a.policies or os.path.join(HERE, "POLICIES.md")
         write_section(path, section(out, a.record))
         print(f"rewrote the training-slowdown section of {path}")
