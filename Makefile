@@ -53,11 +53,12 @@ test: $(VENV)/.test
 test-reliability: $(VENV)/.bench
 	$(PY) -m pytest -q -m "reliability and not slow" -p no:cacheprovider
 
+# every study's quick run (CI: none rots); `python -m bench --list` names them
 bench-quick: $(VENV)/.bench
-	$(PY) -m bench.run --quick
+	$(PY) -m bench all --quick
 
 bench: $(VENV)/.bench
-	$(PY) -m bench.run
+	$(PY) -m bench compare
 
 # the crash, corruption and hostile-repository suites, every point (tests/RELIABILITY.md)
 reliability: $(VENV)/.bench

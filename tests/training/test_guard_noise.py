@@ -1,5 +1,5 @@
 """No false alarm: the guard's default rule never fires on the ordinary noise of the benchmark's
-real training runs (bench/workloads.py: a recommendation model with Zipf ids and SparseAdam, a
+real training runs (bench/common/workloads.py: a recommendation model with Zipf ids and SparseAdam, a
 small GPT from scratch, MiniLM fine-tunes), fed every step's loss and gradient norm.  The small
 sizes (batch sizes of 2 to 64: noisier than the full ones) run by default; the rest are slow."""
 
@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 import pytest
 import torch
 
-from bench import workloads as w
+from bench.common import workloads as w
 from deltackpt.training import Guard, Spike
 
 WATCH = {"loss": Spike(), "grad_norm": Spike(threshold=20.0)}   # as docs/guide/rollback.md advises

@@ -1,0 +1,85 @@
+"""Memory a step takes and keeps, read from the kernel: resident set size (with the allocator's free
+pages handed back first, so that memory freed but cached by malloc does not count as kept), the
+peak of anonymous memory over a call (sampled in a thread), and a process's high-water mark."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+import psutil
+
+try:
+    _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+except (OSError, AttributeError):   # not glibc: nothing to hand back
+    _malloc_trim = None
+
+
+def _status(field: str) -> int:
+    """A ``/proc/self/status`` field in bytes (0 where the kernel has no such field)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def rss_anon() -> int:
+    """Anonymous resident bytes: the process's own heap, not the page cache of files it maps."""
+    return _status("RssAnon")
+
+
+def vm_hwm() -> int:
+    """Peak resident bytes of this process so far (of this address space: ru_maxrss would carry a
+    parent's peak across execve)."""
+    return _status("VmHWM")
+
+
+def settled_rss() -> int:
+    """Resident bytes once malloc's free pages are handed back: what the process holds, not what
+    its allocator happens to cache.  (Tensors go when their last reference does; a full
+    ``gc.collect()`` would find no more and costs most of a second with transformers loaded.)"""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+    return psutil.Process().memory_info().rss
+
+
+class PeakAnon:
+    """Samples anonymous resident memory every 10 ms while the block runs; ``extra`` is the peak
+    above the value at the start.
+
+    Example::
+
+        with PeakAnon() as mem:
+            state = torch.load(path)
+        print(mem.extra / 2**20, "MiB at peak")
+    """
+
+    def __init__(self) -> None:
+        self.base = rss_anon()
+        self.peak = self.base
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_anon())
+            time.sleep(0.01)
+
+    def __enter__(self) -> "PeakAnon":
+        self.base = self.peak = rss_anon()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_anon())
+
+    @property
+    def extra(self) -> int:
+        return self.peak - self.base
