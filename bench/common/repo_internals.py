@@ -1,6 +1,6 @@
 """The one place the bench reads deltackpt's internals, read-only, for figures no public API gives
 yet: how many objects a read decodes per chunk (the chunk's object and every delta base it names)
-and the repository's configured topology (``keyframe_interval``, ``delta_base``).  Everything else
+(``Repo.info()`` now gives the configured topology).  Everything else
 in bench/ goes through ``deltackpt.save/load/restore/gc``, ``deltackpt.Repo`` and
 ``deltackpt.store``.  When the library exposes these (``Repo.show`` or a ``Repo.config``), this
 module goes.
@@ -23,10 +23,9 @@ def open_counted(path: str) -> tuple[Any, Any]:
 
 
 def config(repo: Any) -> dict[str, Any]:
-    """The repository's ``keyframe_interval``, ``delta_base`` and ``chunk_bytes``.  INTERNAL: reads
-    ``repo.core.config`` (``deltackpt info --json`` prints them, no Python API returns them)."""
-    c = repo.core.config
-    return {"keyframe_interval": c.keyframe_interval, "delta_base": c.delta_base, "chunk_bytes": c.chunk_bytes}
+    """The repository's ``keyframe_interval``, ``delta_base`` and ``chunk_bytes`` (``Repo.info()``)."""
+    c = repo.info()
+    return {"keyframe_interval": c["keyframe_interval"], "delta_base": c["delta_base"], "chunk_bytes": c["chunk_bytes"]}
 
 
 def objects_per_chunk(repo: Any, revision: str = "latest") -> tuple[float, int]:
@@ -34,14 +33,14 @@ def objects_per_chunk(repo: Any, revision: str = "latest") -> tuple[float, int]:
     chunk's object and every base it names, followed through the index whatever the topology.
     INTERNAL: walks ``repo.core``'s manifest and index."""
     core = repo.core
-    core.refresh_index()
+    core.index.refresh()
     counts = []
     for b in core.manifest(core.resolve(revision)).blobs:
         for c in b.chunks:
             n, cid = 0, c.chunk_id
             while cid is not None:
                 n += 1
-                cid = core.entry(cid)[1].base
+                cid = core.index.entry(cid)[1].base
             counts.append(n)
     return (statistics.mean(counts), max(counts)) if counts else (0.0, 0)
 
@@ -50,9 +49,9 @@ def max_depth(repo: Any, revision: str) -> int:
     """The deepest delta chain among the version's chunks (0: all keyframes).  INTERNAL: reads
     ``repo.core``'s index entries."""
     core = repo.core
-    core.refresh_index()
+    core.index.refresh()
     m = core.manifest(core.resolve(revision))
-    return max((core.entry(c.chunk_id)[1].depth for b in m.blobs for c in b.chunks), default=0)
+    return max((core.index.entry(c.chunk_id)[1].depth for b in m.blobs for c in b.chunks), default=0)
 
 
 def delta_bases() -> tuple[str, ...]:

@@ -87,7 +87,9 @@ def _saves(cfg: str, state, job, saves: int, repo: str) -> tuple[list[float], li
     stalls, staging_s = [], []
     try:
         if ckpt is not None:
-            ckpt.prepare(state).result()
+            pre = ckpt.prepare(state)   # a thread of the Checkpointer's handle, waited for here
+            if pre is not None:
+                pre.join()
         for step in range(1, saves + 1):
             if job is not None:
                 job.step()
