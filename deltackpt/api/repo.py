@@ -65,10 +65,10 @@ class Repo(Handle):
                  chunk_bytes: int | None = None, keyframe_interval: int | None = None,
                  delta_cache_bytes: int | None = None, level: int | None = None,
                  delta_base: str | None = None, background: "str | BackgroundOptions | None" = None,
-                 deltify: bool | None = None) -> None:
+                 deltify: bool | None = None, payback: float | None = None) -> None:
         super().__init__(location, create=create, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
                          delta_cache_bytes=delta_cache_bytes, level=level, delta_base=delta_base,
-                         background=background, deltify=deltify)
+                         background=background, deltify=deltify, payback=payback)
 
     @classmethod
     def init(cls, location: "str | os.PathLike[str] | Store", **kwargs: Any) -> "Repo":
@@ -221,11 +221,15 @@ class Repo(Handle):
         """Same as :func:`deltackpt.gc` with this repository."""
         return gc(self, **kwargs)
 
-    def deltify(self, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None) -> DeltifyReport:
+    def deltify(self, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None,
+                payback: float | None = None) -> DeltifyReport:
         """Re-store what older versions hold whole as deltas against newer versions, now (saves do
         it in the background, a bounded step at a time; gc does it for what it keeps).  The ``lag``
         newest versions are left as saved (by default latest alone); past ``max_bytes`` of
-        replaced copies only the packs already begun are finished.
+        replaced copies only the packs already begun are finished.  ``payback``: re-store a copy
+        only where the stored bytes it saves are at least this many times the bytes it writes
+        (default the handle's, 1.0: a dense fine-tune's keyframes, whose deltas save a quarter,
+        stay whole; sparse ones shrink many times over).
 
         Example::
 
@@ -236,7 +240,14 @@ class Repo(Handle):
             raise InvalidArgumentError(f"lag must be an integer >= 1, got {lag!r:.80}")
         if max_bytes is not None and (not is_int(max_bytes) or max_bytes < 0):
             raise InvalidArgumentError(f"max_bytes must be None or an integer >= 0, got {max_bytes!r:.80}")
-        return run_deltify(self.session, lag=lag, max_bytes=max_bytes)
+        if payback is None:
+            return run_deltify(self.session, lag=lag, max_bytes=max_bytes)
+        from ..repo.write.session import check_payback
+        saved, self.session.payback = self.session.payback, check_payback(payback)
+        try:
+            return run_deltify(self.session, lag=lag, max_bytes=max_bytes)
+        finally:
+            self.session.payback = saved
 
 
 def open_repo(repo: "str | os.PathLike[str] | Repo | Store", create: bool = False) -> Repo:

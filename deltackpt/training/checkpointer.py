@@ -191,8 +191,7 @@ class Checkpointer:
 
     def prepare(self, state: Any) -> "threading.Thread | None":
         """Allocate and fault in, in a background thread, the staging memory background saves of
-        ``state`` (or ``state()``) hold: ``MAX_IN_FLIGHT`` copies, plus the one lent to the delta
-        cache.  Call it once the state has its final shapes (after the first optimizer step, when
+        ``state`` (or ``state()``) hold: ``BackgroundOptions.max_in_flight`` copies.  Call it once the state has its final shapes (after the first optimizer step, when
         the optimizer state exists); saves of another layout simply allocate their own.  Returns
         the pre-fault's thread, which the repository handle owns (None for a blocking Checkpointer)."""
         from ..torchstate.flatten import flatten
