@@ -24,7 +24,8 @@ _LAZY = {
     "save": "api", "load": "api", "restore": "api", "gc": "api", "Repo": "api",
     "Version": "repo.versions", "GcReport": "repo.maintain.gc_plan", "VerifyReport": "repo.maintain.verify",
     "Retention": "repo.maintain.retention",
-    "resume": "training", "Checkpointer": "training", "Guard": "training", "SaveHandle": "snapshot.async_save",
+    "resume": "training", "Checkpointer": "training", "Guard": "training", "SaveHandle": "snapshot.handle",
+    "BackgroundOptions": "snapshot.runtime",
     "EveryN": "training.policies", "EveryT": "training.policies", "YoungDaly": "training.policies",
     "DenseEarly": "training.policies", "OnImprovement": "training.policies", "AnyOf": "training.policies",
 }

@@ -52,7 +52,8 @@ class Handle:
     def __init__(self, location: "str | os.PathLike[str] | Store | Handle", *, create: bool = False,
                  chunk_bytes: int | None = None, keyframe_interval: int | None = None,
                  delta_cache_bytes: int | None = None, level: int | None = None, delta_base: str | None = None,
-                 background: "str | BackgroundOptions | None" = None, deltify: bool | None = None) -> None:
+                 background: "str | BackgroundOptions | None" = None, deltify: bool | None = None,
+                 payback: float | None = None) -> None:
         if isinstance(location, Handle):
             location = location.core.store   # the same store object (a memory store has no path)
         if delta_cache_bytes is not None and (isinstance(delta_cache_bytes, bool) or not isinstance(delta_cache_bytes, int)
@@ -60,6 +61,9 @@ class Handle:
             raise InvalidArgumentError(f"delta_cache_bytes must be an integer >= 0, got {delta_cache_bytes!r:.60}")
         if deltify is not None and not isinstance(deltify, bool):
             raise InvalidArgumentError(f"deltify must be True or False, got {deltify!r:.60}")
+        if payback is not None:
+            from ..repo.write.session import check_payback
+            check_payback(payback)   # before a repository is created
         if level is not None:
             from ..codecs.base import check_level
             check_level(level)   # before a repository is created
@@ -70,7 +74,8 @@ class Handle:
                                     delta_base=delta_base, level=level,
                                     delta_cache_bytes=DEFAULT_DELTA_CACHE_BYTES if delta_cache_bytes is None
                                     else delta_cache_bytes,
-                                    deltify=_deltify_default() if deltify is None else deltify)
+                                    deltify=_deltify_default() if deltify is None else deltify,
+                                    **({} if payback is None else {"payback": payback}))
         self._runtime: SaveRuntime | None = None
         self._closed = False
 

@@ -111,11 +111,10 @@ def run_after(repo: Handle, fn: Callable[[], Any]) -> SaveHandle:
 
 def prepare_staging(repo: Handle, leaves: list, where: str | None = None) -> threading.Thread | None:
     """Fault in, in a thread of the handle, the staging memory background saves of ``leaves``
-    will hold (``max_in_flight`` copies plus the one lent to the delta cache)."""
-    from ..snapshot import async_save, prefault
+    will hold (``max_in_flight`` copies)."""
+    from ..snapshot import async_save
     runtime = repo.runtime
-    sets = prefault.sets_for(repo.session.delta_cache.max_bytes, runtime.options.max_in_flight)
-    return runtime.prefault(leaves, async_save.uses_process(runtime, leaves, where), sets)
+    return runtime.prefault(leaves, async_save.uses_process(runtime, leaves, where), runtime.options.max_in_flight)
 
 
 def unhook_finished_snapshots(repo: Handle) -> None:

@@ -66,6 +66,8 @@ class Repo(Handle):
             :class:`~deltackpt.snapshot.runtime.BackgroundOptions`.
         deltify: re-store older versions as reverse deltas after each save (default
             ``$DELTACKPT_DELTIFY``, on), where that pays back.
+        payback: what "pays back" means: a rewrite must save at least this many stored bytes
+            per byte it writes (default 1.0, ``deltackpt.repo.write.head.PAYBACK``).
 
     Raises:
         NotARepositoryError: the location holds no repository (and ``create`` is False).
@@ -87,10 +89,10 @@ class Repo(Handle):
                  chunk_bytes: int | None = None, keyframe_interval: int | None = None,
                  delta_cache_bytes: int | None = None, level: int | None = None,
                  delta_base: str | None = None, background: "str | BackgroundOptions | None" = None,
-                 deltify: bool | None = None) -> None:
+                 deltify: bool | None = None, payback: float | None = None) -> None:
         super().__init__(location, create=create, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
                          delta_cache_bytes=delta_cache_bytes, level=level, delta_base=delta_base,
-                         background=background, deltify=deltify)
+                         background=background, deltify=deltify, payback=payback)
 
     @classmethod
     def init(cls, location: "str | os.PathLike[str] | Store", **kwargs: Any) -> "Repo":
@@ -397,14 +399,19 @@ class Repo(Handle):
         """Same as :func:`deltackpt.gc` with this repository."""
         return gc(self, **kwargs)
 
-    def deltify(self, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None) -> DeltifyReport:
-        """Re-store what older versions hold whole as deltas against newer versions, now (saves do it
-        in the background, a bounded step at a time; gc does it for what it keeps).
+    def deltify(self, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None,
+                payback: float | None = None) -> DeltifyReport:
+        """Re-store what older versions hold whole as deltas against newer versions, now (a save
+        does it after it commits, a bounded step; gc does it for what it keeps), where it pays back.
 
         Args:
             lag: the ``lag`` newest versions are left as saved (by default latest alone).
             max_bytes: past this many bytes of replaced copies, only the packs already begun are
                 finished (None: no limit).
+            payback: re-store a copy only where the stored bytes it saves are at least this many
+                times the bytes it writes (default the handle's, 1.0: a dense fine-tune's
+                keyframes, whose deltas would save a quarter, stay whole; sparse periods shrink
+                many times over).
 
         Returns:
             A report: the ``chunks`` re-stored and the ``freed_bytes``, among others.
@@ -422,7 +429,14 @@ class Repo(Handle):
             raise InvalidArgumentError(f"lag must be an integer >= 1, got {lag!r:.80}")
         if max_bytes is not None and (not is_int(max_bytes) or max_bytes < 0):
             raise InvalidArgumentError(f"max_bytes must be None or an integer >= 0, got {max_bytes!r:.80}")
-        return run_deltify(self.session, lag=lag, max_bytes=max_bytes)
+        if payback is None:
+            return run_deltify(self.session, lag=lag, max_bytes=max_bytes)
+        from ..repo.write.session import check_payback
+        saved, self.session.payback = self.session.payback, check_payback(payback)
+        try:
+            return run_deltify(self.session, lag=lag, max_bytes=max_bytes)
+        finally:
+            self.session.payback = saved
 
 
 def open_repo(repo: "str | os.PathLike[str] | Repo | Store", create: bool = False) -> Repo:

@@ -167,11 +167,11 @@ def _writer(session: Any, encoding: Any, record: dict[str, Any], workers: int | 
     from ..torchstate.planner import plan_blobs
 
     def write(leaves: list, tree: Any, devices: list[str] | None = None, threads: int | None = workers,
-              encoder: Any = None, segment: Any = None, owner: Any = None) -> Version:
+              encoder: Any = None, segment: Any = None) -> Version:
         blobs, entries = plan_blobs(leaves, encoding)
-        for b in blobs:   # background saves lend their staging copy to the delta cache
-            b.owner = owner
-        if devices is not None:  # staged copies live on the CPU; record where the tensors lived
+        if devices is not None:  # staged copies, this save's own, on the CPU; record where the tensors lived
+            for b in blobs:
+                b.private = True
             for e, device in zip(entries, devices):
                 e.device = device
         kwargs = dict(record, workers=threads)

@@ -1,6 +1,13 @@
-"""The base of the next delta at each chunk position, kept in memory so the next save can compute
-deltas without reading anything back from storage.  Bounded by bytes; when full, positions not
-held are saved as keyframes (correct, only larger).
+"""The base of the next delta at each chunk position, kept between saves by a handle's write session.
+
+What a position keeps depends on what its next save will need (issue 32: memory that pays).  Every
+position keeps a small *memo* (its chunk id, how it is stored, whether its last change was dense);
+only a position whose last change was stored as a delta (``sparse``: an embedding table's rows, a
+few changed elements) keeps its bytes, since its next change will most likely be a delta against
+them too.  Bytes are bounded by ``max_bytes``: past it, or for every other position, the next save
+reads the base back from the repository when it needs one (write/bases.py), which costs a decode
+instead of memory.  A dense position (a full fine-tune's weights and moments) is written whole next
+time and needs no base at all.
 
 The memo is the last saved (for lossy chunks: decoded) version of the position, and the next save's
 chunk may be a delta against it.  With ``"parent"`` every change is such a delta (a forward chain);
@@ -14,7 +21,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -26,7 +32,7 @@ class ChunkMemo:
     source_id: bytes     # hash of the bytes the user handed in (equal to chunk_id when lossless)
     age: int = 0         # star only: lossless deltas written against this chunk at this position so far
     winner: int | None = None  # the delta codec stored at this position last time (tried first next time)
-    owner: Any = None    # set when ``data`` views memory the saver's caller lent (see BlobInput.owner)
+    sparse: bool = False  # the last change here was stored as a delta: the next save wants these bytes
     anchor_bytes: int = 0  # "child": stored size of the position's last keyframe (0: unknown)
     chain_bytes: int = 0   # "child": stored bytes of the forward deltas written since that keyframe
     dense: bool = False    # "child": the last change here was too large for a delta (try a sample first)
@@ -63,16 +69,10 @@ class DeltaCache:
             old = self._items.pop(key, None)
             if old is not None:
                 self._bytes -= old.held_bytes
-            if self._bytes + memo.held_bytes <= self.max_bytes:
-                self._items[key] = memo
-                self._bytes += memo.held_bytes
-
-    def drop_owner(self, owner: Any) -> None:
-        """Forget every memo whose bytes view memory lent under ``owner``: its lender is about to
-        reuse that memory."""
-        with self._lock:
-            for key in [k for k, m in self._items.items() if m.owner is not None and m.owner == owner]:
-                self._bytes -= self._items.pop(key).held_bytes
+            if memo.held_bytes and self._bytes + memo.held_bytes > self.max_bytes:
+                memo = replace(memo, data=None, raw_len=memo.size)   # full: the base is read back if needed
+            self._items[key] = memo
+            self._bytes += memo.held_bytes
 
     def clear(self) -> None:
         with self._lock:

@@ -39,10 +39,10 @@ waited for; its thread ends by itself once the save is done.
 
 Memory: at most ``BackgroundOptions.max_in_flight`` (default 1) saves are in flight; a save submitted while that
 many are running first waits for the oldest.  A save's staging copy (its state's logical size)
-stays lent to the handle's delta cache until the next save commits (:mod:`.staging`), so a
-training loop saving in the background holds ``max_in_flight + 1`` staging copies of its state
-(the delta cache views them instead of holding its own copy), plus a window of encoded chunks
-(16 chunks of at most ``chunk_bytes`` each).
+goes back to the handle's pool when the save is done, for the next snapshot to reuse (faulted-in
+pages), so a training loop saving in the background holds ``max_in_flight`` staging copies of its
+state, plus the delta cache's bytes (within ``delta_cache_bytes``: only positions whose last change
+was a delta keep theirs) and a window of encoded chunks (16 chunks of at most ``chunk_bytes``).
 
 Errors: a failed background save raises its exception from :meth:`SaveHandle.wait`, or, when
 nobody waited for it, from the next save to the same repository (which then does not start), or
@@ -62,7 +62,7 @@ import time
 from typing import Any, Callable
 
 from ..repo.versions import Version
-from . import at_exit, lazy, prefault, staging
+from . import at_exit, lazy, staging
 from .handle import SaveHandle
 from .runtime import SaveRuntime, go_idle, spare_cores, timed
 
@@ -87,9 +87,8 @@ def wait_for_others(runtime: SaveRuntime) -> None:
 
 def submit(runtime: SaveRuntime, leaves: list, tree: Any, write: Callable[..., Version], *,
            where: str | None = None, optimizers: list | None = None) -> SaveHandle:
-    """Snapshot ``leaves`` now and run ``write(staged_leaves, tree, encoder=..., segment=...,
-    owner=...)`` in the background on ``runtime``; ``encoder`` and ``segment`` are None on the
-    thread path, ``owner`` marks the staging memory lent to the delta cache.  Used by
+    """Snapshot ``leaves`` now and run ``write(staged_leaves, tree, encoder=..., segment=...)`` in
+    the background on ``runtime``; ``encoder`` and ``segment`` are None on the thread path.  Used by
     :func:`deltackpt.save` with ``blocking=False``.  ``optimizers``: the tensors they own are
     copied lazily (:mod:`.lazy`), the rest now."""
     wait_for_others(runtime)
@@ -100,13 +99,12 @@ def submit(runtime: SaveRuntime, leaves: list, tree: Any, write: Callable[..., V
     lazy_keys = lazy.owned_storages(optimizers) if optimizers else None
     shared_memory = uses_process(runtime, leaves, where)
     fresh = runtime.staging.fresh_bytes
-    staged, memory, event, (host, cuda) = staging.stage(runtime.staging, runtime.session, leaves,
-                                                        shared_memory=shared_memory, lazy_keys=lazy_keys)
+    staged, memory, event, (host, cuda) = staging.stage(runtime.staging, leaves, shared_memory=shared_memory,
+                                                        lazy_keys=lazy_keys)
     if runtime.staging.fresh_bytes > fresh and runtime.options.prefault:
         # a state of a new size: fault in the other staging copies a loop saving it holds
-        # (max_in_flight + 1 with the delta cache) now, in the background, not at the next save
-        runtime.prefault(leaves, shared_memory, prefault.sets_for(runtime.session.delta_cache.max_bytes,
-                                                                  runtime.options.max_in_flight) - 1)
+        # (max_in_flight) now, in the background, not at the next save
+        runtime.prefault(leaves, shared_memory, runtime.options.max_in_flight - 1)
     deferred = None
     if host or cuda:
         deferred = lazy.LazyCopy(host, cuda, optimizers or [], runtime.options.idle and runtime.options.lazy_copy_idle,
@@ -117,7 +115,6 @@ def submit(runtime: SaveRuntime, leaves: list, tree: Any, write: Callable[..., V
     waited = threading.Event()
 
     def work() -> Version:
-        ok = False
         go_idle(runtime.options, waited)
         try:
             if event is not None:
@@ -125,12 +122,10 @@ def submit(runtime: SaveRuntime, leaves: list, tree: Any, write: Callable[..., V
             if deferred is not None:
                 deferred.wait()
             encoder = runtime.encoder() if memory.segment is not None else None
-            version = write(staged, tree, encoder=encoder, segment=memory.segment, owner=memory.owner)
-            ok = True
-            return version
+            return write(staged, tree, encoder=encoder, segment=memory.segment)
         finally:
             staged.clear()
-            runtime.staging.settle(memory, ok, runtime.encoder_started)
+            runtime.staging.release(memory, runtime.encoder_started)
 
     return _start(runtime, timed(work, timing), memory.nbytes, stall, timing, deferred, waited)
 

@@ -40,8 +40,8 @@ class SaveHandle:
         self._observed = False
         self._timing = timing
         self.staged_bytes = staged_bytes
-        """Bytes of host memory this save's staging copy takes (lent to the delta cache until the
-        next save commits)."""
+        """Bytes of host memory this save's staging copy takes (back in the handle's pool, for the
+        next snapshot, once the save is done)."""
         self.stall_seconds = stall_seconds
         """Seconds the caller was blocked (snapshot of the tensors)."""
         self._runtime: Any = None   # the save runtime that runs it (set when it is queued)

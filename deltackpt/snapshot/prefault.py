@@ -4,8 +4,7 @@ A background save's stall is its snapshot copy.  Into fresh memory that copy als
 fault (and the kernel's zeroing) per 4 KiB page, which made the first background save of a process
 two to three times as slow as later ones (issue 18: 132 ms against 47-65 ms for 268 MB).  So as soon
 as the size of a state is known, :func:`prepare` allocates the staging copies a loop saving it in
-the background holds (:func:`sets_for`: ``max_in_flight``, plus the one lent to the delta cache),
-writes every page in a thread the handle's save runtime owns, and pools them
+the background holds (``max_in_flight``), writes every page in a thread the handle's save runtime owns, and pools them
 (:meth:`.staging.StagingPool.pool`), where the saves look first.  It runs from
 ``Checkpointer.prepare(state)``, and by itself when a save allocated staging memory (a state of a
 new layout): then for the copies that save did not take.
@@ -28,12 +27,6 @@ PREFAULT_IDLE = False
 268 MB, 2 cores, 03:45 UTC run) the idle pre-fault thread, started by the first save, held the GIL
 while torch's normal-priority threads kept both cores, and the caller's stall waited for it: first
 save 120-378 ms at idle against 56-58 ms at normal priority (torch.save+fsync: ~200 ms)."""
-
-
-def sets_for(delta_cache_bytes: int, keep: int) -> int:
-    """Staging copies a loop saving in the background holds: ``keep`` in flight, plus the one lent
-    to the delta cache when the handle keeps one (``delta_cache_bytes`` > 0)."""
-    return keep + (1 if delta_cache_bytes else 0)
 
 
 def _layout(leaves: list, shared: dict[int, list[int]]) -> list[tuple[tuple, torch.dtype, bool]]:

@@ -5,12 +5,11 @@ tensors), or one shared segment (:class:`~deltackpt.repo.write.encoder_process.S
 encoder process.  Tensors sharing a storage are copied as one storage and rebuilt as views of it.
 
 The memory belongs to one repository handle's :class:`StagingPool` (held by its save runtime,
-freed when the handle closes).  After its save commits, a :class:`Staged` copy stays *lent* to the
-handle's delta cache: the next save computes its deltas against it, so the saver copies nothing.
-When that next save commits, the cache forgets the memos viewing the older copy, and the memory
-goes back to the pool.  So a loop saving in the background holds ``keep + 1`` copies of its state,
-where ``keep`` is the number of saves in flight (``BackgroundOptions.max_in_flight``).
-:mod:`.prefault` allocates and faults in exactly those copies ahead of the first saves of a state.
+freed when the handle closes).  When its save is done, a :class:`Staged` copy goes back to the pool
+(the delta cache copies out the few chunks it keeps), where the next snapshot finds its pages
+already faulted in.  So a loop saving in the background holds ``keep`` copies of its state, where
+``keep`` is the number of saves in flight (``BackgroundOptions.max_in_flight``).  :mod:`.prefault`
+allocates and faults in exactly those copies ahead of the first saves of a state.
 
 The copy itself (:func:`copy_host`) runs on the caller's thread and a helper thread per core
 torch's threads leave free (joined before it returns), a large contiguous tensor cut into slices.  A save with ``optimizer=``
@@ -28,7 +27,6 @@ import torch
 
 from .. import threads as worker_threads
 from ..repo.write.encoder_process import EncoderProcess, SharedSegment
-from ..repo.write.session import WriteSession
 
 ALIGN = 64  # staged tensors start on cache-line boundaries (and on any element size)
 
@@ -47,8 +45,8 @@ Alloc = Callable[[torch.Size, torch.dtype, bool], torch.Tensor]
 
 class StagingPool:
     """The staging memory of one repository handle's background saves: free per-shape buffers and
-    shared segments kept for the next saves (at most ``keep`` states' worth), the copy lent to the
-    delta cache by the last committed save, and a count of what was allocated while a save waited.
+    shared segments kept for the next saves (at most ``keep`` states' worth), and a count of what
+    was allocated while a save waited.
 
     Example::
 
@@ -63,9 +61,10 @@ class StagingPool:
         self._buffers: dict[tuple, list[torch.Tensor]] = {}   # (shape, dtype, pinned) -> free buffers
         self._buffer_bytes = 0
         self._segments: list[SharedSegment] = []              # free staging segments (encoder process)
-        self._lent: Staged | None = None                      # staging of the last committed save
         self.fresh_bytes = 0
         """Staging bytes ever allocated while a save waited (not by :mod:`.prefault`): tests pin it."""
+        self.last_ids: frozenset[int] = frozenset()
+        """Which buffers (``id``) or segment (its ``id``) the last finished save staged into."""
 
     @property
     def free_bytes(self) -> int:
@@ -131,23 +130,14 @@ class StagingPool:
                 encoder.forget(s)
             s.close()
 
-    def settle(self, staged: "Staged", ok: bool, encoder: EncoderProcess | None) -> None:
-        """After a background save: on success its staging replaces the lent one (the delta cache
-        now views it); on failure it is dropped (some memos may already view it)."""
-        if not ok or staged.session.delta_cache.max_bytes == 0:   # (no cache: nothing would view it)
-            staged.release(self, encoder)
-            return
-        with self._lock:
-            previous, self._lent = self._lent, staged
-        if previous is not None:
-            previous.release(self, encoder)
+    def release(self, staged: "Staged", encoder: EncoderProcess | None) -> None:
+        """A background save is done (committed or failed): its staging goes back to the pool."""
+        self.last_ids = frozenset([staged.segment.id]) if staged.segment is not None else \
+            frozenset(id(t) for t in staged.buffers)
+        staged.release(self, encoder)
 
     def release_all(self, encoder: EncoderProcess | None) -> None:
-        """Give back the lent copy and free every pooled buffer and segment (the handle closes)."""
-        with self._lock:
-            lent, self._lent = self._lent, None
-        if lent is not None:
-            lent.release(self, encoder)
+        """Free every pooled buffer and segment (the handle closes)."""
         with self._lock:
             segments, self._segments = self._segments, []
             self._buffers.clear()
@@ -159,31 +149,25 @@ class StagingPool:
 
 
 class Staged:
-    """One save's staging memory: per-shape ``buffers`` or a shared ``segment``.  ``owner`` is the
-    token its lent bytes carry in the delta cache (``BlobInput.owner``)."""
+    """One save's staging memory: per-shape ``buffers`` or a shared ``segment``."""
 
-    def __init__(self, session: WriteSession, buffers: list[torch.Tensor], pinned: list[bool],
-                 segment: SharedSegment | None) -> None:
-        self.session, self.buffers, self.pinned, self.segment = session, buffers, pinned, segment
-        self.owner = ("segment", segment.id) if segment is not None else ("staging", id(self))
+    def __init__(self, buffers: list[torch.Tensor], pinned: list[bool], segment: SharedSegment | None) -> None:
+        self.buffers, self.pinned, self.segment = buffers, pinned, segment
         self.nbytes = sum(b.numel() * b.element_size() for b in buffers)
 
     def release(self, pool: StagingPool, encoder: EncoderProcess | None) -> None:
-        """Make the delta cache forget this memory, then pool it."""
+        """Pool this memory for the next snapshot (once: a second call does nothing)."""
         if self.segment is not None:
-            if encoder is not None:
-                encoder.drop_owner(self.owner)   # the child reads it before any later save
-            self.session.delta_cache.drop_owner(self.owner)
-            pool.give_back_segment(self.segment, encoder)
-        else:
-            self.session.delta_cache.drop_owner(self.owner)
+            segment, self.segment = self.segment, None
+            pool.give_back_segment(segment, encoder)
+        elif self.buffers:
             pool.give_back(self.buffers, self.pinned)
         self.buffers = []
 
 
-def stage(pool: StagingPool, session: WriteSession, leaves: list, shared_memory: bool,
+def stage(pool: StagingPool, leaves: list, shared_memory: bool,
           lazy_keys: set | None = None) -> tuple[list, Staged, Any, tuple[list, list]]:
-    """Snapshot ``leaves`` for a background save through ``session``: (staged leaves, their memory,
+    """Snapshot ``leaves`` for a background save: (staged leaves, their memory,
     CUDA event to wait on or None, deferred copies).  ``shared_memory``: into a segment the encoder
     process can map.  Tensors whose storage is in ``lazy_keys`` (:func:`.lazy.owned_storages`)
     are not copied now: their (staging, source) pairs come back as deferred ``(host, cuda)``
@@ -203,7 +187,7 @@ def stage(pool: StagingPool, session: WriteSession, leaves: list, shared_memory:
                 now.append((dst, src, pin))
         copies = now
     event = _copy_and_fence(copies)
-    memory = Staged(session, buffers, pinned, segment)
+    memory = Staged(buffers, pinned, segment)
     return out, memory, event, deferred
 
 

@@ -12,6 +12,11 @@ import torch
 import deltackpt
 from deltackpt.repo.repository import Repository
 
+#: these tests check deltification's mechanics on runs whose deltas save a quarter or so of a
+#: keyframe (dense fine-tunes): they ask it to rewrite whatever saves at least 5% (the default,
+#: head.PAYBACK, leaves those whole; tests/repo/test_maintenance_payback.py pins the default)
+MECHANICS = 0.05
+
 
 def _pack_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(path, "packs")) for f in fs)
@@ -58,7 +63,7 @@ def test_a_period_of_sparse_forward_deltas_is_reversed_whole(tmp_path, monkeypat
     tables = _sparse_run(child, 24)
     _sparse_run(parent, 24, delta_base="parent")
     assert _forward_copies_outside_latest(child) > 0
-    report = deltackpt.Repo(child).deltify(lag=1)
+    report = deltackpt.Repo(child).deltify(payback=MECHANICS, lag=1)
     assert report.chunks > 0 and report.freed_bytes > report.written_bytes
     assert _forward_copies_outside_latest(child) == 0
     assert _pack_bytes(child) <= 1.02 * _pack_bytes(parent)
@@ -74,14 +79,14 @@ def _mixed_run(path: str, saves: int, *, smooth: int, noise: int) -> list[dict]:
     """Two tensors: ``smooth`` floats that drift a little each save (their deltas are small) and
     ``noise`` floats drawn anew each save (no delta helps them)."""
     g = torch.Generator().manual_seed(2)
-    deltackpt.Repo.init(path)
     w = torch.randn(smooth, generator=g)
     out = []
-    for step in range(saves):
-        w = w + 1e-3 * torch.randn(smooth, generator=g)
-        state = {"w": w.clone(), "noise": torch.randn(noise, generator=g)}
-        deltackpt.save(state, path, step=step)
-        out.append(state)
+    with deltackpt.Repo(path, create=True, payback=MECHANICS) as repo:
+        for step in range(saves):
+            w = w + 1e-3 * torch.randn(smooth, generator=g)
+            state = {"w": w.clone(), "noise": torch.randn(noise, generator=g)}
+            repo.save(state, step=step)
+            out.append(state)
     return out
 
 
@@ -94,10 +99,10 @@ def test_deltify_writes_nothing_that_would_not_free_half_a_pack(tmp_path, monkey
     _mixed_run(small, 2, smooth=1 << 20, noise=3 << 20)
     states = _mixed_run(big, 2, smooth=3 << 20, noise=1 << 19)
     before = _pack_bytes(small)
-    report = deltackpt.Repo(small).deltify(lag=1)
+    report = deltackpt.Repo(small).deltify(payback=MECHANICS, lag=1)
     assert report.written_bytes == 0 and report.chunks == 0
     assert _pack_bytes(small) == before
-    report = deltackpt.Repo(big).deltify(lag=1)
+    report = deltackpt.Repo(big).deltify(payback=MECHANICS, lag=1)
     assert report.chunks > 0 and report.freed_bytes > 1.2 * report.written_bytes
     for k, state in enumerate(reversed(states)):
         got = deltackpt.load(big, f"latest~{k}")
@@ -116,7 +121,7 @@ def test_keyframes_that_will_stay_whole_are_packed_apart(tmp_path, monkeypatch):
              for c in b.chunks}
     apart = {pid for pid, entries in repo.index.pack_entries.items() if {e.chunk_id for e in entries} <= noise}
     assert len(apart) == 4  # each save after the first: its noise keyframes in a pack of their own
-    report = deltackpt.Repo(path).deltify(lag=1)
+    report = deltackpt.Repo(path).deltify(payback=MECHANICS, lag=1)
     assert report.chunks == 8 and report.encodings.get("sub-delta") == 8  # the drifting tensor, 4 versions
     repo = Repository(path)
     assert apart <= set(repo.index.pack_entries)  # kept as they were: never rewritten
@@ -153,10 +158,10 @@ def test_what_deltify_remembers_never_changes_what_it_ends_up_doing(tmp_path, mo
                 late = late + 1e-3 * torch.randn(late.shape, generator=g)
             deltackpt.save({"w": w, "late": late, "noise": torch.randn(1 << 20, generator=g)}, path, step=step)
         repo = deltackpt.Repo(path)
-        assert repo.deltify(lag=2).chunks == 0
+        assert repo.deltify(payback=MECHANICS, lag=2).chunks == 0
         if forget:
             repo.session.deltify_memo = None
-        assert repo.deltify(lag=1).chunks > 0
+        assert repo.deltify(payback=MECHANICS, lag=1).chunks > 0
         sizes.append(_pack_bytes(path))
         got = deltackpt.load(path)
         assert torch.equal(got["w"], w) and torch.equal(got["late"], late)

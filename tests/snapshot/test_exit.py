@@ -261,8 +261,10 @@ def test_deltackpts_threads_leave_signals_to_the_main_thread(tmp_path):
     taken a Ctrl-C, a main thread asleep in one long C call would not wake (the CI once saw a
     script sleep on through its Ctrl-C).  Every thread a background save starts blocks them; the
     main thread does not."""
+    # the save sleeps at its first pack's fsync, so its threads are still there when they are looked at
     out = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, str(tmp_path / "repo")],
-                         env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
+                         env={**os.environ, "PYTHONPATH": ROOT, "DELTACKPT_FAULT": "pack.fsync:1:sleep3"},
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     first, second = out.stdout.splitlines()[:2]
     count, unblocked = first.split(" ", 1)

@@ -101,7 +101,7 @@ def test_cuda_eager_background_save_stages_into_pinned_memory(repo_path):
         h = repo.save(model.state_dict(), step=1, blocking=False)
         one_step()
         v = h.wait()
-        assert all(b.is_pinned() for b in repo.runtime.staging._lent.buffers)
+        assert all(b.is_pinned() for bs in repo.runtime.staging._buffers.values() for b in bs)
     _assert_same(expected, deltackpt.load(repo_path, v.id))
 
 
@@ -116,6 +116,6 @@ def test_cuda_prepare_pins_the_staging_ahead_of_the_first_save(repo_path):
     fresh = pool.fresh_bytes
     ckpt.step(model.state_dict(), step=1).wait()
     assert pool.fresh_bytes == fresh
-    assert all(b.is_pinned() for b in pool._lent.buffers)
+    assert all(b.is_pinned() for bs in pool._buffers.values() for b in bs)
     assert ckpt.repo.runtime._prefaults
     ckpt.close()

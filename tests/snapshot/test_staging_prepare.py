@@ -33,8 +33,8 @@ def _pool_ids(repo) -> set[int]:
         return {id(t) for ts in pool._buffers.values() for t in ts}
 
 
-def _lent_ids(repo) -> set[int]:
-    return {id(t) for t in repo.runtime.staging._lent.buffers}
+def _used_ids(repo) -> set[int]:
+    return set(repo.runtime.staging.last_ids)
 
 
 def _settle_prefault(repo) -> None:
@@ -45,7 +45,7 @@ def _settle_prefault(repo) -> None:
 
 def test_prepare_faults_in_every_copy_the_saves_then_take(repo_path):
     """After Checkpointer.prepare(state), the first saves allocate no staging memory: they take the
-    MAX_IN_FLIGHT + 1 copies prepare faulted in, and keep alternating between them."""
+    max_in_flight copies prepare faulted in, and keep reusing them."""
     ckpt = Checkpointer(repo_path, policy=1)
     thread = ckpt.prepare(_state(0, 97))
     assert thread is not None
@@ -55,27 +55,26 @@ def test_prepare_faults_in_every_copy_the_saves_then_take(repo_path):
     used = []
     for step in range(1, 5):
         ckpt.step(_state(step, 97), step=step).wait()
-        used.append(_lent_ids(ckpt.repo))
+        used.append(_used_ids(ckpt.repo))
     assert ckpt.repo.runtime.staging.fresh_bytes == fresh      # nothing allocated on a save's path
-    assert all(u <= prepared for u in used) and used[0] != used[1] and used[0] == used[2]
+    assert all(u <= prepared for u in used) and used[0] == used[1] == used[3]
     assert ckpt.prepare(_state(9, 97)) is thread               # once per layout
     ckpt.close()
 
 
 def test_first_save_of_a_new_layout_prefaults_the_next_copy(repo_path):
-    """Without prepare, the first background save of a layout allocates its staging copy, and
-    queues the fault-in of the copy the second save needs (the first one stays lent to the delta
-    cache): the second and later saves allocate nothing."""
+    """Without prepare, the first background save of a layout allocates its staging copy, which
+    goes back to the pool when it is done: the second and later saves allocate nothing."""
     with deltackpt.Repo(repo_path, create=True) as repo:
         repo.save(_state(1, 131), step=1, blocking=False).wait()
         _settle_prefault(repo)
         fresh = repo.runtime.staging.fresh_bytes
-        used = [_lent_ids(repo)]
+        used = [_used_ids(repo)]
         for step in range(2, 5):
             repo.save(_state(step, 131), step=step, blocking=False).wait()
-            used.append(_lent_ids(repo))
+            used.append(_used_ids(repo))
         assert repo.runtime.staging.fresh_bytes == fresh
-    assert not used[0] & used[1] and used[0] == used[2] and used[1] == used[3]
+    assert used[0] and used[0] == used[1] == used[2] == used[3]
 
 
 def test_prepare_for_the_encoder_process_pools_a_faulted_segment(repo_path, monkeypatch):
@@ -91,7 +90,7 @@ def test_prepare_for_the_encoder_process_pools_a_faulted_segment(repo_path, monk
         prepared = {s.id for s in pool._segments}
     fresh = pool.fresh_bytes
     ckpt.step(_state(1, 157), step=1).wait()
-    assert pool._lent.segment.id in prepared
+    assert pool.last_ids <= prepared
     assert pool.fresh_bytes == fresh
     ckpt.close()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
@@ -19,7 +18,7 @@ from ...format.objects import EncodedObject
 from ..delta_cache import ChunkMemo, next_star_base
 from ..repository import Repository
 from .session import WriteSession
-from .head import delta_budget, encode_changed, stays_whole
+from .head import delta_budget, encode_changed, stays_whole, too_dense
 from .packer import Packer
 from .presence import ChunkPresence
 
@@ -84,28 +83,27 @@ class SaveContext:
 
 
 def encode_one(sv: SaveContext, raw: memoryview | bytes, ctx: ChunkContext, memo: ChunkMemo | None, mode: str,
-                copy_to: np.ndarray | None = None, owner: Any = None) -> tuple[ChunkResult, ChunkMemo]:
-    # the one copy (into ``copy_to``, or a fresh bytes): the caller's tensor may change once save()
-    # returns, and the id must be the hash of exactly the bytes encoded.  Lent bytes (``owner``)
-    # stay as they are until the owner is dropped from the cache: no copy.
-    if owner is not None:
+                copy_to: np.ndarray | None = None) -> tuple[ChunkResult, ChunkMemo]:
+    """Hash and encode one chunk.  ``copy_to``: a scratch buffer the bytes are copied into first
+    (the caller's live tensor: another thread may change it meanwhile, and the id must be the hash
+    of exactly the bytes encoded); None when ``raw`` is the save's own (a staged copy).  The memo
+    returned may view those bytes: the saver copies what the delta cache keeps."""
+    if copy_to is None:
         data = raw
-    elif copy_to is None:
-        data = raw if isinstance(raw, bytes) else bytes(raw)
     else:
         np.copyto(copy_to, np.frombuffer(raw, dtype=np.uint8))
         data = memoryview(copy_to)
     src = digest(data)
     settings, known, present = sv.session.settings, sv.known, sv.present
     if sv.head and mode == "lossless":
-        return encode_head(sv, data, src, ctx, memo, owner)
+        return encode_head(sv, data, src, ctx, memo)
     depth_of = lambda cid: sv.depth(cid, getattr(present.entry(cid), "depth", 0))  # noqa: E731 - 0 when written by this save
     # lossless deltas against the position's last keyframe (a star) rather than the parent
     star = mode == "lossless" and settings.delta_base == "keyframe"
     if mode == "lossless":
         if known(src):
             r = ChunkResult(src, len(data), None, 0, None, depth_of(src), 0.0, False)
-            stored = ChunkMemo(src, data, r.depth, src, owner=owner)
+            stored = ChunkMemo(src, data, r.depth, src, sparse=True)
             return r, next_star_base(memo, stored, None) if star else stored
     elif memo is not None and memo.data is not None and memo.source_id == src and known(memo.chunk_id):
         # unchanged since the last lossy save: reuse what was stored (maybe the input itself), with its error
@@ -128,7 +126,7 @@ def encode_one(sv: SaveContext, raw: memoryview | bytes, ctx: ChunkContext, memo
     lossy = cid != src  # a lossy codec whose output equals the input (fp16 of small ints) stored it exactly
     if known(cid):
         r = ChunkResult(cid, len(data), None, 0, None, depth_of(cid), choice.encoded.max_abs_err, lossy)
-        stored = ChunkMemo(cid, kept, r.depth, src, owner=owner if recon is None else None)
+        stored = ChunkMemo(cid, kept, r.depth, src, sparse=True)
         return r, next_star_base(memo, stored, None) if star else stored
     params = dict(choice.encoded.params)
     base_id = choice.base.chunk_id if choice.base else None
@@ -138,24 +136,27 @@ def encode_one(sv: SaveContext, raw: memoryview | bytes, ctx: ChunkContext, memo
     r = ChunkResult(cid, len(data), [head, choice.encoded.payload], choice.encoding, base_id, choice.depth,
                      choice.encoded.max_abs_err, lossy)
     winner = choice.encoding if choice.lossless and choice.base is not None else None
-    stored = ChunkMemo(cid, kept, choice.depth, src, winner=winner, owner=owner if recon is None else None)
+    # forward chains and stars delta against their memo at every save: its bytes are always wanted
+    stored = ChunkMemo(cid, kept, choice.depth, src, winner=winner, sparse=True)
     return r, next_star_base(memo, stored, base_id) if star else stored
 
 
-def encode_head(sv: SaveContext, data, src: bytes, ctx: ChunkContext, memo: ChunkMemo | None,
-                owner: Any) -> tuple[ChunkResult, ChunkMemo]:
+def encode_head(sv: SaveContext, data, src: bytes, ctx: ChunkContext,
+                memo: ChunkMemo | None) -> tuple[ChunkResult, ChunkMemo]:
     """A lossless chunk of the newest version (``delta_base = "child"``, head.py): reused when it is
     stored whole (or unchanged at its position), else a forward delta when small next to the
-    position's keyframe, else a keyframe."""
+    position's keyframe, else a keyframe.  The memo says whether the change was a delta
+    (``sparse``: the next save wants these bytes) or dense (head.py: written whole next time
+    without reading any base)."""
     unchanged = memo is not None and memo.chunk_id == src and memo.size == len(data)
     if unchanged and sv.known(src):
         r = ChunkResult(src, len(data), None, 0, None, memo.depth, 0.0, False)
-        return r, replace(memo, data=data, owner=owner)
+        return r, replace(memo, data=data)
     if sv.whole(src):  # stored whole already (a value that came back, a tied copy): one object to read
         e = sv.present.entry(src)
         size = e.length if e is not None else 0
         return (ChunkResult(src, len(data), None, 0, None, 0, 0.0, False),
-                ChunkMemo(src, data, 0, src, owner=owner, anchor_bytes=size))
+                ChunkMemo(src, data, 0, src, anchor_bytes=size))
     known_dense = memo is not None and memo.dense and memo.data is None
     if not known_dense:   # a dense position's bytes are not worth reading back: it is written whole
         memo = sv.with_data(memo)
@@ -163,23 +164,25 @@ def encode_head(sv: SaveContext, data, src: bytes, ctx: ChunkContext, memo: Chun
     overhead = 12 + 24  # object header and the base id in its parameters
     chosen = encode_changed(data, ctx, base, budget, prefer=memo.winner if memo is not None else None,
                             probe=memo is not None and memo.dense, overhead=overhead)
-    choice, dense = chosen.encoding, chosen.dense or known_dense
+    choice = chosen.encoding
     params = dict(choice.encoded.params)
     base_id = choice.base.chunk_id if choice.base is not None else None
     if base_id is not None:
         params["base"] = base_id
     head = EncodedObject(choice.encoding, len(data), params, b"").head()
     size = len(head) + len(choice.encoded.payload)
-    lasting = base_id is None and (stays_whole(chosen.delta_fraction, len(data), size)
+    lasting = base_id is None and (stays_whole(chosen.delta_fraction, len(data), size, sv.session.keep_whole_above)
                                    or (known_dense and memo is not None and memo.lasting))
+    # dense: a delta would not fit even a fresh chain's budget (not merely this chain's, spent)
+    dense = known_dense if chosen.delta_fraction is None else too_dense(chosen.delta_fraction, len(data), size)
     r = ChunkResult(src, len(data), [head, choice.encoded.payload], choice.encoding, base_id, choice.depth, 0.0, False,
                     lasting)
     if base_id is not None:
         assert memo is not None
-        return r, ChunkMemo(src, data, choice.depth, src, winner=choice.encoding, owner=owner,
+        return r, ChunkMemo(src, data, choice.depth, src, winner=choice.encoding, sparse=True,
                             anchor_bytes=memo.anchor_bytes, chain_bytes=memo.chain_bytes + size)
-    return r, ChunkMemo(src, data, 0, src, owner=owner, anchor_bytes=size, dense=dense, lasting=lasting,
-                        winner=memo.winner if memo is not None else None)
+    return r, ChunkMemo(src, data, 0, src, anchor_bytes=size, dense=dense, lasting=lasting,
+                        winner=memo.winner if memo is not None else None, sparse=not dense and memo is not None)
 
 
 def _head_base(sv: SaveContext, memo: ChunkMemo | None, n: int) -> tuple[BaseChunk | None, int]:

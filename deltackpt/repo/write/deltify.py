@@ -14,7 +14,9 @@ chunk against the next newer one, so a period of sparse row updates keeps about 
 (re-storing its keyframe alone would keep every forward delta and add one holding all the
 period's rows); only when that is no smaller is the keyframe re-stored alone.
 
-What it is worth: a delta must be at most ``KEEP_IF_ABOVE`` of what it replaces, and it is written
+What it is worth (it pays back, or it is not done): a position whose last change was dense (the
+save's hint, bases.py) is not even tried; a delta must save at least ``session.payback`` x the
+bytes it writes (at most ``1 / (1 + payback)`` of what it replaces: head.PAYBACK), and it is written
 only when every pack it frees ends at least half redundant (supersede.py rewrites a pack at that
 fraction: each byte a rewrite copies then frees at least one); the rest waits until more of its
 pack is redundant.  What a run found not worth it is remembered in the write session
@@ -51,7 +53,7 @@ from .. import locks
 from ..layout import DEFAULT_DELTIFY_LAG
 from ..repository import Repository
 from .session import WriteSession
-from .head import DELTA_CODECS, KEEP_WHOLE_ABOVE
+from .head import DELTA_CODECS, HEAD_DELTA_BUDGET
 from .packer import Packer
 from .deltify_plan import Candidate, PackLedger, group_periods, period_key, plan, worth_it
 from .supersede import REWRITE_DEAD_FRACTION, drop_superseded
@@ -60,9 +62,6 @@ from .supersede import REWRITE_DEAD_FRACTION, drop_superseded
 DEFAULT_LAG = DEFAULT_DELTIFY_LAG
 #: replaced bytes after which the step after a save only finishes the packs it began
 STEP_BYTES = 256 << 20
-#: a reverse delta replaces a keyframe only when at most this fraction of its size (saves head.py
-#: writes keyframes predicted to stay whole by the same figure apart)
-KEEP_IF_ABOVE = KEEP_WHOLE_ABOVE
 BATCH_BYTES = 128 << 20
 #: rounds an unbounded run makes at most
 MAX_ROUNDS = 4
@@ -124,7 +123,9 @@ def _round_locked(session: WriteSession, lag: int, max_bytes: int | None, stop: 
     repo = session.repo
     repo.index.refresh()
     undo = report.chunks, report.keyframe_bytes, dict(report.encodings)
-    candidates, head = plan(repo, max(1, lag))
+    # the save's dense hint says a delta was above HEAD_DELTA_BUDGET of the keyframe: skip those
+    # when no delta that large would be kept anyway
+    candidates, head = plan(repo, max(1, lag), skip_dense=session.keep_whole_above <= HEAD_DELTA_BUDGET)
     ledger = PackLedger(repo)
     periods = group_periods(worth_it(repo, candidates, ledger))
     stats = _PackCounts()
@@ -300,8 +301,8 @@ def _still_bounded(session: WriteSession, conv: _Converted, overlay: Mapping[byt
 def _convert_period(session: WriteSession, period: list[Candidate], overlay: dict[bytes, tuple[bytes, int]],
                     memo: _Memo) -> _Converted | None:
     """Re-store a period as reverse deltas, each chunk against the next newer one (its keyframe
-    against the chunk that was its first forward delta), when that is at most ``KEEP_IF_ABOVE`` x
-    what the period stores now; else its keyframe alone against the nearest newer chunk that does
+    against the chunk that was its first forward delta), when that is at most
+    ``session.keep_whole_above`` x what the period stores now; else its keyframe alone against the nearest newer chunk that does
     not decode through it.  The decisions go into ``overlay``; nothing is written yet."""
     res = session.repo.index.resolution
     local: dict[bytes, tuple[bytes, int]] = {}
@@ -316,7 +317,8 @@ def _convert_period(session: WriteSession, period: list[Candidate], overlay: dic
         conv.results.append(got)
         conv.replaced.append((best[0], best[1].length))
         local[cand.chunk_id] = (got.base, got.depth)
-    if not conv.results or conv.new_bytes > KEEP_IF_ABOVE * conv.old_bytes:
+    keep_if_above = session.keep_whole_above
+    if not conv.results or conv.new_bytes > keep_if_above * conv.old_bytes:
         keyframe = period[-1]
         best = res.best.get(keyframe.chunk_id)
         if best is None or best[1].base is not None:
@@ -326,7 +328,7 @@ def _convert_period(session: WriteSession, period: list[Candidate], overlay: dic
         if got is None:
             return None
         conv.results.append(got)
-        if conv.new_bytes > KEEP_IF_ABOVE * conv.old_bytes:
+        if conv.new_bytes > keep_if_above * conv.old_bytes:
             memo.too_large.add(period_key(period))
             return None
     for r in conv.results:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..repository import Repository
+from .bases import dense_bits
 from .supersede import REWRITE_DEAD_FRACTION
 
 #: forward deltas a period may hold (a writer keeps chains within K; this bounds a damaged repository)
@@ -29,30 +30,39 @@ class Candidate:
     forward_of: bytes | None = None  # a forward delta: the older chunk at its position it is read through
 
 
-def _positions(repo: Repository, vid: str) -> dict[tuple, tuple[bytes, int, int, int, str]]:
-    """A version's chunks by position (its blob's first tensor's key path, chunk index)."""
+def _positions(repo: Repository, vid: str) -> tuple[dict[tuple, tuple[bytes, int, int, int, str]], set[tuple]]:
+    """A version's chunks by position (its blob's first tensor's key path, chunk index), and the
+    positions whose change its writer found dense (bases.py's hint: no delta would shrink them)."""
     m = repo.manifest(vid)
     owner: dict[int, tuple] = {}
     for t in m.tensors:
         owner.setdefault(t.blob, (tuple(t.key), t.dtype))
-    out = {}
+    dense_bits_ = dense_bits(m)
+    out, dense = {}, set()
+    flat = 0
     for bi, blob in enumerate(m.blobs):
-        if bi not in owner:
-            continue
-        key, dtype = owner[bi]
         for ci, c in enumerate(blob.chunks):
-            out[(key, ci)] = (c.chunk_id, c.raw_len, blob.itemsize, blob.row_bytes, dtype)
-    return out
+            if bi in owner:
+                key, dtype = owner[bi]
+                out[(key, ci)] = (c.chunk_id, c.raw_len, blob.itemsize, blob.row_bytes, dtype)
+                if flat in dense_bits_:
+                    dense.add((key, ci))
+            flat += 1
+    return out, dense
 
 
-def plan(repo: Repository, lag: int) -> tuple[list[Candidate], set[bytes]]:
+def plan(repo: Repository, lag: int, *, skip_dense: bool = True) -> tuple[list[Candidate], set[bytes]]:
     """Every chunk of the versions older than the ``lag`` newest that is a keyframe or a forward
     delta of the chunk before it at its position, newest version first, with the chunks at its
-    position in newer versions; and the chunks the newest versions' chains need (untouched)."""
+    position in newer versions; and the chunks the newest versions' chains need (untouched).
+    ``skip_dense``: leave out a chunk whose next change its writer found too dense for a delta
+    (right when a rewrite must pay back at least as much as a forward delta's budget)."""
     history = repo.history_order()  # newest first; past a removed ancestor, by time
     if len(history) <= lag:
         return [], set()
-    by_version = [_positions(repo, v) for v in history]
+    positions = [_positions(repo, v) for v in history]
+    by_version = [p for p, _ in positions]
+    dense_in = [d for _, d in positions]
     head_direct = {c[0] for pos in by_version[:lag] for c in pos.values()}
     head = repo.index.chunk_closure(c for c in head_direct if repo.index.has_chunk(c))
     res = repo.index.resolution
@@ -67,12 +77,15 @@ def plan(repo: Repository, lag: int) -> tuple[list[Candidate], set[bytes]]:
             if depth is None or not raw_len:
                 continue  # unreadable: verify reports it, nothing to gain here
             succ: list[bytes] = []
+            dense_next = False
             for j in range(i - 1, -1, -1):
                 nxt = by_version[j].get(key)
                 if nxt is not None and nxt[0] != cid and nxt[1] == raw_len and nxt[0] not in succ:
+                    if not succ:
+                        dense_next = key in dense_in[j]
                     succ.append(nxt[0])
-            if not succ:
-                continue
+            if not succ or (dense_next and skip_dense):
+                continue   # nothing newer, or a change no delta shrinks enough: never worth rewriting
             bases = {e.base for _pid, e in repo.index.entries_for(cid)}
             if depth == 0:
                 if bases - {None}:

@@ -238,11 +238,6 @@ class EncoderProcess:
         if segment.sent_to == self.proc.pid:
             self._tell("drop", segment.id)
 
-    def drop_owner(self, owner: Any) -> None:
-        """The parent is about to reuse the memory lent under ``owner``: the child forgets the delta
-        bases that view it (before it reads any later save, which is all that could use them)."""
-        self._tell("drop_owner", owner)
-
     def close_repo(self, location: str) -> None:
         """Drop the child's handle (and delta cache) of the repository at ``location``."""
         self._tell("close", location)
@@ -278,9 +273,6 @@ def _serve(sock: socket.socket) -> None:
                 m is not None and m.close()
             except BufferError:
                 pass  # a view of it is still alive (a failed save's traceback): unmapped with it
-        elif kind == "drop_owner":
-            for session in repos.values():
-                session.delta_cache.drop_owner(args[0])
         elif kind == "close":
             for key in [k for k in repos if k[0] == args[0]]:
                 repos.pop(key).close()

@@ -34,8 +34,13 @@ from ...codecs.registry import SCALED_DELTA, SPARSE, SUB_DELTA, XOR_DELTA
 #: forward deltas since a position's keyframe may add up to this fraction of the keyframe's stored size
 HEAD_DELTA_BUDGET = 0.5
 DELTA_CODECS = (XOR_DELTA, SUB_DELTA, SCALED_DELTA, SPARSE)
+#: maintenance pays only where it pays back: deltification re-stores a copy when the stored bytes it
+#: saves are at least PAYBACK x the bytes it writes, i.e. the delta is at most 1 / (1 + PAYBACK) of
+#: the copy it replaces (bench/MAINTENANCE.md has the curve of stored bytes against bytes written
+#: and CPU seconds, and why the default sits here)
+PAYBACK = 1.0
 #: deltification keeps a keyframe whole when its reverse delta would be above this fraction of it
-KEEP_WHOLE_ABOVE = 0.95
+KEEP_WHOLE_ABOVE = 1 / (1 + PAYBACK)
 
 
 def delta_budget(anchor_bytes: int, chain_bytes: int, budget: float = HEAD_DELTA_BUDGET) -> int:
@@ -71,9 +76,18 @@ def encode_changed(raw, ctx: ChunkContext, base: BaseChunk | None, max_bytes: in
     return HeadChoice(encode_chunk(raw, ctx), False, None)
 
 
-def stays_whole(delta_fraction: float | None, raw_len: int, keyframe_bytes: int) -> bool:
+def too_dense(delta_fraction: float, raw_len: int, keyframe_bytes: int) -> bool:
+    """Whether a change whose delta is ``delta_fraction`` x the chunk is too large for any forward
+    delta (above ``HEAD_DELTA_BUDGET`` x the keyframe it replaces, the budget of a chain just
+    begun): such a position is written whole next time without reading its base (bases.py), and
+    deltification does not try to re-store it."""
+    return delta_fraction * raw_len > HEAD_DELTA_BUDGET * keyframe_bytes
+
+
+def stays_whole(delta_fraction: float | None, raw_len: int, keyframe_bytes: int,
+                keep_whole_above: float = KEEP_WHOLE_ABOVE) -> bool:
     """Whether a keyframe just written will most likely never be re-stored as a delta: the
-    change that made it was a delta of at least ``KEEP_WHOLE_ABOVE`` x its size (a change as
+    change that made it was a delta of at least ``keep_whole_above`` x its size (a change as
     dense as the last one leaves deltification the same choice).  Such keyframes go to a pack of
     their own, so that deltification drops the packs of the others without copying them."""
-    return delta_fraction is not None and delta_fraction * raw_len > KEEP_WHOLE_ABOVE * keyframe_bytes
+    return delta_fraction is not None and delta_fraction * raw_len > keep_whole_above * keyframe_bytes

@@ -12,8 +12,10 @@ import time
 import warnings
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
+
+import numpy as np
 
 from ... import threads
 from ...codecs.base import ChunkContext
@@ -26,6 +28,7 @@ from ..repository import Repository
 from . import abandon, commit
 from .arena import CopyArena
 from .bases import DENSE_KEY, WHOLE_KEY, ParentBases, encode_dense
+from ..delta_cache import ChunkMemo
 from .chunk_encoder import SaveContext, encode_one
 from .chunking import chunk_bounds
 from .consolidate import consolidate
@@ -49,10 +52,9 @@ class BlobInput:
     mode: str = "lossless"
     max_abs_err: float = 0.0  # filled in by the saver for lossy blobs
     exact: bool = True
-    owner: Any = None
-    """Set by a caller that lends ``data``: it promises the bytes stay unchanged until it calls
-    ``session.delta_cache.drop_owner(owner)``.  The delta cache then keeps views of them as the next
-    save's delta bases instead of copying every chunk (a background save's staging copy)."""
+    private: bool = False
+    """``data`` belongs to this save (a background save's staging copy): nothing else writes it
+    meanwhile, so chunks are hashed and encoded where they lie instead of from a scratch copy."""
 
 
 @dataclass
@@ -210,12 +212,6 @@ def _write_blobs(sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, mani
     # positions the handle holds no base for take the previous version's chunk (read on demand)
     parent = ParentBases.of(sv.repo, sv.repo.latest(),
                             star=settings.keyframe_interval if settings.delta_base == "keyframe" else 0)
-    # a star keeps a keyframe as the base for several saves: longer than a lender's promise
-    lent = [b.owner if b.owner is not None and b.mode == "lossless" and settings.delta_base != "keyframe" else None
-            for b in blobs]
-    arena = CopyArena(min(session.delta_cache.max_bytes,
-                           sum(len(b.data) for b, o in zip(blobs, lent)
-                               if b.mode == "lossless" and o is None and not hasattr(b.data, "read_range"))))
     with _EncoderPool(workers or default_workers()) as pool:
         for bi, b in enumerate(blobs):
             bounds = chunk_bounds(len(b.data), b.row_bytes, b.itemsize, settings.chunk_bytes)
@@ -233,8 +229,8 @@ def _write_blobs(sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, mani
                 if staged:  # read_range returns a private copy already
                     raw, copy_to = staged(s, e), None
                 else:
-                    raw, copy_to = view[s:e], arena.take(e - s) if b.mode == "lossless" and lent[bi] is None else None
-                window.add(bi, i, pool.submit(encode_one, sv, raw, ctx, memo, b.mode, copy_to, lent[bi]))
+                    raw, copy_to = view[s:e], None if b.private else window.scratch.take(e - s)
+                window.add(bi, i, pool.submit(encode_one, sv, raw, ctx, memo, b.mode, copy_to), copy_to)
             window.submitted[bi] = True
             window.finish_ready()
         while window.in_flight:
@@ -285,11 +281,14 @@ class _Window:
         self.remaining = [0] * len(blobs)
         self.submitted = [False] * len(blobs)
         self.finished = 0
-        self.in_flight: deque = deque()  # (blob index, chunk index, future), oldest first
+        self.in_flight: deque = deque()  # (blob index, chunk index, future, scratch), oldest first
+        self.scratch = _Scratch()
+        # the delta cache's copies of the chunks it keeps, carved from a few large buffers
+        self.kept = CopyArena(sv.session.delta_cache.max_bytes)
 
-    def add(self, bi: int, ci: int, fut: Future) -> None:
+    def add(self, bi: int, ci: int, fut: Future, scratch: Any = None) -> None:
         abandon.check()  # the process is exiting and told us not to finish: abort before the next chunk
-        self.in_flight.append((bi, ci, fut))
+        self.in_flight.append((bi, ci, fut, scratch))
         while len(self.in_flight) >= WINDOW:
             self.consume_oldest()
 
@@ -305,15 +304,53 @@ class _Window:
                 self.progress(self.done, self.total)
 
     def consume_oldest(self) -> None:
-        bi, ci, fut = self.in_flight.popleft()
-        _take(fut.result(), self.blobs[bi], ci, self.chunk_lists[bi], self.sv, self.stats)
+        bi, ci, fut, scratch = self.in_flight.popleft()
+        r, memo = fut.result()
+        _take(r, self._kept(memo), self.blobs[bi], ci, self.chunk_lists[bi], self.sv, self.stats)
+        if scratch is not None:
+            self.scratch.give_back(scratch)
         self.remaining[bi] -= 1
         self.finish_ready()
 
+    def _kept(self, memo: ChunkMemo) -> ChunkMemo:
+        """What the delta cache keeps of a chunk's memo: its bytes only when the next save will
+        want them (``sparse``), as a private copy (they may view the caller's tensor, a staging
+        buffer or a scratch buffer, all reused once this save is done)."""
+        if memo.data is None:
+            return memo
+        if not memo.sparse:
+            return replace(memo, data=None, raw_len=memo.size)
+        if isinstance(memo.data, bytes):
+            return memo   # read back from the repository: already its own
+        copy = self.kept.take(memo.size)
+        if copy is None:
+            return replace(memo, data=None, raw_len=memo.size)   # past the cache's budget
+        np.copyto(copy, np.frombuffer(memo.data, dtype=np.uint8))
+        return replace(memo, data=memoryview(copy))
 
-def _take(result: tuple, b: BlobInput, i: int, chunks: list[ChunkRef], sv: SaveContext, stats: SaveStats) -> None:
+
+class _Scratch:
+    """Scratch buffers for copies of chunks of a caller's live tensors, reused across the save's
+    window (the same warm pages for every chunk, no fresh memory per chunk)."""
+
+    def __init__(self) -> None:
+        self._free: list[np.ndarray] = []
+
+    def take(self, n: int) -> np.ndarray:
+        for i, buf in enumerate(self._free):
+            if len(buf) >= n:
+                return self._free.pop(i)[:n]
+        return np.empty(n, dtype=np.uint8)
+
+    def give_back(self, buf: np.ndarray) -> None:
+        base = buf.base if isinstance(buf.base, np.ndarray) else buf
+        if len(self._free) <= WINDOW:
+            self._free.append(base)
+
+
+def _take(r: Any, memo: ChunkMemo, b: BlobInput, i: int, chunks: list[ChunkRef], sv: SaveContext,
+          stats: SaveStats) -> None:
     """Record one encoded chunk (in order): its reference, the delta cache, and its objects."""
-    r, memo = result
     chunks.append(ChunkRef(r.cid, r.raw_len))
     sv.session.delta_cache.put((b.key, i), memo)
     stats.dense.append(bool(memo.dense))

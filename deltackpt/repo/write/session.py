@@ -20,9 +20,11 @@ from typing import Any
 
 from ...codecs.base import check_level
 from ...format import config as config_fmt
+from ...errors import InvalidArgumentError
 from ..delta_cache import DeltaCache
 from ..layout import DEFAULT_DELTA_CACHE_BYTES, DEFAULT_DELTIFY_LAG
 from ..repository import Repository
+from .head import PAYBACK
 
 
 @dataclass
@@ -47,11 +49,14 @@ class WriteSession:
     ``delta_cache_bytes``: memory for the next save's delta bases (0: none; a position without a
     cached base reads it from the repository when that pays).  ``deltify``: whether a save
     re-stores older versions as reverse deltas after it commits (a bounded step, inline).
+    ``payback``: a rewrite is done only where the stored bytes it saves are at least this many
+    times the bytes it writes (head.PAYBACK).
     """
 
     def __init__(self, repo: Repository, *, chunk_bytes: int | None = None, keyframe_interval: int | None = None,
                  delta_base: str | None = None, level: int | None = None,
-                 delta_cache_bytes: int = DEFAULT_DELTA_CACHE_BYTES, deltify: bool = True) -> None:
+                 delta_cache_bytes: int = DEFAULT_DELTA_CACHE_BYTES, deltify: bool = True,
+                 payback: float = PAYBACK) -> None:
         cfg = repo.config
         if chunk_bytes is not None:
             config_fmt.check_chunk_bytes(chunk_bytes)
@@ -67,12 +72,18 @@ class WriteSession:
             level=1 if level is None else level)
         self.delta_cache = DeltaCache(delta_cache_bytes)
         self.deltify = deltify
+        self.payback = check_payback(payback)
         #: the newest versions deltification leaves as saved (a keep_last retention raises it)
         self.deltify_lag = DEFAULT_DELTIFY_LAG
         #: what deltification found not worth doing, so that later runs skip it (deltify.py)
         self.deltify_memo: Any = None
         #: the DeltifyReport (or the error) of the step the last save ran after it committed
         self.last_maintenance: Any = None
+
+    @property
+    def keep_whole_above(self) -> float:
+        """A re-stored copy must be a delta at most this fraction of what it replaces."""
+        return 1.0 / (1.0 + self.payback)
 
     @property
     def store(self) -> Any:
@@ -82,3 +93,11 @@ class WriteSession:
         """Forget the delta bases and deltification's memory (the handle is closing)."""
         self.delta_cache.clear()
         self.deltify_memo = None
+
+
+def check_payback(value: object) -> float:
+    """``payback`` as a float: stored bytes a rewrite must save per byte it writes (> 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise InvalidArgumentError(f"payback must be a positive number (stored bytes saved per byte written), "
+                                   f"got {value!r:.60}")
+    return float(value)

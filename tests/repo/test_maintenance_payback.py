@@ -1,0 +1,102 @@
+"""Maintenance pays only where it pays back (issue 32): a dense fine-tune's saves are never
+rewritten, hold no bytes of the state in memory once they return, and read no delta base back;
+a sparse run keeps the bytes its next deltas need and still has its periods reversed."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+import deltackpt
+from deltackpt.repo.repository import Repository
+
+
+def _dense_run(path: str, saves: int, *, width: int = 512) -> tuple[list[deltackpt.Version], int]:
+    """An MLP and its AdamW state, every weight and moment changing at each save, saved through
+    one handle with deltification on; returns the versions and the state's logical bytes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    versions = []
+    with deltackpt.Repo(path, create=True, deltify=True) as repo:
+        for step in range(saves):
+            model(torch.randn(16, width)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            versions.append(repo.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, step=step))
+            held = repo.session.delta_cache.used_bytes
+            assert held <= 0.1 * versions[-1].logical_bytes, (step, held)   # memory above the live state
+            assert repo.session.last_maintenance is None or repo.session.last_maintenance.written_bytes == 0
+    return versions, versions[-1].logical_bytes
+
+
+def _pack_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(path, "packs")) for f in fs)
+
+
+def test_a_dense_fine_tune_is_never_rewritten_and_keeps_nothing_in_memory(tmp_path):
+    """Every version of a dense AdamW run stays as saved (its deltas would save a quarter of a
+    keyframe for writing three quarters): deltification after each save writes 0 bytes, the
+    repository is exactly what the saves wrote, and after each save the handle holds at most a
+    tenth of the state (it held the whole state before)."""
+    path = str(tmp_path / "r")
+    versions, logical = _dense_run(path, 5)
+    written = sum(v.written_bytes for v in versions)
+    meta = sum(os.path.getsize(os.path.join(path, d, f)) for d in ("manifests", "index")
+               for f in os.listdir(os.path.join(path, d)))
+    assert _pack_bytes(path) <= written   # nothing rewritten, no copy beside another
+    assert _pack_bytes(path) + meta > 0.9 * written
+    assert all(v.written_bytes < logical for v in versions)
+
+
+def test_a_fresh_handle_reads_no_base_of_a_position_its_parent_found_dense(tmp_path):
+    """A process that saves once per call (``deltackpt.save(state, path)``) has no bytes in memory:
+    its save reads back the previous chunk only where a delta could pay.  The parent version's
+    manifest says which positions changed densely, so a dense run's later saves read nothing."""
+    from deltackpt.repo.write import saver
+    from deltackpt.repo.write.session import WriteSession
+    from deltackpt.torchstate.flatten import flatten
+    from deltackpt.torchstate.planner import plan_blobs
+    path = str(tmp_path / "r")
+    _dense_run(path, 3)
+    torch.manual_seed(1)
+    state = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v
+             for k, v in deltackpt.load(path)["model"].items()}
+    tree, leaves = flatten({"model": state})
+    blobs, entries = plan_blobs(leaves)
+    session = WriteSession(Repository(path), deltify=False)
+    _vid, stats = saver.write_version(session, blobs, entries, tree)
+    assert stats.bases_read == 0, stats.bases_read
+    assert stats.chunks_new > 0
+
+
+def test_a_sparse_run_keeps_the_bytes_its_next_deltas_need(tmp_path):
+    """An embedding table whose rows change a few at a time: every position's change is a delta,
+    so the handle keeps its bytes (up to ``delta_cache_bytes``) and the next save reads nothing
+    back; with a budget of 0 it reads them back instead and writes the very same deltas."""
+    from deltackpt.repo.write import saver
+    from deltackpt.repo.write.session import WriteSession
+    from deltackpt.torchstate.flatten import flatten
+    from deltackpt.torchstate.planner import plan_blobs
+
+    def run(path: str, budget: int) -> list[int]:
+        g = torch.Generator().manual_seed(0)
+        table = torch.randn(8192, 64, generator=g)
+        session = WriteSession(Repository(path, create=True), delta_cache_bytes=budget, deltify=False)
+        out = []
+        for step in range(4):
+            if step:
+                idx = torch.randint(0, 8192, (100,), generator=g)
+                table[idx] += 0.01 * torch.randn(100, 64, generator=g)
+            tree, leaves = flatten({"emb": table})
+            blobs, entries = plan_blobs(leaves)
+            _vid, stats = saver.write_version(session, blobs, entries, tree, step=step)
+            out.append((stats.objects_bytes, stats.bases_read, session.delta_cache.used_bytes))
+        return out
+
+    kept = run(str(tmp_path / "kept"), 1 << 30)
+    none = run(str(tmp_path / "none"), 0)
+    assert [w for w, _, _ in kept] == [w for w, _, _ in none]   # the same deltas either way
+    assert all(r == 0 for _, r, _ in kept[2:]) and all(h > 0 for _, _, h in kept[1:])
+    assert all(r > 0 for _, r, _ in none[1:]) and all(h == 0 for _, _, h in none)
