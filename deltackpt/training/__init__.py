@@ -33,14 +33,14 @@ A divergence guard rolls the run back by itself when its loss goes bad (``guard.
 What it may import: :mod:`deltackpt.api` (it saves and loads through the public API),
 :mod:`deltackpt.snapshot`, :mod:`deltackpt.torchstate` and the torch-free core.  Only
 :mod:`deltackpt.integrations` and the CLI build on it.  Inside it: checkpointer -> guard ->
-(rollback | drills | targets) -> resume -> state -> (policies | rng | detect).
+(rollback | drills | targets | agree | onset) -> resume -> state -> (policies | rng | detect).
 """
 
 from .checkpointer import Checkpointer
-from .detect import Ratio, Spike
+from .detect import Ratio, Rules, Spike, Sustained
 from .guard import Guard, Rollback
 from .resume import ResumeInfo, resume
 from .state import ResumableSampler, training_state
 
-__all__ = ["Checkpointer", "Guard", "Ratio", "ResumableSampler", "ResumeInfo", "Rollback", "Spike", "resume",
-           "training_state"]
+__all__ = ["Checkpointer", "Guard", "Ratio", "ResumableSampler", "ResumeInfo", "Rollback", "Rules", "Spike",
+           "Sustained", "resume", "training_state"]

@@ -50,7 +50,10 @@ class Checkpointer:
 
     ``guard``: a :class:`~deltackpt.training.Guard` judging the ``metrics`` of every step; when
     it rolls the run back, :meth:`step` saves nothing, sets :attr:`rollback` and the loop carries
-    on from ``rollback.step`` with a new data iterator.  ``drill_every``: a rollback drill of
+    on from ``rollback.step`` with a new data iterator.  Under torch.distributed, give every rank
+    a Checkpointer and its own Guard and call :meth:`step` at the same steps on all of them, with
+    ``writes=(rank == 0)``: a rank that does not write never saves (it judges with its guard and
+    rolls back with the others).  ``drill_every``: a rollback drill of
     ``drill_revision`` after every that many saves, in the background at idle priority; its
     measured restore time goes to the policy (``YoungDaly``).
 
@@ -74,7 +77,7 @@ class Checkpointer:
                  start_step: int | None = None, clock: Callable[[], float] = time.monotonic,
                  background: str | None = None, snapshot: str = "eager", optimizer: Any = None,
                  guard: "Guard | None" = None, drill_every: int | None = None,
-                 drill_revision: str = "latest") -> None:
+                 drill_revision: str = "latest", writes: bool = True) -> None:
         if retention is not None and not isinstance(retention, Retention):
             raise InvalidArgumentError(f"retention must be a Retention, got {type(retention).__name__}")
         grace_seconds = check_seconds("grace_seconds", grace_seconds, allow_inf=True)  # before any I/O
@@ -83,7 +86,9 @@ class Checkpointer:
             raise InvalidArgumentError(f"snapshot must be 'eager' or 'lazy', got {snapshot!r}")
         if snapshot == "lazy" and optimizer is None:
             raise InvalidArgumentError("snapshot='lazy' needs optimizer=: its step is what waits for the copy")
-        self.snapshot = snapshot
+        if not isinstance(writes, bool):
+            raise InvalidArgumentError(f"writes must be True or False, got {writes!r:.60}")
+        self.snapshot, self.writes = snapshot, writes
         self.optimizers = optimizers_of(optimizer) if optimizer is not None else None
         self.repo = open_repo(repo, create=True)
         self.background = background
@@ -123,7 +128,7 @@ class Checkpointer:
         if guard is not None:
             guard.attach(self.repo, start_step=start_step)
             if guard.commit is True:   # commit through this Checkpointer's settings
-                guard.commit = lambda rb: self._commit(guard.rollback_state(rb), rb.step)
+                guard.commit = lambda rb: self._commit(guard.rollback_state(rb), rb.step, guard.rollback_meta(rb))
         self.drills = Driller(self.repo.core, drill_every, drill_revision) if drill_every is not None else None
         restore = last_restore_seconds(self.repo.core)
         if restore is not None:
@@ -145,6 +150,8 @@ class Checkpointer:
             if self.rollback is not None:   # the live state is a restored version's now: no save of it
                 self.policy.resumed(self.rollback.step, self.clock())
                 return None
+        if not self.writes:
+            return None
         if not self._prepared and state is not None and not callable(state):
             self._prepared = True   # the state's size is known now: its staging faults in meanwhile
             try:
@@ -176,11 +183,11 @@ class Checkpointer:
                 self.drills.saved()
         return result
 
-    def _commit(self, state: Any, step: int) -> Version:
+    def _commit(self, state: Any, step: int, meta: Any = None) -> Version:
         """A blocking save outside the policy (a guard's rollback), with this Checkpointer's settings."""
         from ..api import save
 
-        version = save(state, self.repo, step=step, encoding=self.encoding)
+        version = save(state, self.repo, step=step, meta=meta, encoding=self.encoding)
         self.saves += 1
         return version  # type: ignore[return-value]
 
