@@ -15,8 +15,10 @@ the best model into them) the callback waits for the copy inside ``on_save``.  P
 if another callback writes into the weights or optimizer state in place between steps (an EMA
 swapped into the live model, ``model.load_state_dict``).
 
-Guarding: ``DeltackptCallback(repo, guard=Guard(watch=["loss", "grad_norm"]))`` judges what the
-Trainer logs (``on_log``: set ``logging_steps=1`` to judge every step).  Watch ``grad_norm`` for
+Guarding: ``DeltackptCallback(repo, guard=Guard(watch={"loss": Rules(Spike(), Sustained()),
+"grad_norm": Spike(threshold=20)}))`` judges what the Trainer logs (``on_log``: set
+``logging_steps=1`` to judge every step; a gradient norm's level rises legitimately early in a
+fine-tune, so it gets a spike rule alone).  Watch ``grad_norm`` for
 NaNs: the Trainer's default ``logging_nan_inf_filter=True`` logs a NaN loss as the running
 average, and without that filter one NaN poisons the Trainer's loss accumulator for the rest of
 the run (``tr_loss -= tr_loss`` stays NaN).  When it fires, the model, optimizer, scheduler and

@@ -231,8 +231,8 @@ class Sustained(Rule):
     forgotten after ``memory`` steps, so a slow legitimate drift (a schedule, a harder stretch of
     data) is measured against the recent past, not the run's best.  On the recorded clean runs
     (bench/guard_traces.py: MiniLM fine-tunes at batch sizes 1 to 16, a recommendation model, small
-    GPTs, an MLP classifier whose loss falls 100-fold) the loss's level came at most halfway to
-    firing (tests/training/test_guard_traces.py); a learning rate raised to 0.5 on a MiniLM
+    GPTs, an MLP classifier whose loss falls 100-fold) the loss's level came at most 0.55 of the
+    way to firing (tests/training/test_guard_traces.py); a learning rate raised to 0.5 on a MiniLM
     fine-tune fires it (bench/guard_lr.py).  Gradient norms rise legitimately early in a
     fine-tune (the same runs fire it): watch them with :class:`Spike` alone.
 

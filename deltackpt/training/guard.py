@@ -274,7 +274,7 @@ class Guard:
             self._flags += 1
             if verdict.rule == "nonfinite" or self._flags >= self.patience:
                 fire = verdict
-        start = self._onset(fire) if fire is not None else None
+        start = self._onset(fire) if fire is not None else step
         seen_on = None
         group = agree.Group.current(self.group)
         if group is not None:   # a fault seen on one rank is seen by all
@@ -285,7 +285,6 @@ class Guard:
             if verdict is None:
                 self._settle(step)
             return None
-        assert start is not None
         return self._fire(step, fire, start, group, seen_on)
 
     def _judge(self, step: int, metrics: Mapping[str, Any]) -> Verdict | None:
