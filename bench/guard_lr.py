@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record", help="store the result under this key in bench/results/guard.json")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    # no background deltification: it would still be writing into the scratch repository as the
+    # folder is removed (and what is measured here is when the guard fires and where it goes)
+    os.environ.setdefault("DELTACKPT_DELTIFY", "off")
     with scratch("deltackpt-bench-guard-lr-") as work:
         result = run(os.path.join(work, "repo"), full=args.full, steps=args.steps, at=args.at, lr=args.lr,
                      rule=args.rule)
