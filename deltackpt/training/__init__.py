@@ -33,7 +33,7 @@ A divergence guard rolls the run back by itself when its loss goes bad (``guard.
 What it may import: :mod:`deltackpt.api` (it saves and loads through the public API),
 :mod:`deltackpt.snapshot`, :mod:`deltackpt.torchstate` and the torch-free core.  Only
 :mod:`deltackpt.integrations` and the CLI build on it.  Inside it: checkpointer -> guard ->
-(rollback | drills | targets | agree | onset) -> resume -> state -> (policies | rng | detect).
+(rollback | drills | targets | agree | onset | report) -> resume -> state -> (policies | rng | detect).
 """
 
 from .checkpointer import Checkpointer

@@ -35,8 +35,10 @@ HEALTHY_FLOOR = 0.02
 
 @dataclass(frozen=True)
 class Verdict:
-    """Why a value fired: ``rule`` is ``"nonfinite"`` or the rule's name, ``baseline`` what it
-    was compared with (median, EMA) and ``threshold`` the bound it crossed (None for non-finite)."""
+    """Why a value fired: ``rule`` is ``"nonfinite"`` or the rule's name, ``value`` what crossed
+    (the reported value; for ``"sustained"`` the median of its window), ``baseline`` what it was
+    compared with (median, EMA, best level) and ``threshold`` the bound it crossed (None for
+    non-finite)."""
 
     metric: str
     rule: str

@@ -47,19 +47,17 @@ import os
 import secrets
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from ..api import Repo, open_repo, save
 from ..errors import DeltackptError, DivergenceError, InvalidArgumentError
-from ..format.events import ROLLBACK
-from ..format.limits import EVENT_MAX_TEXT, EVENT_MAX_VALUES, EVENT_MAX_VERSIONS
 from ..repo.maintain import events
 from ..repo.maintain.holds import MAX_HELD, Hold
 from ..repo.versions import Version
 from ..snapshot import async_save
-from . import agree, onset, targets
+from . import agree, onset, report, targets
 from .detect import Rule, Verdict, default_rule
+from .report import Rollback
 from .rollback import Parts, Restored, roll_back
 from .state import training_state
 
@@ -69,41 +67,6 @@ MAX_TRIES = 4
 HISTORY = 512
 
 log = logging.getLogger("deltackpt")
-
-
-@dataclass
-class Rollback:
-    """What a guard did when it fired.  ``step`` is the step the restored state is at: a loop
-    that counts its own steps continues from it, with a new data iterator (the sampler moved).
-
-    ``from_step``: the step the guard fired at; ``bad_start``: where it estimated the bad stretch
-    began (the target is older than ``bad_start - margin``); ``skipped``: the sampler window
-    skipped, as two positions ``[[epoch, index], [epoch, index]]`` (from, inclusive, to,
-    exclusive: ``skipped[1][1] - skipped[0][1]`` items when both are in one epoch), or None
-    without a sampler or with ``data`` other than ``"skip"``; ``committed``: the version the
-    restored state was saved as; ``message``: the line logged; ``seen_on``: under
-    torch.distributed, the rank whose values fired (None in a single process)."""
-
-    verdict: Verdict
-    from_step: int
-    bad_start: int
-    version: Version
-    step: int
-    data: str
-    skipped: list | None
-    lr_scale: float | None
-    bytes_read: int
-    metadata_bytes: int
-    seconds: float
-    abandoned: list[str]
-    count: int
-    extra: Any = None
-    committed: Version | None = None
-    commit_seconds: float | None = None
-    event: str | None = None
-    tried: list[str] = field(default_factory=list)
-    message: str = ""
-    seen_on: int | None = None
 
 
 def _number(name: str, value: Any) -> float:
@@ -146,8 +109,9 @@ class Guard:
     ``sampler`` (a :class:`~deltackpt.training.ResumableSampler`): the live objects restored in
     place; any may be None.
 
-    ``watch``: the reported values judged, by name (``"loss"``, ``["loss", "grad_norm"]``, or
-    ``{"loss": Spike(), "val_acc": Spike(direction="down")}``); ``rule``: the rule for names given
+    ``watch``: the reported values judged, by name (``"loss"``, ``["loss", "val_loss"]``, or
+    ``{"loss": Rules(Spike(), Sustained()), "grad_norm": Spike(threshold=20)}``: a gradient norm's
+    level rises legitimately, give it a spike rule alone); ``rule``: the rule for names given
     without one (default ``Rules(Spike(), Sustained())``: a spike above the recent healthy values,
     or a level that rose well above its recent best and stays there; a non-finite value always
     fires).  ``patience``: consecutive fires before rolling back (a non-finite value rolls back
@@ -454,9 +418,7 @@ class Guard:
     def rollback_meta(rb: Rollback) -> dict[str, Any]:
         """The ``meta`` of the version a rollback commits: ``deltackpt log`` labels it with it
         ("rollback to <version> (step N) at step M")."""
-        v = rb.verdict
-        return {"rollback": {"to": rb.version.id, "to_step": rb.step, "at_step": rb.from_step,
-                             "bad_start": rb.bad_start, "metric": v.metric[:EVENT_MAX_TEXT], "rule": v.rule}}
+        return report.meta(rb)
 
     def _commit(self, rb: Rollback) -> None:
         if self.commit is False:
@@ -471,25 +433,9 @@ class Guard:
         rb.commit_seconds = time.perf_counter() - t0
 
     def _message(self, rb: Rollback) -> str:
-        """The one line logged: what fired, where the stretch began, where the run went back to."""
         assert self.repo is not None
-        v = rb.verdict
-        bound = "" if v.threshold is None else f", threshold {v.threshold:.4g}"
-        rank = "" if rb.seen_on is None else f" on rank {rb.seen_on}"
-        lr = "" if rb.lr_scale is None else f", lr x{rb.lr_scale:g}"
-        return (f"deltackpt: rollback at step {rb.from_step}: {v.metric}={v.value:.4g} ({v.rule}{bound}){rank}, "
-                f"bad since step {rb.bad_start}; restored version {rb.version.id[:10]} of step {rb.step} from "
-                f"{self.repo.location} (data {rb.data}{lr}; rollback {rb.count} of {self.max_rollbacks} allowed "
-                f"within {self.window} steps)")
+        return report.message(rb, self.repo.location, self.max_rollbacks, self.window)
 
     def _record(self, rb: Rollback) -> dict[str, Any]:
-        v = rb.verdict
-        values = [[s, x] for s, x, _ in list(self._history[v.metric])[-EVENT_MAX_VALUES:]] \
-            if v.metric in self._history else []
-        return {**events.stamp(ROLLBACK), "run": self.run_id, "version": rb.version.id, "step": rb.from_step,
-                "seconds": rb.seconds, "bytes_read": rb.bytes_read, "metric": v.metric[:EVENT_MAX_TEXT],
-                "rule": v.rule, "value": v.value, "threshold": v.threshold, "baseline": v.baseline,
-                "values": values, "bad_start": rb.bad_start, "to_step": rb.step,
-                "abandoned": rb.abandoned[:EVENT_MAX_VERSIONS],
-                "committed": rb.committed.id if rb.committed else None, "data": rb.data, "skipped": rb.skipped,
-                "lr_scale": rb.lr_scale, "count": rb.count, "commit_seconds": rb.commit_seconds}
+        history = self._history.get(rb.verdict.metric, ())
+        return report.record(rb, self.run_id, [(s, x) for s, x, _ in history])
