@@ -9,10 +9,10 @@ a row, the guard
 1. estimates where the bad stretch began from the series' recent values (:mod:`.onset`): a rule
    fires some steps after the run went bad, and a version saved in between is bad already;
 2. lets any background save in flight commit (it is judged like the others);
-3. picks the newest version of this run saved at a step below ``onset - margin`` that no rollback
-   abandoned (or the version ``target`` names, e.g. ``"best:val_loss"``, judged among those:
-   :mod:`.targets`), and *holds* it, so that retention and gc keep it while this process lives
-   (:mod:`deltackpt.repo.maintain.holds`);
+3. picks the newest version of this run saved at a step below ``bad_start - margin``
+   (``bad_start``: the estimated onset) that no rollback abandoned (or the version ``target``
+   names, e.g. ``"best:val_loss"``, judged among those: :mod:`.targets`), and *holds* it, so
+   that retention and gc keep it while this process lives (:mod:`deltackpt.repo.maintain.holds`);
 4. restores model, optimizer, scheduler, GradScaler, sampler and RNG in place, reading only the
    chunks that differ (:mod:`.rollback`), moves the data past the window that preceded the spike
    (``data="skip"``), reshuffles it (``"reseed"``) or replays it (``"replay"``), and scales the

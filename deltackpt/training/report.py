@@ -26,7 +26,7 @@ class Rollback:
     that counts its own steps continues from it, with a new data iterator (the sampler moved).
 
     ``from_step``: the step the guard fired at; ``bad_start``: where it estimated the bad stretch
-    began (the target is older than ``bad_start - margin``); ``skipped``: the sampler window
+    began (the target's step is below ``bad_start - margin``); ``skipped``: the sampler window
     skipped, as two positions ``[[epoch, index], [epoch, index]]`` (from, inclusive, to,
     exclusive: ``skipped[1][1] - skipped[0][1]`` items when both are in one epoch), or None
     without a sampler or with ``data`` other than ``"skip"``; ``committed``: the version the
