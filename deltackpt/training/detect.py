@@ -255,12 +255,14 @@ class Sustained(Rule):
         self.values: deque[float] = deque(maxlen=window)
         # (median, robust standard deviation, values seen when taken) of each window
         self.levels: deque[tuple[float, float, int]] = deque(maxlen=memory)
+        # the candidates for the best of the last `memory` levels, best first (a sliding-window
+        # minimum: each level enters and leaves once, so the best costs O(1) a step)
+        self._best_first: deque[tuple[float, float, int]] = deque()
+        self._sign = 1.0 if direction == "up" else -1.0
 
     def _best(self) -> tuple[float, float, int] | None:
-        if not self.levels:
-            return None
-        pick = min if self.direction == "up" else max
-        return pick(self.levels, key=lambda lv: lv[0])
+        """The best level of the last ``memory`` (the earliest among equals)."""
+        return self._best_first[0] if self._best_first else None
 
     def _band(self, best: tuple[float, float, int]) -> float:
         """How far above the best level (below, for ``direction="down"``) a healthy value may lie:
@@ -271,9 +273,8 @@ class Sustained(Rule):
     def _noise(self, best: tuple[float, float, int]) -> float:
         """The usual noise of the healthy windows (those whose level lies in the healthy band): a
         bad stretch's own noise must not widen the margin it is judged by."""
-        sign = 1.0 if self.direction == "up" else -1.0
-        edge = best[0] + sign * self._band(best)
-        return _median(sorted(lv[1] for lv in self.levels if sign * (lv[0] - edge) <= 0))
+        edge = best[0] + self._sign * self._band(best)
+        return _median(sorted(lv[1] for lv in self.levels if self._sign * (lv[0] - edge) <= 0))
 
     def _limit(self, best: tuple[float, float, int]) -> float:
         margin = max(self.rise * abs(best[0]), self.spread * self._noise(best), 1e-12)
@@ -292,9 +293,11 @@ class Sustained(Rule):
         recent = list(self.values)[max(0, len(self.values) - (self.window - 1)):]
         if best is None or len(recent) + 1 < self.min_history:
             return None
-        level, limit = _median(sorted([*recent, float(value)])), self._limit(best)
-        crossed = level > limit if self.direction == "up" else level < limit
-        return Verdict(metric, self.name, level, limit, best[0]) if crossed else None
+        level = _median(sorted([*recent, float(value)]))
+        if self._sign * (level - best[0]) <= self.rise * abs(best[0]):
+            return None   # within rise of the best: no margin is smaller, the noise need not be weighed
+        limit = self._limit(best)
+        return Verdict(metric, self.name, level, limit, best[0]) if self._sign * (level - limit) > 0 else None
 
     def add(self, value: float) -> None:
         super().add(value)
@@ -303,7 +306,13 @@ class Sustained(Rule):
             ordered = sorted(self.values)
             level = _median(ordered)
             sigma = MAD_TO_SIGMA * _median(sorted(abs(v - level) for v in ordered))
-            self.levels.append((level, sigma, self.seen))
+            entry = (level, sigma, self.seen)
+            self.levels.append(entry)
+            while self._best_first and self._sign * (self._best_first[-1][0] - level) > 0:
+                self._best_first.pop()
+            self._best_first.append(entry)
+            while self._best_first[0][2] <= self.seen - self.memory:   # gone from `levels`
+                self._best_first.popleft()
 
     def observe(self, value: float, healthy: bool) -> None:
         if math.isfinite(value):

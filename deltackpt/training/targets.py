@@ -2,9 +2,10 @@
 
 A *candidate* is a version that parses, holds the parts the guard restores (its saved tree has
 a ``model`` entry when a model is restored, and so on), records a step below ``bad_start -
-margin`` (the estimated start of the bad stretch, less the guard's margin), was never abandoned by a rollback (its own or an earlier run's,
-read from the repository's event records), and belongs to this run: saved after the guard
-started, or, for a resumed run, at or before the step it resumed from.  Versions of another run
+margin`` (the estimated start of the bad stretch, less the guard's margin), was never abandoned
+by a rollback (its own or an earlier run's, read from the repository's event records), and
+belongs to this run: saved after the guard started, or, for a resumed run, at or before the step
+it resumed from.  Versions of another run
 sharing the repository are never candidates.
 
 Example::

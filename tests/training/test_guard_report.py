@@ -76,7 +76,8 @@ def test_onset_is_the_first_value_of_the_run_up():
     healthy = [(s, 1.1 + 0.02 * ((s * 7) % 5 - 2)) for s in range(1, 13)]
     climb = [(13, 1.4), (14, 1.0), (15, 1.9), (16, 2.6), (17, 1.1), (18, 2.9), (19, 2.4)]
     assert estimate(healthy + climb, limit=1.2) == 13          # a dip inside the stretch does not end it
-    assert estimate(healthy + [(13, 1.25)] + healthy[:3] + climb[2:], limit=1.2) == 15   # one stray value earlier does not start it
+    # one stray high value earlier does not start it
+    assert estimate(healthy + [(13, 1.25)] + healthy[:3] + climb[2:], limit=1.2) == 15
     assert estimate([(1, 1.0), (2, math.nan)], limit=None) == 2
     assert estimate(healthy + climb, limit=1.2, lookback=3) == 18      # within the lookback only
     assert estimate([(s, -v) for s, v in healthy + climb], limit=-1.2, direction="down") == 13
