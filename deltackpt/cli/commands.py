@@ -70,9 +70,10 @@ def cmd_log(args: argparse.Namespace) -> int:
             rows.append([v.short_id, "?", "?", "?", "?", ",".join(v.tags), "?", f"DAMAGED: {one_line(v.error)}"])
             continue
         metrics = " ".join(f"{k}={val:.4g}" if isinstance(val, float) else f"{k}={val}" for k, val in v.metrics.items())
+        label = events.rollback_label(v.meta)   # a divergence guard's re-save of the state it restored
         rows.append([v.short_id, when(v.time), v.step, human_bytes(v.logical_bytes),
                      "?" if v.written_bytes is None else human_bytes(v.written_bytes),
-                     ",".join(v.tags), "" if v.exact else "lossy", metrics])
+                     ",".join(v.tags), "" if v.exact else "lossy", "; ".join(x for x in (label, metrics) if x)])
     table(list(columns.LOG), rows)
     events.print_recent([e.to_json() for e in _repo(args).events()])
     damaged = sum(v.error is not None for v in versions)

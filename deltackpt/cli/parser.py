@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("version", nargs="?", default="latest", help="revision to drill (default latest; latest~1, ...)")
     sp.add_argument("--threads", type=_positive_int, metavar="N", help="decode threads (default: every core)")
     sp.add_argument("--no-record", action="store_true", help="do not record the drill in the repository")
-    sp = command("events", commands.cmd_events, "a divergence guard's rollbacks and the rollback drills, newest first")
+    sp = command("events", commands.cmd_events, "a divergence guard's rollbacks and the rollback drills, newest "
+                 "first (--json: each as {id, kind, time, data}, data as Repo.events() gives it)")
     sp.add_argument("-n", "--limit", type=int, metavar="N", help="show the N newest")
     sp = command("import", commands.cmd_import, "import a .pt (weights only) or .safetensors file as a tagged "
                  "version off the training line ('latest' does not move)")

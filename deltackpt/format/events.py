@@ -144,8 +144,10 @@ class Event:
     data: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        rest = {k: v for k, v in self.data.items() if k not in ("kind", "time")}
-        return {"id": self.id, "kind": self.kind, "time": self.time if math.isfinite(self.time) else None, **rest}
+        """``{"id", "kind", "time", "data"}``, ``data`` the same nested dict as :attr:`data`
+        (what ``deltackpt events --json`` prints)."""
+        return {"id": self.id, "kind": self.kind, "time": self.time if math.isfinite(self.time) else None,
+                "data": dict(self.data)}
 
 
 def encode(record: dict[str, Any]) -> bytes:

@@ -29,8 +29,10 @@ optimizer, scheduler, GradScaler and RNG as a training state every 50 steps (thr
 :class:`~deltackpt.Checkpointer`) and judges each batch's loss (and the values given in
 ``watch``, read from ``trainer.callback_metrics``).  When the guard fires, they roll back in place
 to the newest sound version; Lightning's step counter and dataloader go on (the batches since
-that version are skipped).  Single-process training only: under DDP every rank would have to roll
-back together.
+that version are skipped), and the rollback is logged as one line through Lightning's logger
+(``pytorch_lightning.callbacks.deltackpt``) besides deltackpt's own.  Under DDP every rank judges
+its own loss and they roll back together (:class:`~deltackpt.training.Guard`); global rank 0
+saves.
 
 Example::
 
@@ -42,6 +44,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tempfile
@@ -62,6 +65,8 @@ CheckpointIO = require("lightning_fabric.plugins.io.checkpoint_io",
 Callback = require("pytorch_lightning", feature="deltackpt's Lightning guard").Callback
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO  # noqa: E402  (installed with CheckpointIO)
 from lightning_fabric.utilities.cloud_io import get_filesystem  # noqa: E402
+
+log = logging.getLogger("pytorch_lightning.callbacks.deltackpt")   # under Lightning's own handler
 
 POINTER_MAGIC = "deltackpt"
 HAND_BACK = ".temp.ckpt"
@@ -233,7 +238,9 @@ class DeltackptGuard(Callback):
     The guard gets the module, the first optimizer and scheduler, and the precision plugin's
     GradScaler at the start of training; its ``data`` must be ``"skip"`` (Lightning's dataloader
     goes on).  ``blocking=False`` saves in the background.  ``drill_every``: a rollback drill every
-    that many saves (:class:`~deltackpt.Checkpointer`).
+    that many saves (:class:`~deltackpt.Checkpointer`).  Under DDP give every rank its callback
+    and guard (the trainer does, when they are built in the training script); global rank 0 saves,
+    and all roll back together.
 
     Example::
 
@@ -262,7 +269,8 @@ class DeltackptGuard(Callback):
         parts.scaler = getattr(trainer.precision_plugin, "scaler", None)
         start = int(trainer.global_step) or None
         self.checkpointer = Checkpointer(self.repo, self.every_n_steps, blocking=self.blocking, guard=self.guard,
-                                         start_step=start, drill_every=self.drill_every)
+                                         start_step=start, drill_every=self.drill_every,
+                                         writes=bool(trainer.is_global_zero))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         assert self.checkpointer is not None
@@ -273,6 +281,9 @@ class DeltackptGuard(Callback):
         step, p = int(trainer.global_step), self.guard.parts
         self.checkpointer.step(lambda: training_state(model=pl_module, optimizer=p.optimizer, scheduler=p.scheduler,
                                                       scaler=p.scaler, step=step), step=step, metrics=metrics)
+        rb = self.checkpointer.rollback
+        if rb is not None and trainer.is_global_zero:
+            log.warning(rb.message)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         try:

@@ -34,14 +34,14 @@ What it may import: :mod:`deltackpt.api` (the public API, and ``deltackpt.api.in
 training loop needs beyond it), :mod:`deltackpt.torchstate`, ``format`` and the top-level helpers;
 never ``deltackpt.repo``, ``deltackpt.snapshot`` or ``deltackpt.store`` directly (import-linter), nor
 a handle's ``core``.  Only :mod:`deltackpt.integrations` and the CLI build on it.  Inside it: checkpointer -> guard ->
-(rollback | drills | targets) -> resume -> state -> (policies | rng | detect).
+(rollback | drills | targets | agree | onset | report) -> resume -> state -> (policies | rng | detect).
 """
 
 from .checkpointer import Checkpointer
-from .detect import Ratio, Spike
+from .detect import Ratio, Rules, Spike, Sustained
 from .guard import Guard, Rollback
 from .resume import ResumeInfo, resume
 from .state import ResumableSampler, training_state
 
-__all__ = ["Checkpointer", "Guard", "Ratio", "ResumableSampler", "ResumeInfo", "Rollback", "Spike", "resume",
-           "training_state"]
+__all__ = ["Checkpointer", "Guard", "Ratio", "ResumableSampler", "ResumeInfo", "Rollback", "Rules", "Spike",
+           "Sustained", "resume", "training_state"]

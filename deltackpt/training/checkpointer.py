@@ -59,9 +59,21 @@ class Checkpointer:
             background at idle priority; its measured restore time goes to the policy
             (``YoungDaly``).
         drill_revision: the revision drilled.
+        writes: False for a rank that judges and rolls back with the others but never saves
+            (torch.distributed: ``writes=(rank == 0)``).
 
     Raises:
         InvalidArgumentError: a setting out of range.
+
+    Under torch.distributed, give every rank a Checkpointer and its own Guard and call
+    :meth:`step` at the same steps on all of them, with ``writes=(rank == 0)``: a rank that does
+    not write never saves (it judges with its guard and rolls back with the others).
+
+    :meth:`prepare` allocates and faults in the staging memory the background saves of a state
+    will hold, in a thread of the repository handle, so the first save costs what the later ones
+    do.  The first :meth:`step` given a state (not a callable) calls it; with a callable, call it
+    yourself.  Given a path, the Checkpointer opens the repository handle itself and
+    :meth:`close` closes it.
 
     Example:
         ```python
@@ -80,7 +92,7 @@ class Checkpointer:
                  start_step: int | None = None, clock: Callable[[], float] = time.monotonic,
                  background: str | None = None, snapshot: str = "eager", optimizer: Any = None,
                  guard: "Guard | None" = None, drill_every: int | None = None,
-                 drill_revision: str = "latest") -> None:
+                 drill_revision: str = "latest", writes: bool = True) -> None:
         if retention is not None and not isinstance(retention, Retention):
             raise InvalidArgumentError(f"retention must be a Retention, got {type(retention).__name__}")
         grace_seconds = check_seconds("grace_seconds", grace_seconds, allow_inf=True)  # before any I/O
@@ -89,7 +101,9 @@ class Checkpointer:
             raise InvalidArgumentError(f"snapshot must be 'eager' or 'lazy', got {snapshot!r}")
         if snapshot == "lazy" and optimizer is None:
             raise InvalidArgumentError("snapshot='lazy' needs optimizer=: its step is what waits for the copy")
-        self.snapshot = snapshot
+        if not isinstance(writes, bool):
+            raise InvalidArgumentError(f"writes must be True or False, got {writes!r:.60}")
+        self.snapshot, self.writes = snapshot, writes
         self.optimizers = optimizers_of(optimizer) if optimizer is not None else None
         # a path: this Checkpointer opens the handle and closes it in close(); a Repo stays the caller's
         self._owns_repo = not isinstance(repo, Repo)
@@ -130,7 +144,7 @@ class Checkpointer:
         if guard is not None:
             guard.attach(self.repo, start_step=start_step)
             if guard.commit is True:   # commit through this Checkpointer's settings
-                guard.commit = lambda rb: self._commit(guard.rollback_state(rb), rb.step)
+                guard.commit = lambda rb: self._commit(guard.rollback_state(rb), rb.step, guard.rollback_meta(rb))
         self.drills = Driller(self.repo, drill_every, drill_revision) if drill_every is not None else None
         restore = last_restore_seconds(self.repo)
         if restore is not None:
@@ -178,6 +192,8 @@ class Checkpointer:
             if self.rollback is not None:   # the live state is a restored version's now: no save of it
                 self.policy.resumed(self.rollback.step, self.clock())
                 return None
+        if not self.writes:
+            return None
         if not self._prepared and state is not None and not callable(state):
             self._prepared = True   # the state's size is known now: its staging faults in meanwhile
             try:
@@ -209,11 +225,11 @@ class Checkpointer:
                 self.drills.saved()
         return result
 
-    def _commit(self, state: Any, step: int) -> Version:
+    def _commit(self, state: Any, step: int, meta: Any = None) -> Version:
         """A blocking save outside the policy (a guard's rollback), with this Checkpointer's settings."""
         from ..api import save
 
-        version = save(state, self.repo, step=step, encoding=self.encoding)
+        version = save(state, self.repo, step=step, meta=meta, encoding=self.encoding)
         self.saves += 1
         return version  # type: ignore[return-value]
 

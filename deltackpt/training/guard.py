@@ -1,21 +1,32 @@
 """A divergence guard: watches the values a training loop reports and, when they go bad (a NaN, a
-loss spike), rolls the live state back to the last good version by itself.
+loss spike, a loss that rose and stays up), rolls the live state back to the last good version by
+itself.
 
-When a watched value is non-finite, or a spike rule (:mod:`.detect`) fires ``patience`` steps in a
-row, the guard
+When a watched value is non-finite, or a rule (:mod:`.detect`: by default a spike against the
+recent healthy values, or a level risen well above its recent best) fires ``patience`` steps in
+a row, the guard
 
-1. lets any background save in flight commit (it is judged like the others);
-2. picks the newest version of this run whose step is older than the first bad step by more than
-   ``margin`` and that no rollback abandoned (or the version ``target`` names, e.g.
-   ``"best:val_loss"``, judged among those: :mod:`.targets`), and *holds* it, so that retention
-   and gc keep it while this process lives (:mod:`deltackpt.repo.maintain.holds`);
-3. restores model, optimizer, scheduler, GradScaler, sampler and RNG in place, reading only the
+1. estimates where the bad stretch began from the series' recent values (:mod:`.onset`): a rule
+   fires some steps after the run went bad, and a version saved in between is bad already;
+2. lets any background save in flight commit (it is judged like the others);
+3. picks the newest version of this run saved at a step below ``bad_start - margin``
+   (``bad_start``: the estimated onset) that no rollback abandoned (or the version ``target``
+   names, e.g. ``"best:val_loss"``, judged among those: :mod:`.targets`), and *holds* it, so
+   that retention and gc keep it while this process lives (:mod:`deltackpt.repo.maintain.holds`);
+4. restores model, optimizer, scheduler, GradScaler, sampler and RNG in place, reading only the
    chunks that differ (:mod:`.rollback`), moves the data past the window that preceded the spike
    (``data="skip"``), reshuffles it (``"reseed"``) or replays it (``"replay"``), and scales the
    learning rate by ``lr_scale``;
-4. marks every version of this run saved after that version as abandoned (never a target again,
-   in this run or a resumed one), commits the restored state as a new version (so a crash now
-   resumes from it, skip included) and records the event in the repository (``deltackpt log``).
+5. marks every version of this run saved after that version as abandoned (never a target again,
+   in this run or a resumed one), commits the restored state as a new version labelled in its
+   meta (``deltackpt log`` shows "rollback to <version> (step N) at step M"), records the event
+   in the repository (``deltackpt events``) and logs one line (logger ``"deltackpt"``, WARNING).
+
+Under torch.distributed (initialized, more than one rank) every rank runs a guard and calls
+``check`` at the same steps: the ranks combine their verdicts, so a fault seen on one rank rolls
+every rank back, to the version rank 0 chooses, together (:mod:`.agree`).  Only rank 0 commits and
+records; the other ranks restore model, optimizer, scheduler and GradScaler and keep their own
+RNG and data position (the version holds rank 0's).
 
 More than ``max_rollbacks`` rollbacks within ``window`` steps raise :class:`DivergenceError`.
 
@@ -30,50 +41,29 @@ Example::
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import secrets
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from ..api import Repo, internal, save
 from ..errors import DeltackptError, DivergenceError, InvalidArgumentError
-from ..format.events import ROLLBACK
-from ..format.limits import EVENT_MAX_TEXT, EVENT_MAX_VALUES, EVENT_MAX_VERSIONS
 from ..api.internal import MAX_HELD, Hold, Version
-from . import targets
-from .detect import Rule, Spike, Verdict
+from . import agree, onset, report, targets
+from .detect import Rule, Verdict, default_rule
+from .report import Rollback
 from .rollback import Parts, Restored, roll_back
 from .state import training_state
 
 #: versions tried, newest first, when the chosen one does not restore (a damaged chunk)
 MAX_TRIES = 4
+#: values kept per watched series: the rules are rebuilt from them after a rollback
+HISTORY = 512
 
-
-@dataclass
-class Rollback:
-    """What a guard did when it fired.  ``step`` is the step the restored state is at: a loop
-    that counts its own steps continues from it, with a new data iterator (the sampler moved)."""
-
-    verdict: Verdict
-    from_step: int
-    bad_start: int
-    version: Version
-    step: int
-    data: str
-    skipped: list | None
-    lr_scale: float | None
-    bytes_read: int
-    metadata_bytes: int
-    seconds: float
-    abandoned: list[str]
-    count: int
-    extra: Any = None
-    committed: Version | None = None
-    commit_seconds: float | None = None
-    event: str | None = None
-    tried: list[str] = field(default_factory=list)
+log = logging.getLogger("deltackpt")
 
 
 def _number(name: str, value: Any) -> float:
@@ -85,9 +75,10 @@ def _number(name: str, value: Any) -> float:
 
 
 def _rules(watch: "str | Iterable[str] | Mapping[str, Rule]", rule: Rule | None) -> dict[str, Rule]:
-    default = rule if rule is not None else Spike()
+    default = rule if rule is not None else default_rule()
     if not isinstance(default, Rule):
-        raise InvalidArgumentError(f"rule must be a Spike, Ratio or other Rule, got {type(default).__name__}")
+        raise InvalidArgumentError(f"rule must be a Spike, Sustained, Rules or other Rule, got "
+                                   f"{type(default).__name__}")
     if isinstance(watch, str):
         watch = [watch]
     pairs = watch.items() if isinstance(watch, Mapping) else ((name, default) for name in watch)
@@ -108,56 +99,70 @@ def _count(name: str, value: Any, minimum: int) -> int:
 
 
 class Guard:
-    """Roll a diverging run back to its last good version, by itself.
+    """Roll a diverging run back to its last good version (see the module docstring).
 
-    When a watched value is non-finite, or a spike rule fires ``patience`` steps in a row, the
-    guard lets any background save in flight commit, picks the newest version of this run older
-    than the first bad step by more than ``margin`` (or the one ``target`` names), restores every
-    part given in place (reading only the chunks that differ), moves the data on as ``data`` says,
-    marks the versions saved since as abandoned and commits the restored state as a new version
-    (the module docstring, :mod:`deltackpt.training.guard`, gives the steps in full).
+    When a watched value is non-finite, or a rule fires ``patience`` steps in a row, the guard lets
+    any background save in flight commit, estimates where the bad stretch began (its *onset*),
+    picks the newest version of this run older than the onset by more than ``margin`` (or the one
+    ``target`` names among those), restores every part given in place (reading only the chunks
+    that differ), moves the data on as ``data`` says, marks the versions saved since as abandoned,
+    commits the restored state as a new version labelled as a rollback, records the event and
+    logs one line (the ``deltackpt`` logger, WARNING).  Under torch.distributed every rank judges
+    its own values and all of them roll back together to the version rank 0 chose.
 
     Args:
-        repo: the repository the run saves to; or give the guard to a
-            :class:`~deltackpt.Checkpointer`, which attaches it.
-        model: the module to restore.
+        repo: the repository the run saves to (a path: the guard opens a handle of its own, which
+            :meth:`close` closes); or give the guard to a :class:`~deltackpt.Checkpointer`, which
+            attaches it.
+        model: the module restored in place (any part may be None).
         optimizer: its optimizer.
         scheduler: a learning-rate scheduler (anything with ``state_dict``/``load_state_dict``).
         scaler: a ``GradScaler``.
         sampler: a :class:`~deltackpt.training.ResumableSampler` (or anything with
             ``state_dict``/``load_state_dict``), moved as ``data`` says.
-        watch: the reported values judged, by name: ``"loss"``, ``["loss", "grad_norm"]``, or
-            ``{"loss": Spike(), "val_acc": Spike(direction="down")}``.
-        rule: the rule for names given without one (default ``Spike()``).
-        patience: consecutive spikes before firing (a non-finite value fires at once).
-        margin: steps between the first bad step and the newest version taken (1: the version whose
-            weights produced the first bad loss is not trusted either).
-        target: a revision to roll back to instead, judged among the healthy versions
-            (``"best:val_loss"``).
-        data: after the rollback, ``"skip"`` the data consumed since that version, ``"reseed"``
-            (reshuffle the rest of the epoch with ``seed``) or ``"replay"`` it as it was.
-        lr_scale: multiply the restored learning rate (and the schedule) by this.
-        max_rollbacks: more rollbacks than this within ``window`` steps raise DivergenceError.
+        watch: the reported values judged, by name: ``"loss"``, ``["loss", "val_loss"]``, or
+            ``{"loss": Rules(Spike(), Sustained()), "grad_norm": Spike(threshold=20)}`` (a gradient
+            norm's level rises legitimately: give it a spike rule alone).
+        rule: the rule for names given without one; default ``Rules(Spike(), Sustained())``, a spike
+            above the recent healthy values or a level that rose well above its recent best and
+            stays there (a non-finite value always fires).  A rule given is used as it is.
+        patience: consecutive fires before rolling back (a non-finite value rolls back at once).
+        margin: a version is a target only when its step is below ``bad_start - margin``, where
+            ``bad_start`` is the step the bad stretch began at, as estimated from the series'
+            recent values when the rule fires.  With the default 1, a bad loss first seen at step 33
+            allows versions of step 31 or older: the version of step 32, whose weights produced
+            that loss, is not trusted either.
+        target: a revision preferred among the candidates (``"best:val_loss"``, a tag); otherwise
+            the newest candidate.
+        data: what happens to the data after the restore: ``"skip"`` (default) puts the sampler
+            back where it was when the guard fired, so what was read since the target version is
+            skipped (without a sampler the loop's data simply goes on, which is the same);
+            ``"reseed"`` reshuffles the rest of the epoch with a seed drawn from ``seed`` and the
+            step; ``"replay"`` replays it as it was (both need ``sampler``).
+        lr_scale: multiply the restored learning rate (and the scheduler's base rates) by this.
+        max_rollbacks: more rollbacks than this within ``window`` steps raise
+            :class:`~deltackpt.DivergenceError` (the run keeps diverging: lower the learning rate
+            or look at the data).
         window: the steps ``max_rollbacks`` counts over.
-        restore_rng: restore the RNG states saved with the version.
+        restore_rng: restore the RNG states saved with the version (python, numpy, torch).
         commit: save the restored state as a new version (True), not (False), or a function
             ``commit(rollback) -> Version``.
         start_step: the step a resumed run resumed from (older versions of the repository at or
             before it are this run's).
         seed: the seed of ``data="reseed"``.
-        skip_ahead: with ``data="skip"``, items skipped beyond the position where the guard fired (a
-            bad shard usually goes on past the batch that showed it; PaLM's authors skipped a few
-            hundred batches around each spike), within the epoch.
+        skip_ahead: with ``data="skip"``, items skipped beyond the position where the guard fired
+            (a bad shard usually goes on past the batch that showed it; PaLM's authors skipped a
+            few hundred batches around each spike), within the epoch.
+        group: under torch.distributed, the process group whose ranks roll back together
+            (default: all of them).
 
     Raises:
         InvalidArgumentError: a setting out of range, or a ``data`` choice the sampler cannot do.
 
     Example:
         ```python
-        guard = Guard("ckpt", model=model, optimizer=opt, scheduler=sched, sampler=sampler)
-        rb = guard.check(step, {"loss": loss})
-        if rb is not None:          # rolled back: carry on from rb.step with a new data iterator
-            step = rb.step
+        guard = Guard(model=model, optimizer=opt, scheduler=sched, sampler=sampler, lr_scale=0.5)
+        ckpt = Checkpointer("ckpt", policy=EveryN(50), guard=guard)
         ```
     """
 
@@ -167,10 +172,11 @@ class Guard:
                  patience: int = 1, margin: int = 1, target: str | None = None, data: str = "skip",
                  lr_scale: float | None = None, max_rollbacks: int = 3, window: int = 1000,
                  restore_rng: bool = True, commit: "bool | Callable[[Rollback], Version | None]" = True,
-                 start_step: int | None = None, seed: int = 0, skip_ahead: int = 0) -> None:
+                 start_step: int | None = None, seed: int = 0, skip_ahead: int = 0, group: Any = None) -> None:
         self.parts = Parts(model, optimizer, scheduler, scaler, sampler, restore_rng)
         self.parts.check(data)
-        self.rules = _rules(watch, rule)
+        self._templates = _rules(watch, rule)
+        self.rules = {name: r.fresh() for name, r in self._templates.items()}
         self.patience, self.margin = _count("patience", patience, 1), _count("margin", margin, 0)
         self.max_rollbacks, self.window = _count("max_rollbacks", max_rollbacks, 0), _count("window", window, 1)
         if lr_scale is not None and (isinstance(lr_scale, bool) or not isinstance(lr_scale, (int, float))
@@ -180,12 +186,12 @@ class Guard:
             raise InvalidArgumentError(f"target must be a revision string such as 'best:val_loss', got {target!r:.60}")
         self.target, self.data, self.lr_scale, self.commit, self.seed = target, data, lr_scale, commit, int(seed)
         self.skip_ahead = _count("skip_ahead", skip_ahead, 0)
-        self.start_step = start_step
+        self.start_step, self.group = start_step, group
         self.run_id = secrets.token_hex(8)
         self.rollbacks: list[Rollback] = []
         self.repo: Repo | None = None
         self._owns_repo = False
-        self._recent = {name: deque(maxlen=EVENT_MAX_VALUES) for name in self.rules}
+        self._history: dict[str, deque] = {name: deque(maxlen=HISTORY) for name in self.rules}
         self._bad_since: int | None = None
         self._flags = 0
         self._pending: list[tuple[int, Any]] = []
@@ -195,6 +201,8 @@ class Guard:
         self._targets: list[str] = []              # versions rolled back to, newest first
         self._trusted: list[str] = []
         self._hold: Hold | None = None
+        self._reach: str | None = None             # the newest version older than any onset a rule can name now
+        self._names = ["nonfinite", *dict.fromkeys(n for r in self.rules.values() for n in r.names())]
         if repo is not None:
             self.attach(repo)
 
@@ -256,16 +264,17 @@ class Guard:
 
     # judging ---------------------------------------------------------------------------------
     def check(self, step: int, metrics: Mapping[str, Any]) -> Rollback | None:
-        """Judge this step's reported values; roll back when they are bad.
+        """Judge this step's reported values; roll back when they are bad.  Under torch.distributed
+        every rank must call it at the same steps (it is a collective).
 
         Args:
             step: the training step.
-            metrics: the values reported this step (``{"loss": 0.3, "grad_norm": 1.2}``); the watched
-                ones are judged, a tensor's ``item()`` is taken.
+            metrics: the values reported this step (``{"loss": 0.3, "grad_norm": 1.2}``); the
+                watched ones are judged, a tensor's ``item()`` is taken.
 
         Returns:
-            The :class:`~deltackpt.training.guard.Rollback` done (carry on from its ``step`` with a new
-            data iterator), or None.
+            The :class:`Rollback` done (carry on from its ``step`` with a new data iterator), or
+            None.
 
         Raises:
             DivergenceError: more than ``max_rollbacks`` rollbacks within ``window`` steps, or no
@@ -276,33 +285,64 @@ class Guard:
             raise InvalidArgumentError("Guard has no repository: Guard(repo, ...) or Checkpointer(repo, guard=...)")
         _count("step", step, -(1 << 63))
         verdict = self._judge(step, metrics)
-        if verdict is None:
-            self._settle(step)
+        fire: Verdict | None = None
+        if verdict is not None:
+            self._bad_since = step if self._bad_since is None else self._bad_since
+            self._flags += 1
+            if verdict.rule == "nonfinite" or self._flags >= self.patience:
+                fire = verdict
+        start = self._onset(fire) if fire is not None else step
+        seen_on = None
+        group = agree.Group.current(self.group)
+        if group is not None:   # a fault seen on one rank is seen by all
+            rows = group.verdicts(None if fire is None else agree.encode(fire, start, list(self.rules), self._names))
+            if rows:
+                fire, start, seen_on = agree.decode(rows, list(self.rules), self._names)
+        if fire is None:
+            if verdict is None:
+                self._settle(step)
             return None
-        self._bad_since = step if self._bad_since is None else self._bad_since
-        self._flags += 1
-        if verdict.rule != "nonfinite" and self._flags < self.patience:
-            return None
-        return self._fire(step, verdict)
+        return self._fire(step, fire, start, group, seen_on)
 
     def _judge(self, step: int, metrics: Mapping[str, Any]) -> Verdict | None:
         fired: Verdict | None = None
-        healthy: dict[str, float] = {}
+        values: dict[str, float] = {}
         for name, rule in self.rules.items():
             if name not in metrics:
                 continue
-            value = _number(name, metrics[name])
-            self._recent[name].append([step, value])
+            values[name] = value = _number(name, metrics[name])
             verdict = rule.judge(name, value)
-            if verdict is None:
-                healthy[name] = value
-            elif fired is None or verdict.rule == "nonfinite":
+            if verdict is not None and (fired is None or verdict.rule == "nonfinite"):
                 fired = verdict
+        for name, value in values.items():   # every rule sees the value; a spike rule keeps healthy ones
+            self.rules[name].observe(value, fired is None)
+            self._history[name].append((step, value, fired is None))
         if fired is None:
-            for name, value in healthy.items():
-                self.rules[name].add(value)
             self._flags, self._bad_since = 0, None
         return fired
+
+    def _onset(self, verdict: Verdict) -> int:
+        """Where the bad stretch that ``verdict`` ends began (:mod:`.onset`), at most the first
+        step that fired in a row."""
+        rule = self.rules[verdict.metric]
+        limit, lookback = rule.healthy_limit(verdict)
+        points = [(s, v) for s, v, _ in self._history[verdict.metric]]
+        found = onset.estimate(points, limit, direction=rule.direction, lookback=lookback)
+        return min(found, self._bad_since) if self._bad_since is not None else found
+
+    def _reach_step(self) -> int | None:
+        """The oldest step a rule could name as a bad stretch's start if it fired now."""
+        oldest = None
+        for name, rule in self.rules.items():
+            history = self._history[name]
+            if not history:
+                continue
+            back = rule.reach()
+            if back is None:
+                continue
+            step = history[len(history) - min(len(history), max(1, back))][0]
+            oldest = step if oldest is None else min(oldest, step)
+        return oldest
 
     def _needs(self) -> tuple[str, ...]:
         return tuple(name for name in ("model", "optimizer", "scheduler", "scaler")
@@ -310,7 +350,8 @@ class Guard:
 
     def _settle(self, step: int) -> None:
         """Note the background saves that committed; hold the newest versions a fire at the next
-        step could roll back to (step at most ``step - margin``), besides the rollback targets."""
+        step could roll back to (step at most ``step - margin``), and the newest one older than
+        any start of a bad stretch a rule could name now, besides the rollback targets."""
         still = []
         for s, handle in self._pending:
             if not handle.done():
@@ -321,6 +362,9 @@ class Guard:
         trusted = sorted(((s, v) for v, s in self._mine.items() if s <= step - self.margin
                           and v not in self._abandoned), reverse=True)
         newest = [v for _, v in trusted[:2]]
+        reach = self._reach_step()
+        if reach is not None:
+            newest += [v for s, v in trusted if s < reach - self.margin][:1]
         if newest != self._trusted:
             self._trusted = newest
             self._update_hold()
@@ -332,57 +376,89 @@ class Guard:
         return self._hold.set(wanted)
 
     # firing ----------------------------------------------------------------------------------
-    def _fire(self, step: int, verdict: Verdict) -> Rollback:
-        assert self.repo is not None and self._bad_since is not None
+    def _fire(self, step: int, verdict: Verdict, bad_start: int, group: "agree.Group | None",
+              seen_on: int | None) -> Rollback:
+        assert self.repo is not None
         count = 1 + sum(1 for r in self.rollbacks if abs(r.from_step - step) < self.window)
-        where = f"{self.repo.location}: {verdict.metric}={verdict.value:g} ({verdict.rule}) at step {step}"
+        rank = "" if seen_on is None else f" on rank {seen_on}"
+        where = f"{self.repo.location}: {verdict.metric}={verdict.value:g} ({verdict.rule}){rank} at step {step}"
         if count > self.max_rollbacks:
             raise DivergenceError(f"{where}: the run keeps diverging ({count - 1} rollbacks within {self.window} "
                                   f"steps, the most allowed); lower the learning rate or look at the data before "
-                                  f"step {self._bad_since}")
+                                  f"step {bad_start}")
         core = self.repo
-        core.wait()      # a save in flight commits first and is judged like the others
-        self._settle(step)
-        bad_start, before = self._bad_since, self._bad_since - self.margin
-        found = targets.candidates(core, before=before, excluded=self._abandoned, preexisting=self._preexisting,
-                                   start_step=self.start_step, needs=self._needs())
-        order = targets.choose(core, found, self.target)
+        lead = group is None or group.rank == 0
+        before = bad_start - self.margin
+        order: list[targets.Candidate] = []
+        if lead:
+            core.wait()      # a save in flight commits first and is judged like the others
+            self._settle(step)
+            found = targets.candidates(core, before=before, excluded=self._abandoned, preexisting=self._preexisting,
+                                       start_step=self.start_step, needs=self._needs())
+            order = targets.choose(core, found, self.target)[:MAX_TRIES]
+        if group is not None:           # rank 0's choice, on every rank
+            order = [targets.Candidate(v, s, math.nan) for v, s in group.broadcast([(c.id, c.step) for c in order],
+                                                                                   MAX_TRIES)]
         if not order:
-            raise DivergenceError(f"{where}: no version of this run older than step {before} to roll back to")
-        done, chosen, tried = self._restore(order, step, where)
+            raise DivergenceError(f"{where}: no version of this run older than step {before} to roll back to "
+                                  f"(the bad stretch began at step {bad_start})")
+        done, chosen, tried = self._restore(order, step, where, group)
         abandoned = targets.later_than(core, chosen.step, self._preexisting) | {
             v for v, s in self._mine.items() if s > chosen.step}
         self._abandoned |= abandoned
         self._mine = {v: s for v, s in self._mine.items() if v not in abandoned}
-        self._targets = [chosen.id] + [v for v in self._targets if v != chosen.id][:MAX_HELD - 3]
+        self._targets = [chosen.id] + [v for v in self._targets if v != chosen.id][:MAX_HELD - 4]
         self._trusted = [v for v in self._trusted if v not in abandoned]
         self._update_hold()
         rb = Rollback(verdict, step, bad_start, done.version, done.step if done.step is not None else chosen.step,
                       self.data, done.skipped, self.lr_scale, done.bytes_read, done.metadata_bytes, done.seconds,
-                      sorted(abandoned), count, done.extra, tried=tried)
-        self._commit(rb)
-        rb.event = internal.record_event(core, self._record(rb))
+                      sorted(abandoned), count, done.extra, tried=tried, seen_on=seen_on)
+        rb.message = self._message(rb)
+        if lead:   # one commit and one record for the whole job
+            self._commit(rb)
+            rb.event = internal.record_event(core, self._record(rb))
+            log.warning(rb.message)
         self.rollbacks.append(rb)
         self._flags, self._bad_since = 0, None
+        self._rewind(rb.step)
         return rb
 
-    def _restore(self, order: list[targets.Candidate], step: int,
-                 where: str) -> tuple[Restored, targets.Candidate, list[str]]:
+    def _restore(self, order: list[targets.Candidate], step: int, where: str,
+                 group: "agree.Group | None") -> tuple[Restored, targets.Candidate, list[str]]:
         assert self.repo is not None
         tried: list[str] = []
         last: DeltackptError | None = None
+        p = self.parts
+        # under torch.distributed the version holds rank 0's RNG and data position: the other
+        # ranks restore the replicated state only
+        parts = p if group is None or group.rank == 0 else Parts(p.model, p.optimizer, p.scheduler, p.scaler, None,
+                                                                  False)
         for c in order[:MAX_TRIES]:
-            if c.id not in self._update_hold(first=[c.id]):
-                continue   # gc removed it just now
-            tried.append(c.id)
-            try:
-                done = roll_back(self.repo, c.id, self.parts, data=self.data, lr_scale=self.lr_scale,
-                                 seed=self.seed * 1_000_003 + step, skip_ahead=self.skip_ahead)
+            done: Restored | None = None
+            if c.id in self._update_hold(first=[c.id]):   # else gc removed it just now
+                tried.append(c.id)
+                try:
+                    done = roll_back(self.repo, c.id, parts, data=self.data, lr_scale=self.lr_scale,
+                                     seed=self.seed * 1_000_003 + step, skip_ahead=self.skip_ahead)
+                except DeltackptError as exc:   # nothing applied (all or nothing): try an older one
+                    last = exc
+            ok = done is not None if group is None else group.all_ok(done is not None)
+            if ok:
+                assert done is not None
                 return done, c, tried
-            except DeltackptError as exc:   # nothing applied (all or nothing): try an older one
-                last = exc
         raise DivergenceError(f"{where}: no version restores (tried {', '.join(v[:10] for v in tried) or 'none'}): "
-                              f"{last}")
+                              f"{last if last is not None else 'another rank could not restore it'}")
+
+    def _rewind(self, to_step: int) -> None:
+        """After a rollback to ``to_step``: forget the values reported after it and rebuild each
+        rule from the rest, as they stood when the restored version was saved."""
+        for name, template in self._templates.items():
+            kept = [e for e in self._history[name] if e[0] <= to_step]
+            self._history[name] = deque(kept, maxlen=HISTORY)
+            rule = template.fresh()
+            for _, value, healthy in kept:
+                rule.observe(value, healthy)
+            self.rules[name] = rule
 
     def rollback_state(self, rb: Rollback) -> dict[str, Any]:
         """The state committed after a rollback: every part the guard restores, the restored step and
@@ -398,23 +474,28 @@ class Guard:
         return training_state(model=p.model, optimizer=p.optimizer, scheduler=p.scheduler, scaler=p.scaler,
                               sampler=p.sampler, step=rb.step, extra=rb.extra, capture_rng=p.restore_rng)
 
+    @staticmethod
+    def rollback_meta(rb: Rollback) -> dict[str, Any]:
+        """The ``meta`` of the version a rollback commits: ``deltackpt log`` labels it with it
+        ("rollback to <version> (step N) at step M")."""
+        return report.meta(rb)
+
     def _commit(self, rb: Rollback) -> None:
         if self.commit is False:
             return
         assert self.repo is not None
         t0 = time.perf_counter()
-        v = self.commit(rb) if callable(self.commit) else save(self.rollback_state(rb), self.repo, step=rb.step)
+        v = self.commit(rb) if callable(self.commit) else save(self.rollback_state(rb), self.repo, step=rb.step,
+                                                               meta=self.rollback_meta(rb))
         if isinstance(v, Version):
             rb.committed = v
             self._mine[v.id] = v.step if v.step is not None else rb.step
         rb.commit_seconds = time.perf_counter() - t0
 
+    def _message(self, rb: Rollback) -> str:
+        assert self.repo is not None
+        return report.message(rb, self.repo.location, self.max_rollbacks, self.window)
+
     def _record(self, rb: Rollback) -> dict[str, Any]:
-        v = rb.verdict
-        return {**internal.stamp(ROLLBACK), "run": self.run_id, "version": rb.version.id, "step": rb.from_step,
-                "seconds": rb.seconds, "bytes_read": rb.bytes_read, "metric": v.metric[:EVENT_MAX_TEXT],
-                "rule": v.rule, "value": v.value, "threshold": v.threshold, "baseline": v.baseline,
-                "values": list(self._recent[v.metric]), "bad_start": rb.bad_start, "to_step": rb.step,
-                "abandoned": rb.abandoned[:EVENT_MAX_VERSIONS],
-                "committed": rb.committed.id if rb.committed else None, "data": rb.data, "skipped": rb.skipped,
-                "lr_scale": rb.lr_scale, "count": rb.count, "commit_seconds": rb.commit_seconds}
+        history = self._history.get(rb.verdict.metric, ())
+        return report.record(rb, self.run_id, [(s, x) for s, x, _ in history])

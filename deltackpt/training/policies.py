@@ -49,7 +49,10 @@ def _positive(name: str, value: float) -> None:
 
 
 class EveryN(Policy):
-    """Save every ``steps`` steps, counted from the last save.
+    """Save at every multiple of ``steps``: steps N, 2N, 3N, ..., whatever else saves in between
+    (``[EveryN(20), YoungDaly(...)]`` saves at 20, 40, 60 and when YoungDaly is due).  A loop that
+    skips the multiple itself saves at the first step past it; a multiple already saved (a resumed
+    run, a rollback to it) is not saved again.
 
     Args:
         steps: the steps between saves.
@@ -69,7 +72,8 @@ class EveryN(Policy):
         self.last: int | None = None
 
     def due(self, step, now, metrics):
-        return step - (self.last if self.last is not None else 0) >= self.steps
+        # the phase is the step's, not the last save's: another policy's save does not shift it
+        return step // self.steps > (self.last if self.last is not None else 0) // self.steps
 
     def saved(self, step, now, cost, metrics):
         self.last = step

@@ -1,10 +1,11 @@
 """Which version a divergence guard rolls back to.
 
 A *candidate* is a version that parses, holds the parts the guard restores (its saved tree has
-a ``model`` entry when a model is restored, and so on), records a step older than the start of the
-bad stretch by the guard's margin, was never abandoned by a rollback (its own or an earlier run's,
-read from the repository's event records), and belongs to this run: saved after the guard
-started, or, for a resumed run, at or before the step it resumed from.  Versions of another run
+a ``model`` entry when a model is restored, and so on), records a step below ``bad_start -
+margin`` (the estimated start of the bad stretch, less the guard's margin), was never abandoned
+by a rollback (its own or an earlier run's, read from the repository's event records), and
+belongs to this run: saved after the guard started, or, for a resumed run, at or before the step
+it resumed from.  Versions of another run
 sharing the repository are never candidates.
 
 Example::

@@ -47,6 +47,16 @@ def test_every_n_and_every_t():
     assert _due_steps(EveryT(2.5), range(1, 12), now=lambda s: s * 1.0) == [4, 7, 10]
 
 
+def test_every_n_keeps_its_phase_beside_other_policies():
+    """EveryN(20) beside a policy that saved at step 3 still saves at 20, 40, 60 (it once saved at
+    23, 43, 63: it counted from the last save, whichever policy made it)."""
+    early = OnImprovement("val")
+    both = AnyOf(EveryN(20), early)
+    saves = _due_steps(both, range(1, 70), metrics=lambda s: {"val": 1.0 if s == 3 else 5.0 + s})
+    assert saves == [1, 3, 20, 40, 60]
+    assert _due_steps(EveryN(10), [3, 9, 12, 14, 25, 30]) == [12, 25, 30]   # a skipped multiple: the first step past it
+
+
 def test_young_daly_follows_measured_cost():
     """The Young/Daly interval is sqrt(2*C*MTBF) and moves when the measured save cost changes."""
     p = YoungDaly(mtbf=800.0, initial_cost=1.0, smoothing=1.0)
@@ -73,7 +83,7 @@ def test_on_improvement_and_any_of():
     assert _due_steps(OnImprovement("val"), vals, metrics=lambda s: {"val": vals[s]}) == [1, 2, 4]
     assert _due_steps(OnImprovement("acc", mode="max"), vals, metrics=lambda s: {"acc": vals[s]}) == [1]
     both = AnyOf(EveryN(3), OnImprovement("val"))
-    assert _due_steps(both, vals, metrics=lambda s: {"val": vals[s]}) == [1, 2, 4]
+    assert _due_steps(both, vals, metrics=lambda s: {"val": vals[s]}) == [1, 2, 3, 4]   # 3: EveryN's multiple
     assert isinstance(as_policy([5, OnImprovement("x")]), AnyOf)
     with pytest.raises(DeltackptError):
         as_policy("often")
@@ -295,7 +305,7 @@ def test_policies_continue_after_resume():
     """After a restart at step S, step schedules continue from S instead of starting over."""
     p = EveryN(10)
     p.resumed(47, 0.0)
-    assert _due_steps(p, range(48, 70)) == [57, 67]
+    assert _due_steps(p, range(48, 70)) == [50, 60]   # the multiples the run would have saved at
     d = DenseEarly(first=10, growth=1.5, max_every=40)
     d.resumed(30, 0.0)   # the schedule had saves at 10 and 25; the next gap is 22
     assert _due_steps(d, range(31, 60)) == [52]

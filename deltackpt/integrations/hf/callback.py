@@ -19,15 +19,20 @@ the best model into them) the callback waits for the copy inside ``on_save``.  P
 if another callback writes into the weights or optimizer state in place between steps (an EMA
 swapped into the live model, ``model.load_state_dict``).
 
-Guarding: ``DeltackptCallback(repo, guard=Guard(watch=["loss", "grad_norm"]))`` judges what the
-Trainer logs (``on_log``: set ``logging_steps=1`` to judge every step).  Watch ``grad_norm`` for
+Guarding: ``DeltackptCallback(repo, guard=Guard(watch={"loss": Rules(Spike(), Sustained()),
+"grad_norm": Spike(threshold=20)}))`` judges what the Trainer logs (``on_log``: set
+``logging_steps=1`` to judge every step; a gradient norm's level rises legitimately early in a
+fine-tune, so it gets a spike rule alone).  Watch ``grad_norm`` for
 NaNs: the Trainer's default ``logging_nan_inf_filter=True`` logs a NaN loss as the running
 average, and without that filter one NaN poisons the Trainer's loss accumulator for the rest of
 the run (``tr_loss -= tr_loss`` stays NaN).  When it fires, the model, optimizer, scheduler and
 RNG roll back in place to the newest sound version of this repository; the Trainer's step counter
 and dataloader go on (the batches since that version are skipped, the schedule resumes from the
-version's position), and the restored state is saved as a version at the current step.
-Single-process training only: under DDP every rank would have to roll back together.
+version's position), and the restored state is saved as a version at the current step.  The
+rollback is logged as one line through transformers' logger (``transformers.deltackpt``, beside
+deltackpt's own) and as an entry of ``state.log_history`` (``deltackpt_rollback_to_step``, ...).
+Under DDP the callback runs on every rank: each judges what it logs and all roll back together
+(:class:`~deltackpt.training.Guard`); the world's process zero saves.
 
 Resuming (deprecated: ``DeltackptTrainer.train(resume_from_checkpoint="latest")`` reads the
 repository directly): :func:`checkout` writes a version back as a Trainer checkpoint directory
@@ -63,6 +68,9 @@ if TYPE_CHECKING:
     from ...training.guard import Guard
 
 TrainerCallback = require("transformers", feature="deltackpt's transformers callback").TrainerCallback
+from transformers.utils import logging as _hf_logging  # noqa: E402  (installed with TrainerCallback)
+
+log = _hf_logging.get_logger("transformers.deltackpt")   # under transformers' handler and verbosity
 
 
 class DeltackptCallback(TrainerCallback):
@@ -111,22 +119,28 @@ class DeltackptCallback(TrainerCallback):
             setattr(self, k, state.get(k, True) if k == "lazy" else state[k])   # pickled before "lazy": its default
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
-        if self.guard is None or not state.is_world_process_zero:
+        if self.guard is None:   # every rank runs its guard: under DDP they roll back together
             return
         # the Trainer builds its optimizer and scheduler inside train(): the guard meets them here
         inner = layout.torch_optimizer(optimizer) or optimizer
-        self.guard.parts.model, self.guard.parts.optimizer, self.guard.parts.scheduler = model, inner, lr_scheduler
+        guard = self.guard
+        guard.parts.model, guard.parts.optimizer, guard.parts.scheduler = model, inner, lr_scheduler
         self._parts = {"model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
         self.guard.commit = lambda rb: save(self._snapshot(self._state, **self._parts), self.repo,
-                                            step=int(self._state.global_step), encoding=self.encoding)
+                                            step=int(self._state.global_step), encoding=self.encoding,
+                                            meta=guard.rollback_meta(rb))
         self._state = state
         self.guard.attach(self.repo, start_step=int(state.global_step) if state.global_step else None)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.guard is None or not state.is_world_process_zero or not logs:
+        if self.guard is None or not logs:
             return
         self._state = state
-        self.guard.check(int(state.global_step), {k: v for k, v in logs.items() if k in self.guard.rules})
+        rb = self.guard.check(int(state.global_step), {k: v for k, v in logs.items() if k in self.guard.rules})
+        if rb is not None and state.is_world_process_zero:
+            log.warning(rb.message)
+            state.log_history.append({"deltackpt_rollback_to_step": rb.step, "deltackpt_bad_since_step": rb.bad_start,
+                                      "deltackpt_rollbacks": rb.count, "step": int(state.global_step)})
 
     @staticmethod
     def _snapshot(state: Any, model: Any = None, optimizer: Any = None, lr_scheduler: Any = None) -> dict[str, Any]:
