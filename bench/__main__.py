@@ -31,6 +31,8 @@ STUDIES: dict[str, str] = {
     "first_save_stall": "bench.studies.first_save_stall",
     "save_cpu": "bench.studies.save_cpu",
     "guard_recovery": "bench.studies.guard_recovery",
+    "guard_slow_divergence": "bench.studies.guard_slow_divergence",
+    "guard_clean_traces": "bench.studies.guard_clean_traces",
     "policy_sim": "bench.studies.policy_sim",
     "delta_sizes": "bench.studies.delta_sizes",
     "codec_speed": "bench.studies.codec_speed",

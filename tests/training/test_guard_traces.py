@@ -1,5 +1,5 @@
 """No false alarm from the guard's default rules on recorded clean runs: the loss series of real
-training runs (bench/guard_traces.py: MiniLM full and frozen fine-tunes at batch sizes 1 to 16, the
+training runs (`python -m bench guard_clean_traces`: MiniLM full and frozen fine-tunes at batch sizes 1 to 16, the
 recommendation model with Zipf ids, two small GPTs from scratch, the MLP classifier of
 examples/divergence.py whose loss falls 100-fold) replayed step by step through a Guard with its
 defaults (spike, sustained level, non-finite).  They never fire, and the level rule stays well

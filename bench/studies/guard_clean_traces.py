@@ -7,8 +7,8 @@ model with Zipf ids and SparseAdam, a small GPT from scratch), trained as bench/
 and at smaller batches (down to 1: the noisiest series), plus the MLP classifier of
 examples/divergence.py.  Each is a list of ``[step, loss, grad_norm]``.
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 python bench/guard_traces.py --record main    # about 15 min on 2 cores
-    PYTHONPATH=. python bench/guard_traces.py --only gpt-b2 minilm-full-b1         # print some, store nothing
+    python -m bench guard_clean_traces --record main              # about 15 min on 2 cores
+    python -m bench guard_clean_traces --only gpt-b2 minilm-full-b1   # print some, store nothing
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from typing import Callable, Iterator
 
 import torch
 
-from bench import workloads as w
-from bench.record import record
+from bench.common import workloads as w
+from bench.common.record import record
 
 STEPS = 300
+SUMMARY = "the loss and gradient-norm series of clean real runs, recorded for the guard's no-false-alarm test"
+WRITES = "--record KEY: bench/results/guard_traces.json"
 
 # name -> factory(trace) running STEPS steps; versions=2 with every=STEPS-1: the generators clone
 # the state only twice (a clone of MiniLM's full state is 260 MB)
@@ -45,7 +47,8 @@ RUNS: dict[str, Callable[[list], Iterator]] = {
 def mlp_classifier(trace: list, steps: int = 900, seed: int = 0) -> Iterator[None]:
     """examples/divergence.py's clean run (an MLP classifier, SGD with momentum, StepLR, batches of
     32, 900 steps): a loss that falls by an order of magnitude, its relative noise growing as it does."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                    "examples"))
     import divergence as ex
 
     torch.manual_seed(seed)
@@ -70,34 +73,37 @@ def mlp_classifier(trace: list, steps: int = 900, seed: int = 0) -> Iterator[Non
     yield None
 
 
-def run(name: str) -> dict:
+def trace_run(name: str, steps: int = STEPS) -> dict:
     trace: list = []
     t0 = time.perf_counter()
-    for _ in (mlp_classifier(trace) if name == "mlp-classifier" else RUNS[name](trace)):
+    for _ in (mlp_classifier(trace, steps) if name == "mlp-classifier" else RUNS[name](trace)):
         pass
     return {"seconds": round(time.perf_counter() - t0, 1), "trace": [[s, loss, g] for s, loss, g in trace]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    names = [*RUNS, "mlp-classifier"]
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", choices=names, default=names)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--only", nargs="*", choices=[*RUNS, "mlp-classifier"], default=None)
     ap.add_argument("--record", help="store the traces under this key in bench/results/guard_traces.json")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    names = args.only or (["mlp-classifier"] if args.quick else [*RUNS, "mlp-classifier"])
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     out = {}
-    for name in args.only:
-        out[name] = run(name)
-        losses = [v for _, v, _ in out[name]["trace"]]
-        print(json.dumps({"run": name, "steps": len(losses), "seconds": out[name]["seconds"],
-                          "first": round(losses[0], 4), "last": round(losses[-1], 4),
-                          "min": round(min(losses), 4), "max": round(max(losses), 4)}), flush=True)
-    if args.record:
-        record("guard_traces", args.record, {"runs": out, "command": "PYTHONPATH=. python bench/guard_traces.py "
-                                             + " ".join(argv if argv is not None else sys.argv[1:])})
+    try:
+        for name in names:
+            out[name] = trace_run(name, 60 if args.quick else 900) if name == "mlp-classifier" else trace_run(name)
+            losses = [v for _, v, _ in out[name]["trace"]]
+            print(json.dumps({"run": name, "steps": len(losses), "seconds": out[name]["seconds"],
+                              "first": round(losses[0], 4), "last": round(losses[-1], 4),
+                              "min": round(min(losses), 4), "max": round(max(losses), 4)}), flush=True)
+            if args.quick:
+                assert len(losses) == 60 and all(v == v for v in losses), name
+    finally:
+        torch.set_num_threads(threads)
+    if args.record and not args.quick:
+        record("guard_traces", args.record, {"runs": out, "command": "python -m bench guard_clean_traces "
+                                             + " ".join(sys.argv[2:])})
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
