@@ -10,6 +10,12 @@ Two sources, both read from the checkpoint dict Lightning hands to ``CheckpointI
   ``on_save_checkpoint`` hook), so the record is taken on the right trainer at the right step
   even when the save runs later in the background.
 
+Why a callback and not a ``ModelCheckpoint`` subclass: it composes with any number of
+ModelCheckpoints and with ``trainer.save_checkpoint(...)``, and it needs nothing of
+ModelCheckpoint's private methods.  Why the checkpoint dict and not a link from the callback to the
+plugin: the dict is what reaches the plugin whatever wraps it (``AsyncCheckpointIO`` calls it later,
+from a thread, when ``callback_metrics`` has moved on).
+
 Example::
 
     trainer = pl.Trainer(plugins=[DeltackptIO("ckpt")],
@@ -87,8 +93,9 @@ class DeltackptMetrics(Callback):
     It uses Lightning's public ``on_save_checkpoint`` hook, so the metrics are read at the moment
     the checkpoint is made, on the trainer that makes it, whichever callback or call asked for the
     save.  DeltackptIO takes them out of the stored state (with another CheckpointIO they stay in
-    the file under ``"deltackpt_metrics"``).  Lightning calls no callback for a
-    ``save_weights_only=True`` checkpoint: those versions record only the monitored score.
+    the file under ``"deltackpt_metrics"``).  A ``save_weights_only=True`` checkpoint
+    holds no callback state and Lightning calls no callback for it: those versions record no
+    metrics (their step and epoch only).
 
     Example::
 
