@@ -7,7 +7,18 @@ Lightning asked for (``deltackpt <repo> <version id>``), so Lightning's own file
 bookkeeping, ``ckpt_path="last"``, ``best_model_path``) keeps working.  ``trainer.fit(model,
 ckpt_path=path)`` loads the version the pointer names; ``ckpt_path`` may also be a revision of
 the repository itself (``"latest"``, a tag, ``"best:val_loss"``, an id prefix).
-``remove_checkpoint`` deletes the pointer and the version's tag; ``deltackpt gc`` reclaims it.
+Each version records ``step``, ``epoch`` (meta) and metrics: the score ``ModelCheckpoint``
+ranked a top-k file by (read from its own state in the checkpoint), and, with
+:class:`DeltackptMetrics` in the callbacks, every metric in ``trainer.callback_metrics`` at the
+moment of the save; so ``best:val_loss`` and ``gc(keep_best=...)`` work on Lightning runs.
+
+Files and versions: every pointer file has a tag naming its version, ``ckpt-<file name>``
+(``ckpt-last`` for ``last.ckpt``; a second folder writing the same file name into the repository
+gets ``ckpt-<name>-<hash of its path>``).  When Lightning overwrites a file or removes it (top-k
+rotation), the tag goes with it: the version stays, untagged, until ``deltackpt gc`` (which keeps
+tagged versions) removes it.  So ``gc(keep_last=0)`` keeps exactly what ModelCheckpoint keeps.
+A file that is not a pointer (a ``.ckpt`` written by ``torch.save`` before the switch) is read
+with torch's weights-only loader, so a run resumes from its old checkpoint files.
 The one file that is not a checkpoint, the spawn launchers' hand-back of rank 0's final weights
 to the main process (``.temp.ckpt``, written, read and removed within one ``fit``), is written
 as Lightning's own ``TorchCheckpointIO`` writes it, not committed as a version.
@@ -37,13 +48,14 @@ saves.
 Example::
 
     trainer = pl.Trainer(plugins=[DeltackptIO("ckpt")],
-                         callbacks=[ModelCheckpoint(dirpath="ckpts", every_n_train_steps=50)])
+                         callbacks=[ModelCheckpoint(dirpath="ckpts", every_n_train_steps=50), DeltackptMetrics()])
     trainer.fit(model)
     trainer.fit(model, ckpt_path="ckpts/last.ckpt")      # resumes from the repository
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -55,16 +67,19 @@ import torch
 from ..api import Repo, internal, load, portable_location, save
 from ..training import Checkpointer, Guard, training_state
 from ..deps import require
-from ..errors import CheckpointNotFoundError, CorruptObjectError, DeltackptError, UnknownVersionError
+from ..errors import (CheckpointNotFoundError, CorruptObjectError, DeltackptError, ForeignFileError,
+                      UnknownVersionError)
 from .plain import from_plain, to_plain
 
-__all__ = ["DeltackptGuard", "DeltackptIO", "to_plain", "from_plain"]
+__all__ = ["DeltackptGuard", "DeltackptIO", "DeltackptMetrics", "to_plain", "from_plain"]
 
 CheckpointIO = require("lightning_fabric.plugins.io.checkpoint_io",
                        feature="deltackpt's Lightning plugin").CheckpointIO
 Callback = require("pytorch_lightning", feature="deltackpt's Lightning guard").Callback
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO  # noqa: E402  (installed with CheckpointIO)
 from lightning_fabric.utilities.cloud_io import get_filesystem  # noqa: E402
+
+from .lightning_metrics import METRICS_KEY, DeltackptMetrics, monitored_score, plain_metrics  # noqa: E402
 
 log = logging.getLogger("pytorch_lightning.callbacks.deltackpt")   # under Lightning's own handler
 
@@ -78,6 +93,19 @@ def _tag_for(path: str) -> str:
     stem = os.path.basename(path)
     stem = re.sub(r"\.ckpt$", "", stem)
     return "ckpt-" + re.sub(r"[^A-Za-z0-9_-]+", "_", stem)[:100]
+
+
+def _read_pointer(head: bytes) -> "tuple[str, str] | None":
+    """(repository location, version id) of a pointer file's first bytes; None if it is not one.
+    The location may hold spaces: it is everything between the magic word and the id."""
+    text = head.decode("utf-8", "replace").strip()
+    if not text.startswith(POINTER_MAGIC + " "):
+        return None
+    rest = text[len(POINTER_MAGIC) + 1:]
+    location, _, vid = rest.rpartition(" ")
+    if not location or not re.fullmatch(r"[0-9a-f]{16,128}", vid):
+        return None
+    return location, vid
 
 
 def _is_local(fs: Any) -> bool:
@@ -138,23 +166,52 @@ class DeltackptIO(CheckpointIO):
             TorchCheckpointIO().save_checkpoint(checkpoint, path)   # read back once by the main process, then removed
             return
         fs = get_filesystem(path)
+        metrics = {**monitored_score(checkpoint, path, _is_local(fs)), **plain_metrics(checkpoint.get(METRICS_KEY))}
         converted: dict[str, str] = {}
-        state = to_plain(checkpoint, "", converted)
+        state = to_plain({k: v for k, v in checkpoint.items() if k != METRICS_KEY}, "", converted)
         step = checkpoint.get("global_step")
-        meta = {"lightning_path": os.path.abspath(path) if _is_local(fs) else path, "converted": converted,
-                "epoch": checkpoint.get("epoch")}
-        result = save(state, self.repo, step=int(step) if isinstance(step, int) else None, meta=meta,
+        where = os.path.abspath(path) if _is_local(fs) else path
+        meta = {"lightning_path": where, "converted": converted, "epoch": checkpoint.get("epoch")}
+        result = save(state, self.repo, step=int(step) if isinstance(step, int) else None, metrics=metrics, meta=meta,
                       encoding=self.encoding, blocking=self.blocking)
         if self.blocking:
-            self._finish(result, path)
+            self._finish(result, path, where)
             return
         self._pending.append(result)
         # the pointer names the version id, known only once committed: write it from the save
         # thread right after the save (the trainer does not wait for either)
-        internal.run_after(self.repo, lambda: self._finish(result.wait(), path))
+        internal.run_after(self.repo, lambda: self._finish(result.wait(), path, where))
 
-    def _finish(self, version: Any, path: str) -> None:
-        self.repo.tag(_tag_for(path), version.id, force=True)
+    def _tag_name(self, path: str, where: str) -> str:
+        """``ckpt-<file name>``, unless a file of that name in another folder holds it: then
+        ``ckpt-<file name>-<hash of this path>`` (two ModelCheckpoints both writing last.ckpt into
+        one repository must not take each other's tag, or gc would drop a version a file names)."""
+        base = _tag_for(path)
+        held = self.repo.tags().get(base)
+        if held is not None:
+            try:
+                owner = self.repo.resolve(held).meta
+            except DeltackptError:
+                owner = None
+            owner = owner.get("lightning_path") if isinstance(owner, dict) else None
+            if owner is not None and owner != where:
+                return f"{base}-{hashlib.sha1(where.encode()).hexdigest()[:8]}"
+        return base
+
+    def _untag_file(self, path: str) -> None:
+        """The pointer file at ``path`` is being replaced or removed: its version loses the tags
+        named after the file (the version stays until gc)."""
+        pointed = self._pointer_at(path)
+        if pointed is None:
+            return
+        base = _tag_for(path)
+        for name, vid in self.repo.tags().items():
+            if vid == pointed[1] and (name == base or name.startswith(base + "-")):
+                self.repo.untag(name)
+
+    def _finish(self, version: Any, path: str, where: str) -> None:
+        self._untag_file(path)
+        self.repo.tag(self._tag_name(path, where), version.id, force=True)
         text = f"{POINTER_MAGIC} {self.repo.location} {version.id}\n".encode()
         fs = get_filesystem(path)
         if not _is_local(fs):
@@ -170,22 +227,14 @@ class DeltackptIO(CheckpointIO):
             os.fsync(f.fileno())
         os.replace(tmp, path)
 
-    def _resolve(self, path: str) -> str:
+    def _pointer_at(self, path: str) -> "tuple[str, str] | None":
+        """(location, version id) of the pointer file at ``path``; None if there is no file or it
+        is not a pointer."""
         fs = get_filesystem(path)
-        if fs.isfile(path):
-            with fs.open(path, "rb") as f:
-                head = f.read(4096)
-            parts = head.decode("utf-8", "replace").split()
-            if len(parts) == 3 and parts[0] == POINTER_MAGIC:
-                return parts[2]
-            raise DeltackptError(f"{path} is not a deltackpt pointer file (a torch.save checkpoint? load it with "
-                                 "Lightning's default CheckpointIO)")
-        try:
-            return internal.resolve_id(self.repo, path)
-        except UnknownVersionError:
-            # Lightning's own wording first (its tests and users match on it), then ours
-            raise CheckpointNotFoundError(f"Checkpoint file not found: {path} (no deltackpt pointer file there, and "
-                                          f"not a revision of {self.repo.location})") from None
+        if not fs.isfile(path):
+            return None
+        with fs.open(path, "rb") as f:
+            return _read_pointer(f.read(4096))
 
     def load_checkpoint(self, path: Any, map_location: Optional[Any] = None,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:
@@ -193,12 +242,41 @@ class DeltackptIO(CheckpointIO):
         path = os.fspath(path)
         if os.path.basename(path) == HAND_BACK:
             return TorchCheckpointIO().load_checkpoint(path, map_location=map_location, weights_only=True)
-        vid = self._resolve(path)
+        fs = get_filesystem(path)
+        if fs.isfile(path):
+            pointed = self._pointer_at(path)
+            if pointed is None:
+                return self._load_torch_file(path, map_location)
+            try:
+                vid = self.repo.resolve(pointed[1]).id
+            except UnknownVersionError:
+                raise CheckpointNotFoundError(f"Checkpoint file {path} names version {pointed[1][:10]}, which "
+                                              f"{self.repo.location} does not hold (removed by gc, or saved into "
+                                              f"{pointed[0]})") from None
+        else:
+            try:
+                vid = self.repo.resolve(path).id
+            except UnknownVersionError:
+                # Lightning's own wording first (its tests and users match on it), then ours
+                raise CheckpointNotFoundError(f"Checkpoint file not found: {path} (no deltackpt pointer file there, "
+                                              f"and not a revision of {self.repo.location})") from None
         location = map_location if isinstance(map_location, (str, torch.device)) else "cpu"
         try:
             return from_plain(load(self.repo, vid, map_location=location))
         except CorruptObjectError as exc:   # a malformed tagged value names its entry; say which version
             raise CorruptObjectError(f"{self.repo.location}, version {vid[:10]}: {exc}") from None
+
+    @staticmethod
+    def _load_torch_file(path: str, map_location: Any) -> dict[str, Any]:
+        """A checkpoint Lightning wrote with torch.save (before the switch to deltackpt), read as
+        Lightning reads it but always with torch's weights-only loader: nothing in it runs."""
+        import pickle
+        try:
+            return TorchCheckpointIO().load_checkpoint(path, map_location=map_location, weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
+            first = " ".join(str(exc).split())[:200]
+            raise ForeignFileError(f"{path} is neither a deltackpt pointer file nor a checkpoint torch's weights-only "
+                                   f"loader reads ({type(exc).__name__}: {first})") from None
 
     def remove_checkpoint(self, path: Any) -> None:
         path = os.fspath(path)
@@ -206,9 +284,7 @@ class DeltackptIO(CheckpointIO):
         if os.path.basename(path) == HAND_BACK:
             _remove_hand_back(path)
             return
-        tag = _tag_for(path)
-        if tag in self.repo.tags():
-            self.repo.untag(tag)
+        self._untag_file(path)
         fs = get_filesystem(path)
         if fs.isfile(path):
             fs.rm(path)
