@@ -30,6 +30,8 @@ STUDIES: dict[str, str] = {
     "training_slowdown": "bench.studies.training_slowdown",
     "first_save_stall": "bench.studies.first_save_stall",
     "save_cpu": "bench.studies.save_cpu",
+    "maintenance_payback": "bench.studies.maintenance_payback",
+    "handle_hygiene": "bench.studies.handle_hygiene",
     "guard_recovery": "bench.studies.guard_recovery",
     "guard_slow_divergence": "bench.studies.guard_slow_divergence",
     "guard_clean_traces": "bench.studies.guard_clean_traces",

@@ -91,7 +91,7 @@ class SaveHandle:
             runtime = self._runtime
             if self._future.done() and runtime is not None:
                 runtime.collect(self)
-                runtime.join_idle()
+                runtime.join_idle(self._future)
 
     def exception(self) -> BaseException | None:
         return self._future.exception() if self._future.done() else None

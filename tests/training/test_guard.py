@@ -204,7 +204,7 @@ def test_retention_keeps_the_target_while_the_run_lives(repo_path):
 def test_rollback_while_a_background_save_is_pending(repo_path, monkeypatch):
     """blocking=False: the save of step 30 (its manifest write held up 1.5 s) is still running when
     step 33's NaN fires; the guard lets it commit, judges it with the others and takes it."""
-    monkeypatch.setattr(faults, "_SPEC", "manifest:10:sleep1.5")   # the 10th save: step 30
+    monkeypatch.setattr(faults, "_SPEC", "manifest.write:10:sleep1.5")   # the 10th save: step 30
     monkeypatch.setattr(faults, "ACTIVE", True)
     monkeypatch.setattr(faults, "_counts", {})
     run = make_run(repo_path, ckpt={"blocking": False}, every=3)

@@ -1,0 +1,159 @@
+"""What a repository handle leaves behind once the call that used it returned: threads, writes into
+the folder, resident memory.
+
+Three measures, each on real saves:
+
+* ``rmtree``: the ordinary script: four ``deltackpt.save(model, folder, step=s)`` calls (the module
+  level API, no handle kept), then ``shutil.rmtree(folder)`` at once; a trial fails if rmtree
+  raises or if the folder exists again 0.2 s later.  Counts deltackpt threads alive after each
+  trial, and after a child script that simply ends (its threads listed at exit).
+* ``memory``: a real job's state (MiniLM full fine-tune with AdamW, ~272 MB; ``--job``) saved
+  through one ``Repo``: resident memory above the live state after a blocking save returns,
+  after a background save's ``wait()``, after ``close()``; and with two repositories open.
+  Resident memory is read with malloc's free pages handed back (bench/common/memory.py).
+* ``threads``: deltackpt threads alive after each step above (must be 0 once a call returned
+  without a handle, or once ``close()`` returned).
+
+    python -m bench handle_hygiene                 # 100 rmtree trials, MiniLM full (~1 minute)
+    python -m bench handle_hygiene --quick         # CI: 10 trials, a tiny state
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+from bench.common.memory import settled_rss
+from bench.common.record import record
+from bench.common.scratch import scratch
+
+SUMMARY = "threads, writes and resident memory a handle leaves after save/close; rmtree right after saves"
+WRITES = "stdout; --record KEY: bench/results/handle_hygiene.json"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--trials", type=int, default=None, help="rmtree trials (default 100, quick 10)")
+    ap.add_argument("--job", default="minilm-full", help="the state the memory measure saves (bench/common/jobs.py)")
+    ap.add_argument("--record", help="store the results under this key")
+
+
+def _ours() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("deltackpt"))
+
+
+def _rmtree_trials(n: int, work: str) -> dict:
+    import torch
+
+    import deltackpt
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    failed = back = 0
+    leftover: list[str] = []
+    for t in range(n):
+        folder = os.path.join(work, f"r{t}")
+        for s in range(4):
+            with torch.no_grad():
+                model[0].weight.add_(0.01)
+            deltackpt.save(model, folder, step=s)
+        try:
+            shutil.rmtree(folder)
+        except OSError:
+            failed += 1
+        time.sleep(0.2)
+        if os.path.exists(folder):
+            back += 1
+            shutil.rmtree(folder, ignore_errors=True)
+        leftover += _ours()
+    return {"trials": n, "rmtree_failed": failed, "came_back": back, "threads_after": len(leftover),
+            "thread_names": sorted(set(leftover))}
+
+
+_CHILD = textwrap.dedent("""
+    import sys, threading, atexit, torch, deltackpt
+    model = torch.nn.Linear(64, 64)
+    for s in range(4):
+        with torch.no_grad():
+            model.weight.add_(0.01)
+        deltackpt.save(model, sys.argv[1], step=s)
+    print("THREADS", sorted(t.name for t in threading.enumerate() if t.name.startswith("deltackpt")), flush=True)
+""")
+
+
+def _script_that_ends(work: str) -> dict:
+    folder = os.path.join(work, "child")
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run([sys.executable, "-c", _CHILD, folder], capture_output=True, text=True, env=env, timeout=300)
+    line = next((x for x in p.stdout.splitlines() if x.startswith("THREADS")), "THREADS ?")
+    shutil.rmtree(folder)
+    time.sleep(0.2)
+    return {"rc": p.returncode, "threads_at_end": line[len("THREADS "):], "came_back": os.path.exists(folder)}
+
+
+def _memory(job_name: str, quick: bool, work: str) -> dict:
+    import deltackpt
+    from bench.common.jobs import make_job
+    job = make_job(job_name, tiny=quick)
+    for _ in range(2):
+        job.step()
+    state_bytes = job.state_bytes()
+    out: dict = {"job": job_name, "state_mib": state_bytes / 2**20}
+
+    def above(base: int) -> float:
+        return (settled_rss() - base) / state_bytes
+
+    base = settled_rss()   # the live state, the model and optimizer, the interpreter
+    with deltackpt.Repo(os.path.join(work, "m1"), create=True) as repo:
+        repo.save(job.state(), step=0)
+        out["after_first_blocking_save"] = above(base)
+        job.step()
+        repo.save(job.state(), step=1)
+        out["after_blocking_save"] = above(base)
+        job.step()
+        h = repo.save(job.state(), step=2, blocking=False)
+        h.wait()
+        out["after_background_save_waited"] = above(base)
+        out["threads_while_open"] = _ours()
+    out["after_close"] = above(base)
+    out["threads_after_close"] = _ours()
+    a = deltackpt.Repo(os.path.join(work, "m2"), create=True)
+    b = deltackpt.Repo(os.path.join(work, "m3"), create=True)
+    try:
+        for step in range(2):
+            job.step()
+            a.save(job.state(), step=step)
+            b.save(job.state(), step=step)
+        out["two_repos_open"] = above(base)
+    finally:
+        a.close()
+        b.close()
+    out["after_both_closed"] = above(base)
+    out["threads_after_both_closed"] = _ours()
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    trials = args.trials or (10 if args.quick else 100)
+    with scratch("deltackpt-bench-hygiene-", parent=args.tmp) as work:
+        res = {"rmtree": _rmtree_trials(trials, work), "script_that_ends": _script_that_ends(work),
+               "memory": _memory(args.job, args.quick, work)}
+    print(json.dumps(res, indent=1))
+    r, m = res["rmtree"], res["memory"]
+    print(f"\nrmtree right after 4 module-level saves: {r['trials'] - r['rmtree_failed'] - r['came_back']}/{r['trials']} "
+          f"clean (failed {r['rmtree_failed']}, came back {r['came_back']}); deltackpt threads after: {r['threads_after']}")
+    print(f"a script that ends: threads at its end {res['script_that_ends']['threads_at_end']}, rc {res['script_that_ends']['rc']}")
+    print(f"{m['job']} ({m['state_mib']:.0f} MiB): resident above the live state, x state: "
+          f"after a blocking save {m['after_blocking_save']:.3f}, after a background save's wait {m['after_background_save_waited']:.3f}, "
+          f"after close {m['after_close']:.3f}; two repositories open {m['two_repos_open']:.3f}, both closed {m['after_both_closed']:.3f}")
+    ok = (r["rmtree_failed"] == 0 and r["came_back"] == 0 and r["threads_after"] == 0
+          and not res["script_that_ends"]["came_back"] and res["script_that_ends"]["threads_at_end"] == "[]"
+          and not m["threads_after_close"] and not m["threads_after_both_closed"])
+    if args.record and not args.quick:
+        record("handle_hygiene", args.record, res)
+    return 0 if ok else 1

@@ -1,0 +1,191 @@
+"""What maintenance (deltification after each save) costs and what it saves, at each ``payback``.
+
+A save writes each changed chunk once, whole or as a small forward delta; deltification later
+re-stores older versions' whole copies as reverse deltas, which costs writing those deltas (and
+copying what survives in rewritten packs) and the CPU to decode and encode them, to save stored
+bytes and to make a live rollback by one version read a delta instead of a keyframe.  ``payback``
+is the rule that decides: a rewrite is done only where the stored bytes it saves are at least
+``payback`` x the bytes it writes (``deltackpt.Repo(..., payback=...)``; default 1.0).
+
+For each workload and payback value (plus ``off``: no maintenance at all) this saves every version
+through one handle with deltification on, and measures per save, maintenance included: bytes
+handed to ``write()`` (``/proc/self/io`` wchar) and CPU seconds, as ratios to ``torch.save`` +
+fsync of the same state measured in the same run; then the repository's stored bytes per version,
+and a live rollback by one version (the model holds the newest version; bytes the restore reads).
+
+    python -m bench maintenance_payback                   # MiniLM full and frozen, recsys, GPT-2 small
+    python -m bench maintenance_payback --workloads recsys,minilm-frozen --paybacks off,0.05,1
+    python -m bench maintenance_payback --quick           # CI: tiny states, every version restores
+
+Writes bench/results/maintenance_payback.json (``--record KEY``) and prints a table; the chart of
+stored bytes against bytes written and CPU is bench/charts/maintenance_payback.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from bench.common.measure import digests, same
+from bench.common.record import record
+from bench.common.scratch import scratch
+from bench.common.systems import folder_bytes, torch_save_file
+from bench.common.workloads import workloads
+
+SUMMARY = "deltification's cost (bytes written, CPU) against what it saves (stored bytes, rollback reads), per payback"
+WRITES = "stdout; --record KEY: bench/results/maintenance_payback.json; --chart: bench/charts/maintenance_payback.png"
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--workloads", default=None,
+                    help="comma-separated (default minilm-full,minilm-frozen,recsys,gpt2-adamw; quick: the tiny ones)")
+    ap.add_argument("--paybacks", default="off,0.05,0.25,1,4", help="comma-separated payback values, 'off' for none")
+    ap.add_argument("--cache", default=os.environ.get("DELTACKPT_BENCH_CACHE"), help="the GPT-2 run's trained versions")
+    ap.add_argument("--record", help="store the results under this key")
+    ap.add_argument("--chart", action="store_true", help="draw bench/charts/maintenance_payback.png")
+
+
+def _wchar() -> int:
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+
+
+def _cpu() -> float:
+    """This process's CPU (every thread, nanosecond clock) plus its reaped children's."""
+    t = os.times()
+    return time.process_time() + t.children_user + t.children_system
+
+
+def _measured(fn) -> tuple[Any, float, float, int]:
+    w0, c0, t0 = _wchar(), _cpu(), time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0, _cpu() - c0, _wchar() - w0
+
+
+def _anchor(states: list[dict], work: str) -> list[dict[str, float]]:
+    """torch.save + fsync of each state: its bytes, CPU and wall."""
+    out = []
+    for i, s in enumerate(states):
+        path = os.path.join(work, f"anchor-{i}.pt")
+        _, wall, cpu, written = _measured(lambda: torch_save_file(s, path, fsync=True))
+        out.append({"bytes": os.path.getsize(path), "cpu": cpu, "wall": wall, "written": written})
+        os.remove(path)
+    return out
+
+
+def _one(states: list[dict], live: dict | None, payback: str, path: str) -> dict[str, Any]:
+    import deltackpt
+    deltify = payback != "off"
+    per: list[dict[str, float]] = []
+    with deltackpt.Repo(path, create=True, deltify=deltify, **({"payback": float(payback)} if deltify else {})) as repo:
+        for i, s in enumerate(states):
+            v, wall, cpu, written = _measured(lambda: repo.save(s, step=i))
+            m = repo.session.last_maintenance   # the step this save ran after it committed
+            per.append({"save_written": v.written_bytes, "written": written, "cpu": cpu, "wall": wall,
+                        "maintenance_written": getattr(m, "written_bytes", 0), "maintenance_s": getattr(m, "seconds", 0.0)})
+        stored = folder_bytes(path)
+    rollback = None
+    if live is not None and len(states) > 1:
+        from bench.studies.compare_rollback import live_rollback
+        digs = [digests(s) for s in states]
+        r = live_rollback(path, 1, live, digs)
+        rollback = {"read": r["store_read"], "ok": r["ok"], "objects_mean": r.get("objects_mean")}
+    ok = True
+    with deltackpt.Repo(path) as repo:
+        for k in range(len(states)):
+            ok = ok and same(digests(states[len(states) - 1 - k]), repo.load(f"latest~{k}"))
+    return {"per_save": per, "stored": stored, "rollback": rollback, "ok": ok}
+
+
+def _summary(res: dict[str, Any], anchor: list[dict[str, float]]) -> dict[str, float]:
+    later = range(1, len(anchor))
+    ts_bytes = statistics.median(anchor[i]["bytes"] for i in later)
+    ts_cpu = statistics.median(anchor[i]["cpu"] for i in later)
+    per = res["per_save"]
+    out = {"written_per_save": statistics.median(per[i]["written"] / anchor[i]["bytes"] for i in later),
+           "written_last_save": per[-1]["written"] / anchor[-1]["bytes"],
+           "maintenance_written": sum(p["maintenance_written"] for p in per) / ts_bytes / max(1, len(per) - 1),
+           "cpu_per_save": statistics.median(per[i]["cpu"] / max(anchor[i]["cpu"], 1e-4) for i in later),
+           "stored_per_version": res["stored"] / ts_bytes / len(per),
+           "torch_save_bytes": ts_bytes, "torch_save_cpu": ts_cpu}
+    if res["rollback"] is not None:
+        out["rollback_read"] = res["rollback"]["read"] / ts_bytes
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    chosen = (args.workloads.split(",") if args.workloads else
+              ["minilm-frozen", "recsys"] if args.quick else ["minilm-full", "minilm-frozen", "recsys", "gpt2-adamw"])
+    paybacks = args.paybacks.split(",")
+    if args.quick:
+        paybacks = ["off", "0.05", "1"]
+    by_name = {w.name: w for w in workloads(args.quick, cache=args.cache)}
+    results: dict[str, Any] = {}
+    with scratch("deltackpt-bench-payback-", parent=args.tmp) as work:
+        for name in chosen:
+            w = by_name[name]
+            live: dict = {}
+            states = list(w.make(live=live))
+            anchor = _anchor(states, work)
+            results[name] = {"versions": len(states), "anchor": anchor, "paybacks": {}}
+            for p in paybacks:
+                if live:   # the live model holds the newest version again before each rollback measure
+                    pass
+                res = _one(states, live or None, p, os.path.join(work, f"{name}-{p}"))
+                results[name]["paybacks"][p] = {**res, "summary": _summary(res, anchor)}
+                s = results[name]["paybacks"][p]["summary"]
+                print(json.dumps({"workload": name, "payback": p, "ok": res["ok"],
+                                  **{k: round(v, 4) for k, v in s.items() if isinstance(v, float)}}), flush=True)
+                assert res["ok"], (name, p)
+            del states
+    _table(results)
+    if args.record and not args.quick:
+        record("maintenance_payback", args.record, results)
+    if args.chart and not args.quick:
+        _chart(results, os.path.join(HERE, "charts", "maintenance_payback.png"))
+    return 0
+
+
+def _table(results: dict[str, Any]) -> None:
+    print("\n| workload | payback | written / save (maintenance incl.) | maintenance written / save | CPU / save vs torch.save+fsync "
+          "| stored / version | live rollback by one: read |")
+    print("|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        for p, pr in r["paybacks"].items():
+            s = pr["summary"]
+            rb = f"{s['rollback_read']:.3f}" if "rollback_read" in s else "-"
+            print(f"| {name} | {p} | {s['written_per_save']:.3f} (last {s['written_last_save']:.3f}) | "
+                  f"{s['maintenance_written']:.3f} | {s['cpu_per_save']:.2f}x | {s['stored_per_version']:.3f} | {rb} |")
+
+
+def _chart(results: dict[str, Any], out: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, r in results.items():
+        pts = [(p, pr["summary"]) for p, pr in r["paybacks"].items()]
+        xs = [s["written_per_save"] for _, s in pts]
+        cs = [s["cpu_per_save"] for _, s in pts]
+        ys = [s["stored_per_version"] for _, s in pts]
+        for ax, x in ((axes[0], xs), (axes[1], cs)):
+            ax.plot(x, ys, marker="o", label=name)
+            for (p, _), xi, yi in zip(pts, x, ys):
+                ax.annotate(p, (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    axes[0].set_xlabel("bytes written per save, maintenance included (x torch.save)")
+    axes[1].set_xlabel("CPU per save, maintenance included (x torch.save+fsync)")
+    for ax in axes:
+        ax.set_ylabel("stored per version (x torch.save)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("deltification at each payback (annotated): what it writes and burns against what it saves")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    fig.savefig(out, dpi=110)
