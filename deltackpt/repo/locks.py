@@ -53,7 +53,7 @@ class Holder(dict):
             return self.raw == other.raw
         return dict.__eq__(self, other)
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
 
 def _holder(store: Store, key: str) -> Holder | None:
@@ -160,8 +160,8 @@ def _release(store: Store, key: str, body: bytes, kind: str) -> None:
     store.delete(key, site=f"lock.{kind}.release")
 
 
-def live_save_locks(store: Store) -> list[tuple[str, dict | None]]:
-    out = []
+def live_save_locks(store: Store) -> list[tuple[str, Holder | None]]:
+    out: list[tuple[str, Holder | None]] = []
     for key in store.list(LOCKS):
         if key.startswith(LOCKS + "save-"):
             info = _holder(store, key)

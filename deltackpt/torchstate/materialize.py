@@ -153,7 +153,7 @@ def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int],
     for b in seeded:
         np.copyto(out[b], seeds[b])  # type: ignore[index]
     for live in (True, False):
-        targets = [(b, memoryview(buf)) for b, buf in out.items() if (b in seeded) == live]
+        targets = [(b, buf.data) for b, buf in out.items() if (b in seeded) == live]
         if targets:
             read_into(core, vid, m, targets, checked=True, live=live, threads=threads)
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping, overload
 
 from ..codecs.pipeline import check_mode
 from ..errors import CodecError, StateMismatchError
@@ -87,11 +87,19 @@ def plan_blobs(leaves: list[TensorLeaf], encoding: Mapping[str, str] | str | Non
             blobs.append(BlobInput(("s",) + group[0].key, data, dtype, isz, isz, "lossless"))
             storage_blob[gid] = len(blobs) - 1
         entries.append(TensorEntry(leaf.name, list(leaf.key), dtype, shape, list(t.stride()), storage_blob[gid],
-                                   t.storage_offset() * isz, device=str(t.device)))
+                                   int(t.storage_offset()) * isz, device=str(t.device)))
     return blobs, entries
 
 
-def layer_matcher(layers: Iterable[str] | str | None):
+@overload
+def layer_matcher(layers: None) -> None: ...
+
+
+@overload
+def layer_matcher(layers: Iterable[str] | str) -> Callable[[str], bool]: ...
+
+
+def layer_matcher(layers: Iterable[str] | str | None) -> Callable[[str], bool] | None:
     """A predicate on dotted tensor names: ``encoder`` selects ``encoder.*`` and ``model.encoder.*``
     (on dot boundaries, so ``encoder`` does not select ``encoder2``)."""
     if layers is None:

@@ -80,8 +80,8 @@ class Retention:
                 keep(vid, f"last {self.keep_last}")
         if self.keep_best:
             metric, count, direction = self.keep_best
-            scored = [(repo.manifest(v).metrics.get(metric), v) for v in history]
-            scored = [(float(s), v) for s, v in scored
+            recorded = [(repo.manifest(v).metrics.get(metric), v) for v in history]
+            scored = [(float(s), v) for s, v in recorded
                       if isinstance(s, (int, float)) and not isinstance(s, bool) and s == s]
             # stable: of equal scores the newer in history wins
             scored.sort(key=lambda x: -x[0] if direction == "max" else x[0])

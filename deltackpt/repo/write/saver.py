@@ -200,7 +200,7 @@ def _store_locked(session: WriteSession, blobs: list[BlobInput], stats: SaveStat
 
 
 def _write_blobs(sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, manifest_blobs: list[Blob],
-                 workers: int | None, progress) -> None:
+                 workers: int | None, progress: Callable[[int, int], None] | None) -> None:
     """Hash and encode every chunk of every blob in a pool, keeping up to WINDOW chunks in flight
     ACROSS blobs (a model is mostly tensors of one or two chunks: a window per blob would leave
     the pool idle), and pack the results in submission order, so packs are laid out the same way
@@ -233,6 +233,7 @@ def _write_blobs(sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, mani
                 if staged:  # read_range returns a private copy already
                     raw, copy_to = staged(s, e), None
                 else:
+                    assert view is not None
                     raw, copy_to = view[s:e], arena.take(e - s) if b.mode == "lossless" and lent[bi] is None else None
                 window.add(bi, i, pool.submit(encode_one, sv, raw, ctx, memo, b.mode, copy_to, lent[bi]))
             window.submitted[bi] = True
@@ -277,7 +278,7 @@ class _Window:
     progress moves) once all its chunks are taken, in blob order."""
 
     def __init__(self, sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, manifest_blobs: list[Blob],
-                 progress) -> None:
+                 progress: Callable[[int, int], None] | None) -> None:
         self.sv, self.blobs, self.stats, self.manifest_blobs, self.progress = sv, blobs, stats, manifest_blobs, progress
         self.total = sum(len(b.data) for b in blobs)
         self.done = 0
