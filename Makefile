@@ -37,6 +37,7 @@ demo: $(VENV)/.core
 
 test: $(VENV)/.test
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy deltackpt
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
 
 bench-quick: $(VENV)/.test

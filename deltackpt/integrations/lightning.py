@@ -45,7 +45,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import torch
 
@@ -57,9 +57,15 @@ from .plain import from_plain, to_plain
 
 __all__ = ["DeltackptGuard", "DeltackptIO", "to_plain", "from_plain"]
 
-CheckpointIO = require("lightning_fabric.plugins.io.checkpoint_io",
-                       feature="deltackpt's Lightning plugin").CheckpointIO
-Callback = require("pytorch_lightning", feature="deltackpt's Lightning guard").Callback
+if TYPE_CHECKING:   # the classes themselves (require() returns a module, typed as any module)
+    from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
+
+    from ..api.internal import SaveHandle
+    from pytorch_lightning import Callback
+else:
+    CheckpointIO = require("lightning_fabric.plugins.io.checkpoint_io",
+                           feature="deltackpt's Lightning plugin").CheckpointIO
+    Callback = require("pytorch_lightning", feature="deltackpt's Lightning guard").Callback
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO  # noqa: E402  (installed with CheckpointIO)
 from lightning_fabric.utilities.cloud_io import get_filesystem  # noqa: E402
 
@@ -146,7 +152,7 @@ class DeltackptIO(CheckpointIO):
         self._pending.append(result)
         # the pointer names the version id, known only once committed: write it from the save
         # thread right after the save (the trainer does not wait for either)
-        internal.run_after(self.repo, lambda: self._finish(result.wait(), path))
+        internal.run_after(self.repo, lambda: self._finish(cast("SaveHandle", result).wait(), path))
 
     def _finish(self, version: Any, path: str) -> None:
         self.repo.tag(_tag_for(path), version.id, force=True)

@@ -18,7 +18,7 @@ from .. import threads
 from ..errors import ObjectNotFoundError, RepositoryLockedError, StoreError
 from ..format import msgpack_io
 from ..store.base import Store
-from .lock_holders import BOOT, HOST, describe, holder_state, pid_namespace, start_time
+from .lock_holders import BOOT, HOST as HOST, describe as describe, holder_state, pid_namespace, start_time
 
 LOCKS = "locks/"
 GC_LOCK = "locks/gc"

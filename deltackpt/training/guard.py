@@ -35,7 +35,7 @@ import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping
 
 from ..api import Repo, internal, save
 from ..errors import DeltackptError, DivergenceError, InvalidArgumentError
@@ -46,6 +46,12 @@ from . import targets
 from .detect import Rule, Spike, Verdict
 from .rollback import Parts, Restored, roll_back
 from .state import training_state
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..api.internal import SaveHandle
+    from ..api.types import Metrics, Stateful
 
 #: versions tried, newest first, when the chosen one does not restore (a damaged chunk)
 MAX_TRIES = 4
@@ -62,7 +68,7 @@ class Rollback:
     version: Version
     step: int
     data: str
-    skipped: list | None
+    skipped: list[list[int]] | None
     lr_scale: float | None
     bytes_read: int
     metadata_bytes: int
@@ -124,10 +130,12 @@ class Guard:
     hundred batches around each spike), within the epoch.
     """
 
-    def __init__(self, repo: "str | os.PathLike | Repo | None" = None, *, model: Any = None, optimizer: Any = None,
-                 scheduler: Any = None, scaler: Any = None, sampler: Any = None,
+    def __init__(self, repo: "str | os.PathLike[str] | Repo | None" = None, *, model: "torch.nn.Module | None" = None,
+                 optimizer: "Stateful | None" = None, scheduler: "Stateful | None" = None,
+                 scaler: "Stateful | None" = None, sampler: "Stateful | None" = None,
                  watch: "str | Iterable[str] | Mapping[str, Rule]" = "loss", rule: Rule | None = None,
-                 patience: int = 1, margin: int = 1, target: str | None = None, data: str = "skip",
+                 patience: int = 1, margin: int = 1, target: str | None = None,
+                 data: Literal["skip", "reseed", "replay"] = "skip",
                  lr_scale: float | None = None, max_rollbacks: int = 3, window: int = 1000,
                  restore_rng: bool = True, commit: "bool | Callable[[Rollback], Version | None]" = True,
                  start_step: int | None = None, seed: int = 0, skip_ahead: int = 0) -> None:
@@ -148,10 +156,10 @@ class Guard:
         self.rollbacks: list[Rollback] = []
         self.repo: Repo | None = None
         self._owns_repo = False
-        self._recent = {name: deque(maxlen=EVENT_MAX_VALUES) for name in self.rules}
+        self._recent: dict[str, deque[list[float]]] = {name: deque(maxlen=EVENT_MAX_VALUES) for name in self.rules}
         self._bad_since: int | None = None
         self._flags = 0
-        self._pending: list[tuple[int, Any]] = []
+        self._pending: list[tuple[int, SaveHandle]] = []
         self._mine: dict[str, int] = {}            # this run's versions -> step
         self._preexisting: set[str] = set()
         self._abandoned: set[str] = set()
@@ -162,7 +170,7 @@ class Guard:
             self.attach(repo)
 
     # wiring ----------------------------------------------------------------------------------
-    def attach(self, repo: "str | os.PathLike | Repo", *, start_step: int | None = None) -> "Guard":
+    def attach(self, repo: "str | os.PathLike[str] | Repo", *, start_step: int | None = None) -> "Guard":
         """Use ``repo`` (a Checkpointer calls this with its own).  Versions already there belong to
         this run only at or before ``start_step`` (a resumed run); the rest are another run's."""
         self._owns_repo = not isinstance(repo, Repo)   # a path: the guard opened the handle, close() closes it
@@ -180,7 +188,7 @@ class Guard:
         self._hold = internal.hold(core)
         return self
 
-    def saved(self, step: int, result: "Version | Any") -> None:
+    def saved(self, step: int, result: "Version | SaveHandle | None") -> None:
         """Tell the guard this run saved ``step`` (a Version, or a background save's handle): its
         newest trusted versions are held, so retention cannot drop the next rollback's target."""
         if isinstance(result, Version):
@@ -204,7 +212,7 @@ class Guard:
         self.close()
 
     # judging ---------------------------------------------------------------------------------
-    def check(self, step: int, metrics: Mapping[str, Any]) -> Rollback | None:
+    def check(self, step: int, metrics: Metrics) -> Rollback | None:
         """Judge this step's reported values; roll back when they are bad.  Returns the
         :class:`Rollback` done, or None.  Raises :class:`DivergenceError` past the cap."""
         if self.repo is None:
@@ -220,7 +228,7 @@ class Guard:
             return None
         return self._fire(step, verdict)
 
-    def _judge(self, step: int, metrics: Mapping[str, Any]) -> Verdict | None:
+    def _judge(self, step: int, metrics: Metrics) -> Verdict | None:
         fired: Verdict | None = None
         healthy: dict[str, float] = {}
         for name, rule in self.rules.items():

@@ -32,7 +32,7 @@ from ..repository import Repository
 from ..write.deltify import DEFAULT_LAG, deltify_locked
 from ..write.session import WriteSession
 from . import events, holds
-from .gc_plan import GcPlan, GcReport, plan_gc
+from .gc_plan import GcPlan, GcReport as GcReport, plan_gc
 from .retention import Retention
 
 DEFAULT_GRACE_SECONDS = 600.0
