@@ -219,7 +219,7 @@ class Repo(Handle):
         return diff_versions(self, a, b)
 
     # data -------------------------------------------------------------------------------------
-    # the same parameters as the functions (tests/api/test_repo_settings.py checks they stay so)
+    # the same parameters as the functions (tests/test_typing.py checks they stay so)
     @overload
     def save(self, obj: State, *, step: int | None = None, metrics: Metrics | None = None, meta: object = None,
              tag: str | None = None, encoding: Encoding | None = None, blocking: Literal[True] = True,
