@@ -59,9 +59,9 @@ __all__ = ["DeltackptGuard", "DeltackptIO", "to_plain", "from_plain"]
 
 if TYPE_CHECKING:   # the classes themselves (require() returns a module, typed as any module)
     from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
+    from pytorch_lightning import Callback
 
     from ..api.internal import SaveHandle
-    from pytorch_lightning import Callback
 else:
     CheckpointIO = require("lightning_fabric.plugins.io.checkpoint_io",
                            feature="deltackpt's Lightning plugin").CheckpointIO
