@@ -120,4 +120,4 @@ class SubDelta(Codec):
     def decode(self, params: dict[str, Any], payload: bytes | memoryview, raw_len: int, base: bytes | memoryview | None = None) -> bytes:
         out = np.empty(raw_len, dtype=np.uint8)
         self.decode_into(out.data, params, payload, base)
-        return out  # type: ignore[return-value]
+        return out  # type: ignore[return-value]  # a uint8 array: any bytes-like (Codec.decode)

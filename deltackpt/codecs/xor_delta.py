@@ -46,4 +46,4 @@ class XorDelta(Codec):
     def decode(self, params: dict[str, Any], payload: bytes | memoryview, raw_len: int, base: bytes | memoryview | None = None) -> bytes:
         b = base_array(base, raw_len, self.name)
         out = decode_planes(params, payload, raw_len, what=self.name)
-        return xor_into(out, b, out)  # type: ignore[return-value]
+        return xor_into(out, b, out)  # type: ignore[return-value]  # a uint8 array: any bytes-like

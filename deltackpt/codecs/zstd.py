@@ -22,4 +22,4 @@ class ByteGroupZstd(Codec):
         decode_planes(params, payload, len(out), what=self.name, out=np.frombuffer(out, dtype=np.uint8))
 
     def decode(self, params: dict[str, Any], payload: bytes | memoryview, raw_len: int, base: bytes | memoryview | None = None) -> bytes:
-        return decode_planes(params, payload, raw_len, what=self.name)  # type: ignore[return-value]
+        return decode_planes(params, payload, raw_len, what=self.name)  # type: ignore[return-value]  # any bytes-like

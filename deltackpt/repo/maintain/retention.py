@@ -137,6 +137,7 @@ def _count(name: str, value: object, minimum: int) -> int | None:
     if value is None:
         return None
     try:
+        # (anything without __index__ raises TypeError: caught below)
         n = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         n = None

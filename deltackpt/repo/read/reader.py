@@ -266,7 +266,7 @@ class ChunkReader:
             try:
                 return not rehydrate(self, job[1], job[2])
             except DeltackptError as exc:
-                exc.blob_index = job[0]  # type: ignore[attr-defined]
+                exc.blob_index = job[0]  # type: ignore[attr-defined]  # (the failure names its blob)
                 raise
 
         need = list(pool.map(needs_read, jobs)) if pool is not None and len(jobs) > 1 else map(needs_read, jobs)
@@ -277,7 +277,7 @@ class ChunkReader:
         try:
             self.read_chunk(cid, dest, first)
         except DeltackptError as exc:
-            exc.blob_index = n  # type: ignore[attr-defined]
+            exc.blob_index = n  # type: ignore[attr-defined]  # (the failure names its blob)
             raise
 
     def _read_group(self, group: "list[tuple[tuple[int, bytes, memoryview], str, PackEntry]]") -> None:
@@ -332,7 +332,7 @@ class ChunkReader:
 def _damaged(message: str, pid: str, e: PackEntry) -> CorruptObjectError:
     """A damaged copy's error, naming the copy so that a read can try the chunk's others."""
     exc = CorruptObjectError(message)
-    exc.bad_copy = (pid, e.offset)  # type: ignore[attr-defined]
+    exc.bad_copy = (pid, e.offset)  # type: ignore[attr-defined]  # (read_chunk skips this copy)
     return exc
 
 
