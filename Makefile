@@ -45,7 +45,9 @@ demo: $(VENV)/.core
 # the first tier, the library's contract: within 6 minutes on an idle 2-core machine
 test: $(VENV)/.test
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy deltackpt
 	$(PY) -m pytest -q -m "not slow and not reliability" -p no:cacheprovider
+
 
 # the second tier (tests/conftest.py SECOND_TIER: crash matrices, large states, long framework runs,
 # the documentation's code), on the deterministic sample CI runs; with the bench extra, so a test

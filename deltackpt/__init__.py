@@ -8,17 +8,33 @@ Example::
     deltackpt.gc("ckpt", keep_last=3)
 
 torch is imported lazily: opening, listing, verifying and collecting a repository need no torch.
+The public names are imported at first use (``__getattr__``); type checkers and IDEs see them
+through the ``TYPE_CHECKING`` imports below, and ``dir(deltackpt)`` lists them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import *  # noqa: F401,F403
 from .errors import DeltackptError
 
-# the one version number: pyproject.toml reads it (setuptools dynamic version), manifests record it
-__version__ = "0.1.0"
+if TYPE_CHECKING:   # what __getattr__ returns, for type checkers (never imported here at run time)
+    from . import dcp as dcp
+    from .api import Repo as Repo, gc as gc, load as load, restore as restore, save as save
+    from .repo.maintain.gc_plan import GcReport as GcReport
+    from .repo.maintain.retention import Retention as Retention
+    from .repo.maintain.verify import VerifyReport as VerifyReport
+    from .repo.versions import Version as Version
+    from .snapshot.async_save import SaveHandle as SaveHandle
+    from .snapshot.runtime import BackgroundOptions as BackgroundOptions
+    from .training.checkpointer import Checkpointer as Checkpointer
+    from .training.guard import Guard as Guard
+    from .training.resume import resume as resume
+    from .training.policies import (AnyOf as AnyOf, DenseEarly as DenseEarly, EveryN as EveryN, EveryT as EveryT,
+                                    OnImprovement as OnImprovement, YoungDaly as YoungDaly)
+
+from ._version import __version__ as __version__
 
 _LAZY = {
     "save": "api", "load": "api", "restore": "api", "gc": "api", "Repo": "api",
@@ -36,16 +52,25 @@ _LAZY = {
 _LAZY_MODULES = {"dcp"}
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-    if name in _LAZY_MODULES:
-        return importlib.import_module(f".{name}", __name__)   # the import binds it as an attribute
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'deltackpt' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:   # hidden from type checkers, so that a misspelt name is an error there
+    def __getattr__(name: str) -> Any:
+        import importlib
+        if name in _LAZY_MODULES:
+            return importlib.import_module(f".{name}", __name__)   # the import binds it as an attribute
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'deltackpt' has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value
+        return value
 
 
-__all__ = ["DeltackptError", "__version__", *_LAZY]
+def __dir__() -> list[str]:
+    """The module's names, the ones imported at first use included (tab completion, ``dir()``)."""
+    return sorted({*globals(), *__all__, *_LAZY_MODULES})
+
+
+# spelled out (not built from _LAZY) so that type checkers read it; tests/test_typing.py checks the two agree
+__all__ = ["DeltackptError", "__version__", "save", "load", "restore", "gc", "Repo", "Version", "GcReport",
+           "VerifyReport", "Retention", "resume", "Checkpointer", "Guard", "SaveHandle", "EveryN", "EveryT",
+           "YoungDaly", "DenseEarly", "OnImprovement", "AnyOf", "BackgroundOptions"]

@@ -49,13 +49,19 @@ class Handle:
     are :class:`deltackpt.Repo`'s.
     """
 
+    core: Repository
+    """The torch-free repository this handle reads and writes (internal: see :mod:`.internal`)."""
+    session: WriteSession
+    """What this handle's saves write through (settings, the delta bases kept between saves)."""
+
     def __init__(self, location: "str | os.PathLike[str] | Store | Handle", *, create: bool = False,
                  chunk_bytes: int | None = None, keyframe_interval: int | None = None,
                  delta_cache_bytes: int | None = None, level: int | None = None, delta_base: str | None = None,
                  background: "str | BackgroundOptions | None" = None, deltify: bool | None = None,
                  payback: float | None = None) -> None:
-        if isinstance(location, Handle):
-            location = location.core.store   # the same store object (a memory store has no path)
+        # a handle: the same store object (a memory store has no path)
+        where = location.core.store if isinstance(location, Handle) else location
+
         if delta_cache_bytes is not None and (isinstance(delta_cache_bytes, bool) or not isinstance(delta_cache_bytes, int)
                                               or delta_cache_bytes < 0):
             raise InvalidArgumentError(f"delta_cache_bytes must be an integer >= 0, got {delta_cache_bytes!r:.60}")
@@ -68,7 +74,7 @@ class Handle:
             from ..codecs.base import check_level
             check_level(level)   # before a repository is created
         self._background = _checked_background(background)
-        self.core = Repository(location, create=create, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
+        self.core = Repository(where, create=create, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
                                delta_base=delta_base)
         self.session = WriteSession(self.core, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
                                     delta_base=delta_base, level=level,
@@ -137,7 +143,7 @@ class Handle:
         self.close()
 
 
-def _checked_background(value: Any) -> Any:
+def _checked_background(value: "str | BackgroundOptions | None") -> "str | BackgroundOptions | None":
     """Refuse a bad ``background`` now, before anything is opened (torch-free for a string)."""
     if value is None or value in ("thread", "process"):
         return value
@@ -170,7 +176,7 @@ def portable_location(repo: "str | os.PathLike[str] | Store | Handle") -> "str |
     from ..store.local import LocalStore
     if isinstance(repo, Handle):
         repo = repo.core.store
-    if type(repo) in (LocalStore, FsspecStore):
+    if type(repo) in (LocalStore, FsspecStore) and isinstance(repo, Store):
         return repo.describe()
     if isinstance(repo, Store):
         return repo

@@ -17,7 +17,7 @@ Example::
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..errors import DeltackptError
 from ..format.events import Event
@@ -35,6 +35,11 @@ from ..snapshot.handle import SaveHandle
 from ..store.base import Store
 from ..store.counting import ReadMeter
 from .handles import Handle
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..torchstate.flatten import TensorLeaf
 
 __all__ = ["Blob", "BlobInput", "DEFAULT_GRACE_SECONDS", "DrillReport", "Event", "GcReport", "Hold", "MAX_HELD",
            "Manifest", "ReadMeter", "Retention", "SaveHandle", "SaveStats", "Store", "TensorEntry", "TensorRef", "Version",
@@ -75,7 +80,8 @@ def version_of(repo: Handle, vid: str, m: Manifest | None = None) -> Version:
 
 # reading -------------------------------------------------------------------------------------------
 
-def read_blobs(repo: Handle, vid: str, m: Manifest, blobs: Iterable[int], seeds: dict | None = None) -> Any:
+def read_blobs(repo: Handle, vid: str, m: Manifest, blobs: Iterable[int],
+               seeds: "dict[int, np.ndarray] | None" = None) -> "dict[int, np.ndarray]":
     """:func:`deltackpt.torchstate.materialize.read_blobs` on this handle's repository (the index
     refreshed first)."""
     from ..torchstate.materialize import read_blobs as _read
@@ -109,7 +115,7 @@ def run_after(repo: Handle, fn: Callable[[], Any]) -> SaveHandle:
     return async_save.run_after(repo.runtime, fn)
 
 
-def prepare_staging(repo: Handle, leaves: list, where: str | None = None) -> threading.Thread | None:
+def prepare_staging(repo: Handle, leaves: "list[TensorLeaf]", where: str | None = None) -> threading.Thread | None:
     """Fault in, in a thread of the handle, the staging memory background saves of ``leaves``
     will hold (``max_in_flight`` copies)."""
     from ..snapshot import async_save

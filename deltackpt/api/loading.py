@@ -4,7 +4,7 @@ a live model's parameters (and its optimizer's state), reading only the chunks t
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Literal, TypeVar, overload
 
 import numpy as np
 
@@ -19,8 +19,13 @@ from .targets import check_optimizer
 if TYPE_CHECKING:
     import torch
 
+    from ..format.manifest import Manifest
+    from .types import Revision, Stateful
 
-def _model_prefix(m: Any, model_keys: set[str]) -> str:
+_Dest = TypeVar("_Dest")
+
+
+def _model_prefix(m: Manifest, model_keys: set[str]) -> str:
     names = {t.name for t in m.tensors}
     best, best_hits = "", -1
     for prefix in ("", "model."):
@@ -30,7 +35,25 @@ def _model_prefix(m: Any, model_keys: set[str]) -> str:
     return best
 
 
-def load(repo: "str | os.PathLike | Handle | Store", version: "str | Version" = "latest", *,
+@overload
+def load(repo: "str | os.PathLike[str] | Handle | Store", version: Revision = "latest", *,
+         layers: Iterable[str] | str | None = None, map_location: "str | torch.device | None" = "cpu",
+         return_version: Literal[False] = False, threads: int | None = None) -> Any: ...
+
+
+@overload
+def load(repo: "str | os.PathLike[str] | Handle | Store", version: Revision = "latest", *,
+         layers: Iterable[str] | str | None = None, map_location: "str | torch.device | None" = "cpu",
+         return_version: Literal[True], threads: int | None = None) -> tuple[Any, Version]: ...
+
+
+@overload
+def load(repo: "str | os.PathLike[str] | Handle | Store", version: Revision = "latest", *,
+         layers: Iterable[str] | str | None = None, map_location: "str | torch.device | None" = "cpu",
+         return_version: bool, threads: int | None = None) -> Any: ...
+
+
+def load(repo: "str | os.PathLike[str] | Handle | Store", version: Revision = "latest", *,
          layers: Iterable[str] | str | None = None, map_location: "str | torch.device | None" = "cpu",
          return_version: bool = False, threads: int | None = None) -> Any:
     """Load a version: the saved structure with bit-identical tensors.
@@ -52,7 +75,9 @@ def load(repo: "str | os.PathLike | Handle | Store", version: "str | Version" = 
 
     Returns:
         The saved structure (or ``(state, Version)`` with ``return_version``); ``Version.exact``
-        says whether some tensor was stored lossily.
+        says whether some tensor was stored lossily.  Its type is ``Any``: whatever structure was
+        saved (a state dict, a :func:`~deltackpt.training.training_state`, a list, an imported
+        file's layout), which only the caller knows.
 
     Raises:
         UnknownVersionError: no such version (the message suggests the closest names).
@@ -86,8 +111,8 @@ def load(repo: "str | os.PathLike | Handle | Store", version: "str | Version" = 
         return (state, core.version(vid)) if return_version else state
 
 
-def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Handle | Store", version: "str | Version" = "latest",
-            *, layers: Iterable[str] | str | None = None, optimizer: "torch.optim.Optimizer | None" = None,
+def restore(model: "torch.nn.Module", repo: "str | os.PathLike[str] | Handle | Store", version: Revision = "latest",
+            *, layers: Iterable[str] | str | None = None, optimizer: "Stateful | None" = None,
             strict: bool = True, threads: int | None = None) -> Version:
     """Copy a version into ``model``'s existing parameters and buffers, in place.
 
@@ -135,8 +160,9 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike | Handle | Store"
         return _restore(model, handle.core, version, layers, optimizer, strict, threads)
 
 
-def _restore(model: "torch.nn.Module", core: Repository, version: "str | Version", layers: Any, optimizer: Any,
-             strict: bool, threads: int | None) -> Version:
+def _restore(model: "torch.nn.Module", core: Repository, version: "str | Version",
+             layers: Iterable[str] | str | None, optimizer: "Stateful | None", strict: bool,
+             threads: int | None) -> Version:
     import torch
 
     vid = core.resolve(version)
@@ -171,7 +197,8 @@ def wait_snapshots() -> None:
         runtime.wait_snapshots()
 
 
-def _matching_tensors(m: Any, vid: str, target: dict, prefix: str, layers: Any, strict: bool) -> list[tuple[str, int]]:
+def _matching_tensors(m: Manifest, vid: str, target: dict[str, Any], prefix: str, layers: Iterable[str] | str | None,
+                      strict: bool) -> list[tuple[str, int]]:
     """(model key, tensor index) for each tensor of the model that ``layers`` selects and the
     version holds; a model and version that do not match (``strict``) are refused here, before
     anything is read or written."""
@@ -192,7 +219,7 @@ def _matching_tensors(m: Any, vid: str, target: dict, prefix: str, layers: Any, 
     return [(k, by_name[prefix + k]) for k in wanted if prefix + k in by_name]
 
 
-def _read_into_model(core: Repository, vid: str, m: Any, target: dict, wanted: list[tuple[str, int]],
+def _read_into_model(core: Repository, vid: str, m: Manifest, target: dict[str, Any], wanted: list[tuple[str, int]],
                      threads: int | None) -> None:
     """Write each wanted tensor of version ``vid`` into the model's own tensor: decoded in place
     where the destination is writable CPU memory of its own, staged a chunk at a time onto a
@@ -201,7 +228,7 @@ def _read_into_model(core: Repository, vid: str, m: Any, target: dict, wanted: l
     from ..torchstate.tensor_bytes import copy_blob_to_device, writable_bytes
 
     pending: list[tuple[str, int]] = []
-    direct: list = []
+    direct: list[tuple[int, memoryview, tuple[str, int]]] = []
     for k, i in wanted:
         e, dst = m.tensors[i], target[k]
         out = writable_bytes(dst)
@@ -209,7 +236,7 @@ def _read_into_model(core: Repository, vid: str, m: Any, target: dict, wanted: l
             copy_blob_to_device(core, m.blobs[e.blob], dst)  # staged a chunk at a time
             continue
         if out is not None and is_own_blob(m, e):
-            direct.append((e.blob, memoryview(out), (k, i)))
+            direct.append((e.blob, out.data, (k, i)))
         else:
             pending.append((k, i))
     direct, shared = _disjoint(direct)
@@ -223,7 +250,7 @@ def _read_into_model(core: Repository, vid: str, m: Any, target: dict, wanted: l
             target[k].copy_(built[i])
 
 
-def _check_tensors(m: Any, vid: str, target: dict, wanted: list[tuple[str, int]]) -> None:
+def _check_tensors(m: Manifest, vid: str, target: dict[str, Any], wanted: list[tuple[str, int]]) -> None:
     """Every destination is a tensor of the saved shape and dtype, checked before the first write."""
     import torch
 
@@ -237,13 +264,13 @@ def _check_tensors(m: Any, vid: str, target: dict, wanted: list[tuple[str, int]]
                                      f"{str(dst.dtype).removeprefix('torch.')}{list(dst.shape)}; nothing was restored")
 
 
-def _disjoint(direct: list) -> tuple[list, list[tuple[str, int]]]:
+def _disjoint(direct: list[tuple[int, memoryview, _Dest]]) -> tuple[list[tuple[int, memoryview, _Dest]], list[_Dest]]:
     """Split in-place destinations into ones that share no byte (a live restore reads each
     destination as its chunk's base) and the rest, to be read and copied in: tied weights saved
     as one blob keep one destination, any other overlap goes the copying way."""
     spans = sorted(direct, key=lambda d: np.frombuffer(d[1], dtype=np.uint8).ctypes.data)
-    keep: list = []
-    rest: list[tuple[str, int]] = []
+    keep: list[tuple[int, memoryview, _Dest]] = []
+    rest: list[_Dest] = []
     end = -1
     for d in spans:
         start = np.frombuffer(d[1], dtype=np.uint8).ctypes.data
@@ -256,7 +283,7 @@ def _disjoint(direct: list) -> tuple[list, list[tuple[str, int]]]:
     return keep, rest
 
 
-def _live_state(optimizer: Any, saved: Any) -> dict[tuple, Any]:
+def _live_state(optimizer: "Stateful", saved: Any) -> "dict[tuple[Any, ...], torch.Tensor]":
     """The optimizer's own state tensors by path in its state_dict, when its param groups have
     the saved layout (else {}: load_state_dict then refuses the version before anything changes)."""
     import torch
@@ -267,7 +294,7 @@ def _live_state(optimizer: Any, saved: Any) -> dict[tuple, Any]:
             not isinstance(g, dict) or len(g.get("params", ())) != len(h["params"])
             for g, h in zip(groups, mine["param_groups"])):
         return {}
-    out: dict[tuple, Any] = {}
+    out: dict[tuple[Any, ...], torch.Tensor] = {}
     for pid, per in mine["state"].items():
         for key, t in per.items():
             if isinstance(t, torch.Tensor):
@@ -275,7 +302,8 @@ def _live_state(optimizer: Any, saved: Any) -> dict[tuple, Any]:
     return out
 
 
-def _load_subtree(core: Repository, vid: str, m: Any, subtree: Any, live: "dict[tuple, Any] | None" = None,
+def _load_subtree(core: Repository, vid: str, m: Manifest, subtree: Any,
+                  live: "dict[tuple[Any, ...], torch.Tensor] | None" = None,
                   threads: int | None = None) -> Any:
     """The saved ``subtree`` with its tensors read; a tensor whose path in ``live`` names a tensor
     of the same shape and dtype is decoded into that one, in place, and stands for itself."""
@@ -284,15 +312,15 @@ def _load_subtree(core: Repository, vid: str, m: Any, subtree: Any, live: "dict[
     from ..torchstate.tensor_bytes import writable_bytes
 
     indices: list[int] = []
-    direct: list = []
+    direct: list[tuple[int, memoryview, tuple[torch.Tensor, int]]] = []
 
     for path, v in tensor_refs(subtree):
         e, dst = m.tensors[v.index], (live or {}).get(path)
         out = None
         if dst is not None and list(dst.shape) == e.shape and str(dst.dtype).removeprefix("torch.") == e.dtype:
             out = writable_bytes(dst)
-        if out is not None and is_own_blob(m, e):
-            direct.append((e.blob, memoryview(out), (dst, v.index)))
+        if out is not None and dst is not None and is_own_blob(m, e):   # (out is None without dst)
+            direct.append((e.blob, out.data, (dst, v.index)))
         else:
             indices.append(v.index)
     direct, shared = _disjoint(direct)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable, Literal, cast, overload
 
 from ..errors import DeltackptError, InvalidArgumentError
 from ..progress import bar
@@ -30,7 +30,14 @@ from .loading import load, restore
 from .saving import save
 
 if TYPE_CHECKING:
+    import torch
+
+    from ..repo.maintain.rebuild import RebuildReport
+    from ..snapshot.handle import SaveHandle
     from ..snapshot.runtime import BackgroundOptions
+    from ..torchstate.diff import TensorDiff
+    from .types import (DeltaBase, Encoding, Metrics, Optimizers, RepoInfo, Revision, State, Stateful, TensorDetail,
+                        Usage, VersionDetail, VersionUsage, Where)
 
 
 class Repo(Handle):
@@ -88,20 +95,31 @@ class Repo(Handle):
     def __init__(self, location: "str | os.PathLike[str] | Store | Handle", *, create: bool = False,
                  chunk_bytes: int | None = None, keyframe_interval: int | None = None,
                  delta_cache_bytes: int | None = None, level: int | None = None,
-                 delta_base: str | None = None, background: "str | BackgroundOptions | None" = None,
+                 delta_base: DeltaBase | None = None, background: "Where | BackgroundOptions | None" = None,
                  deltify: bool | None = None, payback: float | None = None) -> None:
         super().__init__(location, create=create, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
                          delta_cache_bytes=delta_cache_bytes, level=level, delta_base=delta_base,
                          background=background, deltify=deltify, payback=payback)
 
     @classmethod
-    def init(cls, location: "str | os.PathLike[str] | Store", **kwargs: Any) -> "Repo":
+    def init(cls, location: "str | os.PathLike[str] | Store", *, chunk_bytes: int | None = None,
+             keyframe_interval: int | None = None, delta_cache_bytes: int | None = None, level: int | None = None,
+             delta_base: DeltaBase | None = None, background: "Where | BackgroundOptions | None" = None,
+             deltify: bool | None = None, payback: float | None = None) -> "Repo":
         """Create an empty repository; one already there is opened as it is.
 
         Args:
             location: a folder, an fsspec URL or a store.
-            **kwargs: the settings of :class:`Repo` (``chunk_bytes``, ``keyframe_interval``,
-                ``delta_base``, ...), stored in the new repository's config.
+            chunk_bytes: bytes per chunk, stored in the new repository's config (default 2 MiB).
+            keyframe_interval: store a chunk whole at least every N versions, stored in the config
+                (default 8).
+            delta_cache_bytes: as for :class:`Repo` (this handle only).
+            level: as for :class:`Repo` (this handle only).
+            delta_base: how versions chain (``"child"``, ``"parent"``, ``"keyframe"``; see
+                :class:`Repo`), stored in the config.
+            background: as for :class:`Repo` (this handle only).
+            deltify: as for :class:`Repo` (this handle only).
+            payback: as for :class:`Repo` (this handle only).
 
         Returns:
             The :class:`Repo` (close it, or use it in a ``with`` block).
@@ -111,7 +129,9 @@ class Repo(Handle):
             repo = deltackpt.Repo.init("ckpt", keyframe_interval=4)
             ```
         """
-        return cls(location, create=True, **kwargs)
+        return cls(location, create=True, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
+                   delta_cache_bytes=delta_cache_bytes, level=level, delta_base=delta_base, background=background,
+                   deltify=deltify, payback=payback)
 
     def __enter__(self) -> "Repo":
         return self
@@ -121,17 +141,19 @@ class Repo(Handle):
         """Where the repository is: its absolute folder, or its URL."""
         return self.core.location
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> "tuple[type[Repo], tuple[str | Store]]":
         # a Repo holds locks, caches and open files: another process reopens it from its location
         return (Repo, (portable_location(self),))
 
     def __repr__(self) -> str:
         return f"Repo({self.location!r})"
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> RepoInfo:
         """The repository's location and the settings its config holds (format version, id, chunk
         size, keyframe interval, delta topology): ``repo.info()["chunk_bytes"]``."""
-        return {**self.core.info(), "delta_base": self.core.config.delta_base}
+        c = self.core.config
+        return {"location": self.core.location, "format_version": c.version, "repo_id": c.repo_id,
+                "chunk_bytes": c.chunk_bytes, "keyframe_interval": c.keyframe_interval, "delta_base": c.delta_base}
 
     # versions -------------------------------------------------------------------------------
     def latest(self) -> Version | None:
@@ -140,7 +162,7 @@ class Repo(Handle):
         vid = self.core.latest()
         return None if vid is None else self.core.version(vid)
 
-    def resolve(self, version: "str | Version" = "latest") -> Version:
+    def resolve(self, version: Revision = "latest") -> Version:
         """The version a revision names.
 
         Args:
@@ -177,7 +199,7 @@ class Repo(Handle):
         return [Version.damaged(vid, str(m), tuple(sorted(tags.get(vid, [])))) if isinstance(m, DeltackptError)
                 else self.core.version(vid, tags, manifest=m) for vid, m in self.core.scan()]
 
-    def show(self, version: "str | Version" = "latest", *, layers: "list[str] | str | None" = None) -> dict[str, Any]:
+    def show(self, version: Revision = "latest", *, layers: "list[str] | str | None" = None) -> VersionDetail:
         """A version and its tensors: what ``deltackpt show`` prints.
 
         Args:
@@ -204,7 +226,7 @@ class Repo(Handle):
         vid = self.core.resolve(version)
         m = self.core.manifest(vid)
         self.core.index.refresh()
-        tensors = []
+        tensors: list[TensorDetail] = []
         for t in (m.tensors[i] for i in selected_tensors(m, layers, f"version {vid[:10]}")):
             blob = m.blobs[t.blob]
             tensors.append({"name": t.name, "dtype": t.dtype, "shape": t.shape, "logical_bytes": t.nbytes,
@@ -215,7 +237,7 @@ class Repo(Handle):
         return {"version": self.core.version(vid).to_json(), "exact": m.exact, "tensors": tensors,
                 "written": m.extra.get("written", {}), "last_drill": drill}
 
-    def tag(self, name: str, version: "str | Version" = "latest", *, force: bool = False) -> Version:
+    def tag(self, name: str, version: Revision = "latest", *, force: bool = False) -> Version:
         """Name a version; gc keeps tagged versions.
 
         Args:
@@ -270,7 +292,7 @@ class Repo(Handle):
         return [e if isinstance(e, Event) else Event(eid, "damaged", math.nan, {"error": str(e)})
                 for eid, e in events.scan(self.core)]
 
-    def drill(self, version: "str | Version" = "latest", *, threads: int | None = None,
+    def drill(self, version: Revision = "latest", *, threads: int | None = None,
               record: bool = True) -> DrillReport:
         """Restore a version into fresh memory as a restarted process would, check every chunk against
         its hash, measure the time and bytes read, and record it (``deltackpt log`` shows the last
@@ -311,7 +333,7 @@ class Repo(Handle):
         with bar("verify", 1, unit_bytes=False) as update:
             return run_verify(self.core, read_data=read_data, progress=update)
 
-    def rebuild_index(self) -> Any:
+    def rebuild_index(self) -> RebuildReport:
         """Re-derive the index from the pack headers, after verify reports a lost or damaged index file.
 
         Returns:
@@ -325,7 +347,7 @@ class Repo(Handle):
         from ..repo.maintain.rebuild import rebuild_index
         return rebuild_index(self.core)
 
-    def du(self) -> dict[str, Any]:
+    def du(self) -> Usage:
         """Disk use: what ``deltackpt du`` prints.
 
         Returns:
@@ -339,6 +361,7 @@ class Repo(Handle):
             repo.du()["total"]["stored_bytes"]
             ```
         """
+
         core = self.core
         core.index.refresh()
         refs_by_version: dict[str, set[bytes]] = {}
@@ -348,7 +371,7 @@ class Repo(Handle):
             refs_by_version[vid] = chunks
             for c in chunks:
                 counts[c] = counts.get(c, 0) + 1
-        rows = []
+        rows: list[VersionUsage] = []
         for vid, chunks in refs_by_version.items():
             v = core.version(vid)
             rows.append({"id": vid, "short_id": vid[:10], "step": v.step, "logical_bytes": v.logical_bytes,
@@ -362,7 +385,7 @@ class Repo(Handle):
                                             "stored_bytes": packs + meta, "pack_bytes": packs,
                                             "metadata_bytes": meta}}
 
-    def diff(self, a: "str | Version", b: "str | Version" = "latest") -> list[dict[str, Any]]:
+    def diff(self, a: Revision, b: Revision = "latest") -> list[TensorDiff]:
         """Tensor by tensor, how two versions differ.
 
         Args:
@@ -379,25 +402,73 @@ class Repo(Handle):
             repo.diff("latest~1", "latest")
             ```
         """
+
         from ..torchstate.diff import diff_versions
         return diff_versions(self, a, b)
 
     # data -------------------------------------------------------------------------------------
-    def save(self, obj: Any, **kwargs: Any) -> Version:
+    # the same parameters as the functions (tests/test_typing.py checks they stay so)
+    @overload
+    def save(self, obj: State, *, step: int | None = None, metrics: Metrics | None = None, meta: object = None,
+             tag: str | None = None, encoding: Encoding | None = None, blocking: Literal[True] = True,
+             workers: int | None = None, background: Where | None = None, optimizer: Optimizers | None = None,
+             latest: bool = True) -> Version: ...
+
+    @overload
+    def save(self, obj: State, *, step: int | None = None, metrics: Metrics | None = None, meta: object = None,
+             tag: str | None = None, encoding: Encoding | None = None, blocking: Literal[False],
+             workers: int | None = None, background: Where | None = None, optimizer: Optimizers | None = None,
+             latest: bool = True) -> SaveHandle: ...
+
+    @overload
+    def save(self, obj: State, *, step: int | None = None, metrics: Metrics | None = None, meta: object = None,
+             tag: str | None = None, encoding: Encoding | None = None, blocking: bool,
+             workers: int | None = None, background: Where | None = None, optimizer: Optimizers | None = None,
+             latest: bool = True) -> "Version | SaveHandle": ...
+
+    def save(self, obj: State, *, step: int | None = None, metrics: Metrics | None = None, meta: object = None,
+             tag: str | None = None, encoding: Encoding | None = None, blocking: bool = True,
+             workers: int | None = None, background: Where | None = None, optimizer: Optimizers | None = None,
+             latest: bool = True) -> "Version | SaveHandle":
         """Same as :func:`deltackpt.save` with this repository."""
-        return save(obj, self, **kwargs)
+        return save(obj, self, step=step, metrics=metrics, meta=meta, tag=tag, encoding=encoding, blocking=blocking,
+                    workers=workers, background=background, optimizer=optimizer, latest=latest)
 
-    def load(self, version: "str | Version" = "latest", **kwargs: Any) -> Any:
+    @overload
+    def load(self, version: Revision = "latest", *, layers: Iterable[str] | str | None = None,
+             map_location: "str | torch.device | None" = "cpu", return_version: Literal[False] = False,
+             threads: int | None = None) -> Any: ...
+
+    @overload
+    def load(self, version: Revision = "latest", *, layers: Iterable[str] | str | None = None,
+             map_location: "str | torch.device | None" = "cpu", return_version: Literal[True],
+             threads: int | None = None) -> tuple[Any, Version]: ...
+
+    @overload
+    def load(self, version: Revision = "latest", *, layers: Iterable[str] | str | None = None,
+             map_location: "str | torch.device | None" = "cpu", return_version: bool,
+             threads: int | None = None) -> Any: ...
+
+    def load(self, version: Revision = "latest", *, layers: Iterable[str] | str | None = None,
+             map_location: "str | torch.device | None" = "cpu", return_version: bool = False,
+             threads: int | None = None) -> Any:
         """Same as :func:`deltackpt.load` with this repository."""
-        return load(self, version, **kwargs)
+        return load(self, version, layers=layers, map_location=map_location, return_version=return_version,
+                    threads=threads)
 
-    def restore(self, model: Any, version: "str | Version" = "latest", **kwargs: Any) -> Version:
+    def restore(self, model: "torch.nn.Module", version: Revision = "latest", *,
+                layers: Iterable[str] | str | None = None, optimizer: "Stateful | None" = None,
+                strict: bool = True, threads: int | None = None) -> Version:
         """Same as :func:`deltackpt.restore` with this repository."""
-        return restore(model, self, version, **kwargs)
+        return restore(model, self, version, layers=layers, optimizer=optimizer, strict=strict, threads=threads)
 
-    def gc(self, **kwargs: Any) -> GcReport:
+    def gc(self, *, keep_last: int | None = None, keep_tags: bool = True, dry_run: bool = False,
+           keep_best: "tuple[str, int, str] | str | None" = None, keep_every: int | None = None,
+           keep_within: float | None = None, rebase: bool = True,
+           grace_seconds: float = DEFAULT_GRACE_SECONDS) -> GcReport:
         """Same as :func:`deltackpt.gc` with this repository."""
-        return gc(self, **kwargs)
+        return gc(self, keep_last=keep_last, keep_tags=keep_tags, dry_run=dry_run, keep_best=keep_best,
+                  keep_every=keep_every, keep_within=keep_within, rebase=rebase, grace_seconds=grace_seconds)
 
     def deltify(self, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None,
                 payback: float | None = None) -> DeltifyReport:
@@ -447,7 +518,7 @@ def open_repo(repo: "str | os.PathLike[str] | Repo | Store", create: bool = Fals
     return Repo(repo, create=create)
 
 
-def gc(repo: "str | os.PathLike | Repo | Store", *, keep_last: int | None = None, keep_tags: bool = True,
+def gc(repo: "str | os.PathLike[str] | Repo | Store", *, keep_last: int | None = None, keep_tags: bool = True,
        dry_run: bool = False, keep_best: "tuple[str, int, str] | str | None" = None, keep_every: int | None = None,
        keep_within: float | None = None, rebase: bool = True,
        grace_seconds: float = DEFAULT_GRACE_SECONDS) -> GcReport:
@@ -486,7 +557,9 @@ def gc(repo: "str | os.PathLike | Repo | Store", *, keep_last: int | None = None
         print(report.removed, report.reclaimed_bytes)
         ```
     """
-    policy = Retention(keep_last=keep_last, keep_best=keep_best, keep_every=keep_every,
+    # Retention parses the "METRIC:COUNT[:min|max]" form too (after checking the other rules); its
+    # field's type is the parsed tuple
+    policy = Retention(keep_last=keep_last, keep_best=cast("tuple[str, int, str] | None", keep_best), keep_every=keep_every,
                        keep_within=keep_within, keep_tags=keep_tags)
     # NaN would compare as "older than the grace period" and delete a pack another writer is
     # still to commit; an infinite grace period keeps every unreferenced pack, which is safe

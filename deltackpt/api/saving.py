@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Literal, overload
 
 from ..errors import DeltackptError, InvalidArgumentError, UnsupportedLeafError
 from ..progress import bar
@@ -14,13 +14,40 @@ from .handles import Handle
 
 if TYPE_CHECKING:
     from ..snapshot.async_save import SaveHandle
+    from ..repo.write.session import WriteSession
+    from ..torchstate.flatten import TensorLeaf
+    from .types import Encoding, Metrics, Optimizers, State, Where
 
 
-def save(obj: Any, repo: "str | os.PathLike | Handle | Store", *, step: int | None = None,
-         metrics: Mapping[str, Any] | None = None, meta: Any = None, tag: str | None = None,
-         encoding: Mapping[str, str] | str | None = None, blocking: bool = True,
-         workers: int | None = None, background: str | None = None,
-         optimizer: Any = None, latest: bool = True) -> "Version | SaveHandle":
+@overload
+def save(obj: State, repo: "str | os.PathLike[str] | Handle | Store", *, step: int | None = None,
+         metrics: Metrics | None = None, meta: object = None, tag: str | None = None,
+         encoding: Encoding | None = None, blocking: Literal[True] = True,
+         workers: int | None = None, background: Where | None = None,
+         optimizer: Optimizers | None = None, latest: bool = True) -> Version: ...
+
+
+@overload
+def save(obj: State, repo: "str | os.PathLike[str] | Handle | Store", *, step: int | None = None,
+         metrics: Metrics | None = None, meta: object = None, tag: str | None = None,
+         encoding: Encoding | None = None, blocking: Literal[False],
+         workers: int | None = None, background: Where | None = None,
+         optimizer: Optimizers | None = None, latest: bool = True) -> SaveHandle: ...
+
+
+@overload
+def save(obj: State, repo: "str | os.PathLike[str] | Handle | Store", *, step: int | None = None,
+         metrics: Metrics | None = None, meta: object = None, tag: str | None = None,
+         encoding: Encoding | None = None, blocking: bool,
+         workers: int | None = None, background: Where | None = None,
+         optimizer: Optimizers | None = None, latest: bool = True) -> "Version | SaveHandle": ...
+
+
+def save(obj: State, repo: "str | os.PathLike[str] | Handle | Store", *, step: int | None = None,
+         metrics: Metrics | None = None, meta: object = None, tag: str | None = None,
+         encoding: Encoding | None = None, blocking: bool = True,
+         workers: int | None = None, background: Where | None = None,
+         optimizer: Optimizers | None = None, latest: bool = True) -> "Version | SaveHandle":
     """Save a module's state_dict, a state dict or a nested training state as a new version.
 
     Unchanged chunks are not written again; changed ones are stored as deltas against the
@@ -32,7 +59,9 @@ def save(obj: Any, repo: "str | os.PathLike | Handle | Store", *, step: int | No
     handle for this call, which a blocking save closes before returning and a background one frees
     once it is done: nothing of the save runs or writes into the folder afterwards.  A loop that
     saves often is better served by one ``Repo``: it keeps the bytes the next deltas need in
-    memory instead of reading them back.
+    memory instead of reading them back.  Type checkers see ``save(...)`` as a ``Version`` and
+    ``save(..., blocking=False)`` as a ``SaveHandle``.
+
 
     Args:
         obj: a module (its ``state_dict()`` is saved), or any nesting of dicts, lists and tuples
@@ -114,7 +143,7 @@ def save(obj: Any, repo: "str | os.PathLike | Handle | Store", *, step: int | No
         from ..torchstate.optimizers import optimizers_of
         optimizers = optimizers_of(optimizer)
     owned = not isinstance(repo, Handle)
-    handle = Handle(repo, create=True) if owned else repo
+    handle = repo if isinstance(repo, Handle) else Handle(repo, create=True)
     try:
         write = _writer(handle.session, encoding, record, workers)
         if not blocking:
@@ -134,8 +163,8 @@ def save(obj: Any, repo: "str | os.PathLike | Handle | Store", *, step: int | No
             handle.close()
 
 
-def _checked_record(leaves: list, step: Any, metrics: Any, meta: Any, tag: str | None, encoding: Any,
-                    background: str | None, workers: Any) -> dict[str, Any]:
+def _checked_record(leaves: list[TensorLeaf], step: object, metrics: Metrics | None, meta: object, tag: str | None,
+                    encoding: Encoding | None, background: str | None, workers: object) -> dict[str, Any]:
     """What the manifest records besides the tensors (step, metrics, meta, tag), checked with
     every other argument of :func:`save`: a DeltackptError here means nothing was written."""
     from ..format.refs import check_name
@@ -160,14 +189,16 @@ def _checked_record(leaves: list, step: Any, metrics: Any, meta: Any, tag: str |
     return dict(step=step, metrics=plain_metrics, meta=plain_meta, tag=tag)
 
 
-def _writer(session: Any, encoding: Any, record: dict[str, Any], workers: int | None) -> Callable[..., Version]:
+def _writer(session: WriteSession, encoding: Encoding | None, record: dict[str, Any],
+            workers: int | None) -> Callable[..., Version]:
     """The function that writes one version of ``leaves`` through ``session``: called now by a
     blocking save, later (with the staged copies) by a background one, in a thread or the encoder
     process."""
     from ..torchstate.planner import plan_blobs
 
-    def write(leaves: list, tree: Any, devices: list[str] | None = None, threads: int | None = workers,
+    def write(leaves: list[TensorLeaf], tree: Any, devices: list[str] | None = None, threads: int | None = workers,
               encoder: Any = None, segment: Any = None) -> Version:
+
         blobs, entries = plan_blobs(leaves, encoding)
         if devices is not None:  # staged copies, this save's own, on the CPU; record where the tensors lived
             for b in blobs:

@@ -7,13 +7,13 @@ import numpy as np
 from ..errors import CorruptObjectError
 
 
-def base_array(base: bytes | None, raw_len: int, name: str) -> np.ndarray:
+def base_array(base: bytes | memoryview | None, raw_len: int, name: str) -> np.ndarray:
     if base is None or len(base) != raw_len:
         raise CorruptObjectError(f"{name}: base chunk of {None if base is None else len(base)} bytes, expected {raw_len}")
     return np.frombuffer(base, dtype=np.uint8)
 
 
-def xor_into(a: bytes | np.ndarray, b: bytes | np.ndarray, out: np.ndarray) -> np.ndarray:
+def xor_into(a: bytes | memoryview | np.ndarray, b: bytes | memoryview | np.ndarray, out: np.ndarray) -> np.ndarray:
     """``out = a XOR b`` (uint8 arrays or bytes of one length; ``out`` may be ``a`` or ``b``), on
     8-byte words where the length allows; returns ``out``."""
     x = np.frombuffer(a, dtype=np.uint8) if not isinstance(a, np.ndarray) else a

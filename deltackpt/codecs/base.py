@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..errors import InvalidArgumentError
 
@@ -12,7 +12,7 @@ MIN_LEVEL, MAX_LEVEL = -(1 << 17), 22
 """The zstd compression levels (negative: faster, larger); zstd itself refuses anything above 22."""
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """An integer parameter read from a header: msgpack's ``True`` is an ``int`` to Python, never to us."""
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -41,7 +41,7 @@ class Encoded:
     """A codec's output: parameters for the object header and the payload."""
 
     params: dict[str, Any]
-    payload: bytes
+    payload: bytes | memoryview
     recon: bytes | None = None       # lossy codecs: the bytes a decoder will produce
     max_abs_err: float = 0.0
 
@@ -60,20 +60,20 @@ class Codec(ABC):
     invertible: bool = False   # unapply_into recovers the base from the new chunk (live rollback)
 
     @abstractmethod
-    def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded | None:
+    def encode(self, raw: bytes | memoryview, ctx: ChunkContext, base: bytes | memoryview | None = None) -> Encoded | None:
         """Encode ``raw`` (against ``base`` for delta codecs); None when the codec does not apply."""
 
-    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes, base: bytes | None = None) -> None:
+    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview, base: bytes | memoryview | None = None) -> None:
         """Decode straight into ``out`` (its length is the raw length).  Codecs that can write
         their output in place override this to save a chunk-sized allocation and copy."""
         out[:] = memoryview(self.decode(params, payload, len(out), base)).cast("B")
 
-    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview) -> None:
         """Decode a delta whose base is what ``out`` holds now, leaving the new chunk in ``out``.
         Delta codecs override this to work in place; this fallback copies the base first."""
         self.decode_into(out, params, payload, bytes(out))
 
-    def unapply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+    def unapply_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview) -> None:
         """The inverse of :meth:`apply_into`: ``out`` holds the chunk this delta decodes to; leave
         its base there.  Only codecs with ``invertible = True`` (an exact bijection for a given
         payload) implement it: a live rollback on a forward-chained repository uses it to step
@@ -81,5 +81,5 @@ class Codec(ABC):
         raise NotImplementedError(f"{self.name} cannot be inverted")
 
     @abstractmethod
-    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
+    def decode(self, params: dict[str, Any], payload: bytes | memoryview, raw_len: int, base: bytes | memoryview | None = None) -> bytes:
         """Reproduce exactly ``raw_len`` bytes (any bytes-like object: bytes, memoryview, uint8 array)."""

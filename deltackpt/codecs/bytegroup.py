@@ -158,7 +158,7 @@ def zstd_decompress_into(data: bytes | memoryview, dest: np.ndarray, *, what: st
     got = 0
     try:
         reader = _decompressor().stream_reader(data, read_across_frames=False)
-        view = memoryview(dest)
+        view = dest.data
         while got < expected:
             step = reader.readinto(view[got:])
             if not step:
@@ -213,7 +213,7 @@ def compress_planes(out: np.ndarray, width: int, level: int) -> tuple[dict[str, 
         pos += size
         modes.append(mode)
         sizes.append(size)
-    return {"w": width, "m": modes, "s": sizes}, memoryview(out)[:pos]
+    return {"w": width, "m": modes, "s": sizes}, out.data[:pos]
 
 
 def decode_planes(params: dict[str, Any], payload: bytes | memoryview, raw_len: int, *, what: str,

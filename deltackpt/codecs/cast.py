@@ -20,7 +20,7 @@ class Cast(Codec):
         self.target = target
         self.name = "fp16" if target == "float16" else "bf16"
 
-    def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded | None:
+    def encode(self, raw: bytes | memoryview, ctx: ChunkContext, base: bytes | memoryview | None = None) -> Encoded | None:
         if ctx.dtype not in ("float32", "float64") or not raw:
             return None
         src = to_float(raw, ctx.dtype)
@@ -33,7 +33,7 @@ class Cast(Codec):
         params["dt"] = ctx.dtype
         return Encoded(params, payload, recon, max_abs_err(recon, raw, ctx.dtype))
 
-    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
+    def decode(self, params: dict[str, Any], payload: bytes | memoryview, raw_len: int, base: bytes | memoryview | None = None) -> bytes:
         dtype = params.get("dt")
         if dtype not in ("float32", "float64"):
             raise CorruptObjectError(f"{self.name}: source dtype {dtype!r:.20} is malformed")

@@ -9,7 +9,7 @@ from ..errors import CodecError
 LOSSY_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 
-def to_float(raw: bytes | np.ndarray, dtype: str) -> np.ndarray:
+def to_float(raw: bytes | memoryview | np.ndarray, dtype: str) -> np.ndarray:
     """Decode raw bytes of ``dtype`` into float32 (float64 for float64 sources)."""
     b = np.frombuffer(raw, dtype=np.uint8) if not isinstance(raw, np.ndarray) else raw
     if dtype == "float64":
@@ -47,7 +47,7 @@ def _from_float(values: np.ndarray, dtype: str) -> bytes:
     raise CodecError(f"lossy codecs handle {LOSSY_DTYPES}, not {dtype}")
 
 
-def max_abs_err(recon: bytes, raw: bytes, dtype: str) -> float:
+def max_abs_err(recon: bytes | memoryview, raw: bytes | memoryview, dtype: str) -> float:
     """Largest |recon - raw| over the elements; equal infinities and NaN-for-NaN count as exact, so the
     recorded figure stays finite (a lossy codec never turns a finite value non-finite or back)."""
     with np.errstate(invalid="ignore", over="ignore"):

@@ -63,7 +63,7 @@ def interleave(planes: list[np.ndarray], out: np.ndarray) -> bool:
     stride = width * (4 + seg)
     total = body + full * stride + (4 + width * rest if rest else 0)
     chunk = buffer("blosc", total)
-    _HEADER.pack_into(chunk, 0, 2, 1, _FLAGS, width, len(out), width * seg, total)
+    _HEADER.pack_into(chunk.data, 0, 2, 1, _FLAGS, width, len(out), width * seg, total)
     starts = chunk[_HEADER.size:body].view("<i4")
     starts[:] = body + stride * np.arange(blocks, dtype=np.int64)
     # full blocks: (block, plane, 4 + seg) with each stream's size in its first 4 bytes
@@ -73,7 +73,7 @@ def interleave(planes: list[np.ndarray], out: np.ndarray) -> bool:
         grid[:, k, 4:] = plane[:full * seg].reshape(full, seg)
     if rest:  # a shorter last block is never split: one stream, its planes' tails back to back
         pos = body + full * stride
-        struct.pack_into("<i", chunk, pos, width * rest)
+        struct.pack_into("<i", chunk.data, pos, width * rest)
         tail = chunk[pos + 4:total].reshape(width, rest)
         for k, plane in enumerate(planes):
             tail[k] = plane[full * seg:]

@@ -34,7 +34,7 @@ class BaseChunk:
     """The decoded bytes of the chunk at the same place in the parent version."""
 
     chunk_id: bytes
-    data: bytes
+    data: bytes | memoryview
     depth: int
     stored_bytes: int = 0  # its stored object's size (0: unknown); a keyframe's tells when a delta has outgrown it
 
@@ -60,14 +60,14 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def _sample(raw: bytes, align: int) -> slice:
+def _sample(raw: bytes | memoryview, align: int) -> slice:
     if len(raw) <= 2 * _SAMPLE:
         return slice(0, len(raw))
     start = (len(raw) // 2 // align) * align
     return slice(start, start + (_SAMPLE // align) * align)
 
 
-def encode_chunk(raw: bytes, ctx: ChunkContext, *, mode: str = "lossless", base: BaseChunk | None = None,
+def encode_chunk(raw: bytes | memoryview, ctx: ChunkContext, *, mode: str = "lossless", base: BaseChunk | None = None,
                  keyframe_interval: int = 8, candidates: tuple[int, ...] | None = None,
                  prefer: int | None = None) -> ChunkEncoding:
     """Encode one chunk.  ``candidates`` restricts the lossless codecs tried (benchmarks use it).
@@ -111,15 +111,17 @@ def encode_chunk(raw: bytes, ctx: ChunkContext, *, mode: str = "lossless", base:
         dense = _sample_winner(raw, ctx, base, dense)
     for c in dense:
         codec = get(c)
-        enc = codec.encode(raw, ctx, base.data if codec.needs_base else None)
+        enc = codec.encode(raw, ctx, base.data if codec.needs_base and base is not None else None)
         if enc is not None and (best is None or len(enc.payload) < len(best.encoded.payload)):
             best = ChunkEncoding(c, enc, base if codec.needs_base else None)
     if best is None or len(best.encoded.payload) >= len(raw):
-        return ChunkEncoding(RAW, get(RAW).encode(raw, ctx), None)
+        stored = get(RAW).encode(raw, ctx)
+        assert stored is not None   # raw takes every chunk
+        return ChunkEncoding(RAW, stored, None)
     return best
 
 
-def _encode_lossy(raw: bytes, ctx: ChunkContext, mode: str, base: BaseChunk | None) -> ChunkEncoding | None:
+def _encode_lossy(raw: bytes | memoryview, ctx: ChunkContext, mode: str, base: BaseChunk | None) -> ChunkEncoding | None:
     """The smallest encoding among the lossy mode's codecs, or None when none takes the chunk."""
     lossy: ChunkEncoding | None = None
     for eid in _LOSSY[check_mode(mode)]:
@@ -132,7 +134,7 @@ def _encode_lossy(raw: bytes, ctx: ChunkContext, mode: str, base: BaseChunk | No
     return lossy
 
 
-def sample_delta_fraction(raw: bytes, ctx: ChunkContext, base: BaseChunk, prefer: int | None = None) -> float | None:
+def sample_delta_fraction(raw: bytes | memoryview, ctx: ChunkContext, base: BaseChunk, prefer: int | None = None) -> float | None:
     """About how large a delta of ``raw`` against ``base`` is, as a fraction of ``len(raw)``,
     judged on a sample (64 KiB, or a quarter of a smaller chunk) with the dense codec that won
     here last time, else xor-delta; None for a chunk too small to sample (under 4 KiB).  Cheap
@@ -151,13 +153,13 @@ def sample_delta_fraction(raw: bytes, ctx: ChunkContext, base: BaseChunk, prefer
     return 0.0 if enc is None else len(enc.payload) / (s.stop - s.start)
 
 
-def _sample_winner(raw: bytes, ctx: ChunkContext, base: BaseChunk | None, dense: list[int]) -> list[int]:
+def _sample_winner(raw: bytes | memoryview, ctx: ChunkContext, base: BaseChunk | None, dense: list[int]) -> list[int]:
     """The dense codec whose payload is smallest on a sample of the chunk (none when none takes it)."""
     align = max(ctx.row_bytes if ctx.row_bytes and ctx.row_bytes <= _SAMPLE else 1, 16)
     s = _sample(raw, align)
     sizes = {}
     for c in dense:
-        e = get(c).encode(raw[s], ctx, base.data[s] if get(c).needs_base else None)
+        e = get(c).encode(raw[s], ctx, base.data[s] if get(c).needs_base and base is not None else None)
         if e is not None:
             sizes[c] = len(e.payload)
     return [min(sizes, key=sizes.__getitem__)] if sizes else []

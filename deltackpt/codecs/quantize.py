@@ -69,7 +69,7 @@ class QuantizedDelta(Codec):
         step = np.repeat(scales, BLOCK)[:n].astype(pred.dtype)
         return pred + q[:n].astype(pred.dtype) * step
 
-    def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded | None:
+    def encode(self, raw: bytes | memoryview, ctx: ChunkContext, base: bytes | memoryview | None = None) -> Encoded | None:
         if ctx.dtype not in LOSSY_DTYPES or base is None or len(base) != len(raw) or not raw:
             return None
         new_f, base_f = to_float(raw, ctx.dtype), to_float(base, ctx.dtype)
@@ -109,8 +109,9 @@ class QuantizedDelta(Codec):
     def _check_extra(self, params: dict[str, Any]) -> None:
         """Validate the prediction's parameters (none here)."""
 
-    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
+    def decode(self, params: dict[str, Any], payload: bytes | memoryview, raw_len: int, base: bytes | memoryview | None = None) -> bytes:
         base_array(base, raw_len, self.name)
+        assert base is not None   # base_array refused a missing one
         dtype, n = params.get("dt"), params.get("n")
         if dtype not in LOSSY_DTYPES or not is_int(n) or n < 0:
             raise CorruptObjectError(f"{self.name}: parameters are malformed")

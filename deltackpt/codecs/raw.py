@@ -12,10 +12,10 @@ class Raw(Codec):
     encoding_id = 0
     name = "raw"
 
-    def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded:
+    def encode(self, raw: bytes | memoryview, ctx: ChunkContext, base: bytes | memoryview | None = None) -> Encoded:
         return Encoded({}, bytes(raw))
 
-    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
+    def decode(self, params: dict[str, Any], payload: bytes | memoryview, raw_len: int, base: bytes | memoryview | None = None) -> bytes:
         if len(payload) != raw_len:
             raise CorruptObjectError(f"raw object holds {len(payload)} bytes, expected {raw_len}")
         return bytes(payload)

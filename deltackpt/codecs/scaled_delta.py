@@ -56,7 +56,7 @@ class ScaledDelta(Codec):
     name = "scaled-delta"
     needs_base = True
 
-    def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded | None:
+    def encode(self, raw: bytes | memoryview, ctx: ChunkContext, base: bytes | memoryview | None = None) -> Encoded | None:
         if ctx.dtype not in _FLOATS or base is None or len(base) != len(raw) or not raw:
             return None
         ftype, utype = _FLOATS[ctx.dtype]
@@ -82,14 +82,14 @@ class ScaledDelta(Codec):
             raise CorruptObjectError(f"{self.name}: {raw_len} bytes is not a whole number of {dtype} elements")
         return ftype, utype, alpha
 
-    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes, base: bytes | None = None) -> None:
+    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview, base: bytes | memoryview | None = None) -> None:
         dest = np.frombuffer(out, dtype=np.uint8)
         b = base_array(base, len(dest), self.name)
         ftype, utype, alpha = self._check(params, len(dest))
         decode_planes(params, payload, len(dest), what=self.name, out=dest)
         self._add_prediction(dest.view(utype), b.view(ftype), alpha, ftype, utype, dest.view(utype))
 
-    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview) -> None:
         dest = np.frombuffer(out, dtype=np.uint8)
         ftype, utype, alpha = self._check(params, len(dest))
         z = decode_planes(params, payload, len(dest), what=self.name, out=buffer("delta", len(dest)))
@@ -111,7 +111,7 @@ class ScaledDelta(Codec):
                 np.copyto(p, w, casting="unsafe")
                 unzigzag_add(zz, p.view(utype), out=dst[s:s + _BLOCK], scratch=work[:len(zz)])
 
-    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
+    def decode(self, params: dict[str, Any], payload: bytes | memoryview, raw_len: int, base: bytes | memoryview | None = None) -> bytes:
         out = np.empty(raw_len, dtype=np.uint8)
-        self.decode_into(memoryview(out), params, payload, base)
-        return out  # type: ignore[return-value]
+        self.decode_into(out.data, params, payload, base)
+        return out  # type: ignore[return-value]  # a uint8 array: any bytes-like (Codec.decode)

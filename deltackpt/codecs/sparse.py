@@ -28,7 +28,7 @@ class SparseRows(Codec):
     needs_base = True
     invertible = True   # new = base with the same rows XORed, so base = new with them XORed again
 
-    def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded | None:
+    def encode(self, raw: bytes | memoryview, ctx: ChunkContext, base: bytes | memoryview | None = None) -> Encoded | None:
         if base is None or len(base) != len(raw) or not raw:
             return None
         rb = _row_bytes(ctx.row_bytes, ctx.itemsize, len(raw))
@@ -43,7 +43,7 @@ class SparseRows(Codec):
         x = xor_into(raw, base, buffer("delta", len(raw))).reshape(-1, rb)
         changed = x.any(axis=1)
         count = int(changed.sum())
-        if count > MAX_CHANGED_FRACTION * len(changed):
+        if count > MAX_CHANGED_FRACTION * len(x):   # one flag per row
             return None
         bitmap = zstd_compress(np.packbits(changed).tobytes(), ctx.level)
         rows = x[changed].reshape(-1)
@@ -51,11 +51,11 @@ class SparseRows(Codec):
         params.update({"rb": rb, "n": count, "bm": len(bitmap)})
         return Encoded(params, bitmap + values)
 
-    def _rows(self, params: dict[str, Any], payload: bytes, raw_len: int) -> tuple[np.ndarray, np.ndarray, int]:
+    def _rows(self, params: dict[str, Any], payload: bytes | memoryview, raw_len: int) -> tuple[np.ndarray, np.ndarray, int]:
         """(indices of the changed rows, their XOR as a (count, rb) array in this thread's buffer, rb),
         every parameter checked against ``raw_len`` before anything is allocated."""
         rb, count, bm = params.get("rb"), params.get("n"), params.get("bm")
-        if (not all(is_int(v) for v in (rb, count, bm)) or rb <= 0 or raw_len % rb
+        if (not (is_int(rb) and is_int(count) and is_int(bm)) or rb <= 0 or raw_len % rb
                 or bm < 0 or bm > len(payload)):
             raise CorruptObjectError(f"{self.name}: parameters are malformed")
         nrows = raw_len // rb
@@ -69,17 +69,17 @@ class SparseRows(Codec):
                              out=buffer("rows", count * rb))
         return index, rows.reshape(count, rb), rb
 
-    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview) -> None:
         """Only the changed rows are touched: a chain of sparse deltas costs what its rows cost."""
         dest = np.frombuffer(out, dtype=np.uint8)
         index, rows, rb = self._rows(params, payload, len(dest))
         table = dest.reshape(-1, rb)
         table[index] ^= rows
 
-    def unapply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+    def unapply_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview) -> None:
         self.apply_into(out, params, payload)  # XOR of the same rows is its own inverse
 
-    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes, base: bytes | None = None) -> None:
+    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview, base: bytes | memoryview | None = None) -> None:
         dest = np.frombuffer(out, dtype=np.uint8)
         b = base_array(base, len(dest), self.name)
         index, rows, rb = self._rows(params, payload, len(dest))
@@ -88,7 +88,7 @@ class SparseRows(Codec):
         table = dest.reshape(-1, rb)
         table[index] ^= rows
 
-    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
+    def decode(self, params: dict[str, Any], payload: bytes | memoryview, raw_len: int, base: bytes | memoryview | None = None) -> bytes:
         out = np.empty(raw_len, dtype=np.uint8)
-        self.decode_into(memoryview(out), params, payload, base)
-        return out  # type: ignore[return-value]
+        self.decode_into(out.data, params, payload, base)
+        return out  # type: ignore[return-value]  # a uint8 array: any bytes-like (Codec.decode)

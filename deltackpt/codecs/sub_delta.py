@@ -81,7 +81,7 @@ class SubDelta(Codec):
     needs_base = True
     invertible = True   # new = base + d modulo 2^(8w), so base = new - d
 
-    def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded | None:
+    def encode(self, raw: bytes | memoryview, ctx: ChunkContext, base: bytes | memoryview | None = None) -> Encoded | None:
         w = width_for(ctx.itemsize, len(raw))
         if base is None or len(base) != len(raw) or w not in _UINT:
             return None
@@ -90,7 +90,7 @@ class SubDelta(Codec):
         params, payload = compress_planes(out, w, ctx.level)
         return Encoded(params, payload)
 
-    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes, base: bytes | None = None) -> None:
+    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview, base: bytes | memoryview | None = None) -> None:
         # in place, one small scratch buffer: delta chains decode a link per version, so copies add up
         dest = np.frombuffer(out, dtype=np.uint8)
         b = base_array(base, len(dest), self.name)
@@ -101,13 +101,13 @@ class SubDelta(Codec):
         t = _UINT[w]
         unzigzag_add(dest.view(t), b.view(t))
 
-    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview) -> None:
         self._step(out, params, payload, subtract=False)
 
-    def unapply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+    def unapply_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview) -> None:
         self._step(out, params, payload, subtract=True)
 
-    def _step(self, out: memoryview, params: dict[str, Any], payload: bytes, *, subtract: bool) -> None:
+    def _step(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview, *, subtract: bool) -> None:
         """``out`` (the base, or the delta's result to undo) += or -= the decoded differences, in place."""
         dest = np.frombuffer(out, dtype=np.uint8)
         w = params.get("w")
@@ -117,7 +117,7 @@ class SubDelta(Codec):
         t = _UINT[w]
         unzigzag_add(z.view(t), dest.view(t), out=dest.view(t), subtract=subtract)
 
-    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
+    def decode(self, params: dict[str, Any], payload: bytes | memoryview, raw_len: int, base: bytes | memoryview | None = None) -> bytes:
         out = np.empty(raw_len, dtype=np.uint8)
-        self.decode_into(memoryview(out), params, payload, base)
-        return out  # type: ignore[return-value]
+        self.decode_into(out.data, params, payload, base)
+        return out  # type: ignore[return-value]  # a uint8 array: any bytes-like (Codec.decode)

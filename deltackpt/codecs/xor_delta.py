@@ -20,7 +20,7 @@ class XorDelta(Codec):
     needs_base = True
     invertible = True
 
-    def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded | None:
+    def encode(self, raw: bytes | memoryview, ctx: ChunkContext, base: bytes | memoryview | None = None) -> Encoded | None:
         if base is None or len(base) != len(raw):
             return None
         # the XOR goes to this thread's buffer, grouped from there into the payload: one chunk-sized
@@ -29,21 +29,21 @@ class XorDelta(Codec):
         params, payload = encode_planes(x, width_for(ctx.itemsize, len(raw)), ctx.level)
         return Encoded(params, payload)
 
-    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes, base: bytes | None = None) -> None:
+    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview, base: bytes | memoryview | None = None) -> None:
         dest = np.frombuffer(out, dtype=np.uint8)
         b = base_array(base, len(dest), self.name)
         decode_planes(params, payload, len(dest), what=self.name, out=dest)
         xor_into(dest, b, dest)
 
-    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+    def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview) -> None:
         dest = np.frombuffer(out, dtype=np.uint8)
         x = decode_planes(params, payload, len(dest), what=self.name, out=buffer("delta", len(dest)))
         xor_into(dest, x, dest)
 
-    def unapply_into(self, out: memoryview, params: dict[str, Any], payload: bytes) -> None:
+    def unapply_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview) -> None:
         self.apply_into(out, params, payload)  # XOR is its own inverse: new ^ x = base
 
-    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
+    def decode(self, params: dict[str, Any], payload: bytes | memoryview, raw_len: int, base: bytes | memoryview | None = None) -> bytes:
         b = base_array(base, raw_len, self.name)
         out = decode_planes(params, payload, raw_len, what=self.name)
-        return xor_into(out, b, out)  # type: ignore[return-value]
+        return xor_into(out, b, out)  # type: ignore[return-value]  # a uint8 array: any bytes-like

@@ -14,12 +14,12 @@ class ByteGroupZstd(Codec):
     encoding_id = 1
     name = "bg-zstd"
 
-    def encode(self, raw: bytes, ctx: ChunkContext, base: bytes | None = None) -> Encoded:
+    def encode(self, raw: bytes | memoryview, ctx: ChunkContext, base: bytes | memoryview | None = None) -> Encoded:
         params, payload = encode_planes(raw, width_for(ctx.itemsize, len(raw)), ctx.level)
         return Encoded(params, payload)
 
-    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes, base: bytes | None = None) -> None:
+    def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview, base: bytes | memoryview | None = None) -> None:
         decode_planes(params, payload, len(out), what=self.name, out=np.frombuffer(out, dtype=np.uint8))
 
-    def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
-        return decode_planes(params, payload, raw_len, what=self.name)  # type: ignore[return-value]
+    def decode(self, params: dict[str, Any], payload: bytes | memoryview, raw_len: int, base: bytes | memoryview | None = None) -> bytes:
+        return decode_planes(params, payload, raw_len, what=self.name)  # type: ignore[return-value]  # any bytes-like

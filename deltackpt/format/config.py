@@ -15,6 +15,7 @@ need it not: every delta names its base.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from ..errors import CorruptObjectError, FormatVersionError, InvalidArgumentError
 from . import msgpack_io
@@ -56,7 +57,7 @@ def check_delta_base(value: str, version: int = FORMAT_VERSION) -> str:
     return value
 
 
-def _whole(value: object, lo: int, hi: int) -> bool:
+def _whole(value: object, lo: int, hi: int) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
 
 
@@ -66,7 +67,7 @@ def check_chunk_bytes(value: object) -> int:
     if not _whole(value, 1, MAX_CHUNK_BYTES):
         raise InvalidArgumentError(f"chunk size (chunk_bytes, --chunk-bytes) must be a whole number of bytes from 1 "
                                    f"to {MAX_CHUNK_BYTES} (64 MiB), got {value!r:.40}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def check_keyframe_interval(value: object) -> int:
@@ -74,7 +75,7 @@ def check_keyframe_interval(value: object) -> int:
     if not _whole(value, 0, MAX_KEYFRAME_INTERVAL):
         raise InvalidArgumentError(f"keyframe interval (keyframe_interval, --keyframe-interval) must be a whole "
                                    f"number from 0 to {MAX_KEYFRAME_INTERVAL}, got {value!r:.40}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def decode(data: bytes, *, where: str) -> Config:

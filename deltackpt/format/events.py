@@ -153,6 +153,7 @@ class Event:
 def encode(record: dict[str, Any]) -> bytes:
     """The bytes of a record (fields in the spec's order, ``None`` ones left out); refused with
     CorruptObjectError when a reader would refuse it, so nothing unreadable is ever written."""
+    # (an unknown or missing kind has no fields of its own: .get with None is fine at run time)
     schema = {**COMMON, **BY_KIND.get(record.get("kind"), {})}  # type: ignore[arg-type]
     unknown = set(record) - set(schema)
     if unknown:

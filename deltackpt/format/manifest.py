@@ -19,7 +19,7 @@ from . import msgpack_io
 from .dtypes import itemsize
 from .ids import check_raw_id, from_hex, hex_id
 from .limits import MAX_CHUNK_BYTES, MAX_MANIFEST_BYTES, MAX_NDIM, MAX_TENSOR_ELEMENTS
-from .tree import EXT_TENSOR, EXT_TUPLE, TensorRef, pack_tree, unpack_tree  # noqa: F401 (re-exported)
+from .tree import EXT_TENSOR, EXT_TUPLE, TensorRef as TensorRef, pack_tree, unpack_tree  # noqa: F401 (re-exported)
 
 MAGIC = b"DCKMAN\x01\x00"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import msgpack
 
@@ -14,7 +14,8 @@ def pack(value: Any) -> bytes:
     return msgpack.packb(value, use_bin_type=True, strict_types=False)
 
 
-def unpack(data: bytes | memoryview, *, what: str, max_bytes: int, ext_hook=None) -> Any:
+def unpack(data: bytes | memoryview, *, what: str, max_bytes: int,
+           ext_hook: Callable[[int, bytes], Any] | None = None) -> Any:
     """Deserialize untrusted msgpack: bounded sizes, no unknown ext types, no trailing bytes."""
     if len(data) > max_bytes:
         raise CorruptObjectError(f"{what}: {len(data)} bytes exceeds the limit of {max_bytes}")

@@ -111,7 +111,7 @@ class PackBuilder(PackStream):
         self._parts: list[bytes] = []
         super().__init__(lambda part: self._parts.append(bytes(part)))
 
-    def finish(self) -> bytes:  # type: ignore[override]
+    def finish(self) -> bytes:  # type: ignore[override]  # the pack's bytes, where a stream returns its id
         super().finish()
         return b"".join(self._parts)
 

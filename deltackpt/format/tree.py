@@ -72,6 +72,7 @@ def pack_tree(body: Any) -> bytes:
     stack: list[tuple[Any, Any, Any, Any, bool]] = []  # children, copy, parent, slot, is a tuple
 
     def place(value: Any, parent: Any, slot: Any) -> None:
+        out: Any
         if type(value) is dict:
             parent[slot] = out = {}
             stack.append((iter(value.items()), out, parent, slot, False))
@@ -84,7 +85,7 @@ def pack_tree(body: Any) -> bytes:
     place(body, root, 0)
     while stack:
         children, out, parent, slot, is_tuple = stack[-1]
-        item = next(children, end)
+        item: Any = next(children, end)
         if item is end:
             stack.pop()
             if is_tuple:

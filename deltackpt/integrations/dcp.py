@@ -31,7 +31,7 @@ import os
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -185,11 +185,11 @@ class Writer(StorageWriter):
             data = planner.resolve_data(item)
             name = _shard_name(item.index.fqn, list(item.index.offset) if item.index.offset is not None else None)
             if item.type == WriteItemType.BYTE_IO:
-                raw = np.frombuffer(data.getbuffer(), dtype=np.uint8)
+                raw = np.frombuffer(cast(io.BytesIO, data).getbuffer(), dtype=np.uint8)
                 inputs.append(BlobInput(("dcp", name, "bytes"), raw, "uint8", 1, max(1, len(raw))))
                 kinds.append(("uint8", [len(raw)], True))
                 continue
-            t = data.detach()
+            t = cast(torch.Tensor, data).detach()
             dtype = name_of(t.dtype, name)
             shape = list(t.shape)
             isz = t.element_size()

@@ -12,6 +12,7 @@ import os
 import shutil
 import stat
 import sys
+from types import FrameType
 from typing import Any, Iterator
 
 import torch
@@ -106,6 +107,7 @@ def _replacing(path: str) -> Iterator[str]:
 
 def _frames() -> int:
     """How many frames deep the caller runs."""
+    f: FrameType | None
     n, f = 0, sys._getframe()
     while f is not None:
         n, f = n + 1, f.f_back

@@ -60,7 +60,7 @@ import logging
 import os
 import re
 import tempfile
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import torch
 
@@ -73,9 +73,15 @@ from .plain import from_plain, to_plain
 
 __all__ = ["DeltackptGuard", "DeltackptIO", "DeltackptMetrics", "to_plain", "from_plain"]
 
-CheckpointIO = require("lightning_fabric.plugins.io.checkpoint_io",
-                       feature="deltackpt's Lightning plugin").CheckpointIO
-Callback = require("pytorch_lightning", feature="deltackpt's Lightning guard").Callback
+if TYPE_CHECKING:   # the classes themselves (require() returns a module, typed as any module)
+    from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
+    from pytorch_lightning import Callback
+
+    from ..api.internal import SaveHandle
+else:
+    CheckpointIO = require("lightning_fabric.plugins.io.checkpoint_io",
+                           feature="deltackpt's Lightning plugin").CheckpointIO
+    Callback = require("pytorch_lightning", feature="deltackpt's Lightning guard").Callback
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO  # noqa: E402  (installed with CheckpointIO)
 from lightning_fabric.utilities.cloud_io import get_filesystem  # noqa: E402
 
@@ -180,7 +186,8 @@ class DeltackptIO(CheckpointIO):
         self._pending.append(result)
         # the pointer names the version id, known only once committed: write it from the save
         # thread right after the save (the trainer does not wait for either)
-        internal.run_after(self.repo, lambda: self._finish(result.wait(), path, where))
+        internal.run_after(self.repo, lambda: self._finish(cast("SaveHandle", result).wait(), path, where))
+
 
     def _tag_name(self, path: str, where: str) -> str:
         """``ckpt-<file name>``, unless a file of that name in another folder holds it: then

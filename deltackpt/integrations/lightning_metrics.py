@@ -25,7 +25,7 @@ Example::
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,7 +33,10 @@ from ..deps import require
 
 __all__ = ["METRICS_KEY", "DeltackptMetrics", "monitored_score", "plain_metrics"]
 
-Callback = require("pytorch_lightning", feature="deltackpt's Lightning metrics").Callback
+if TYPE_CHECKING:   # the class itself (require() returns a module, typed as any module)
+    from pytorch_lightning import Callback
+else:
+    Callback = require("pytorch_lightning", feature="deltackpt's Lightning metrics").Callback
 
 METRICS_KEY = "deltackpt_metrics"
 """Where :class:`DeltackptMetrics` puts the metrics in the checkpoint dict; DeltackptIO records

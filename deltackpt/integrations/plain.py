@@ -70,7 +70,8 @@ def _attribute_dict() -> type:
     try:
         from pytorch_lightning.utilities.parsing import AttributeDict
     except ImportError:
-        from lightning_fabric.utilities.data import AttributeDict
+        from lightning_fabric.utilities.data import AttributeDict as FabricAttributeDict
+        return FabricAttributeDict
     return AttributeDict
 
 
@@ -233,6 +234,7 @@ def from_plain(obj: Any) -> Any:
     stack: list[tuple[Any, Any, Any, Any, Any, str]] = []
 
     def place(value: Any, parent: Any, slot: Any, path: str) -> None:
+        out: Any
         if isinstance(value, dict):
             tag = value.get(TYPE_KEY)
             if isinstance(tag, str) and "value" in value:
@@ -257,7 +259,7 @@ def from_plain(obj: Any) -> Any:
     place(obj, root, 0, "")
     while stack:
         children, out, parent, slot, finish, path = stack[-1]
-        item = next(children, end)
+        item: Any = next(children, end)
         if item is end:
             stack.pop()
             if finish is not None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 @dataclass(frozen=True)
 class ChunkMemo:
     chunk_id: bytes      # id of the stored chunk (for lossy chunks: of the decoded bytes)
-    data: bytes | None   # decoded bytes of that chunk (what a delta against it reproduces); None:
+    data: bytes | memoryview | None   # decoded bytes of that chunk (what a delta against it reproduces); None:
                          # not in memory, read from the repository when a delta needs it (bases.py)
     depth: int           # delta-chain depth of the stored object
     source_id: bytes     # hash of the bytes the user handed in (equal to chunk_id when lossless)

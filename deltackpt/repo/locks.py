@@ -18,7 +18,7 @@ from .. import threads
 from ..errors import ObjectNotFoundError, RepositoryLockedError, StoreError
 from ..format import msgpack_io
 from ..store.base import Store
-from .lock_holders import BOOT, HOST, describe, holder_state, pid_namespace, start_time
+from .lock_holders import BOOT, HOST as HOST, describe as describe, holder_state, pid_namespace, start_time
 
 LOCKS = "locks/"
 GC_LOCK = "locks/gc"
@@ -53,7 +53,7 @@ class Holder(dict):
             return self.raw == other.raw
         return dict.__eq__(self, other)
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
 
 def _holder(store: Store, key: str) -> Holder | None:
@@ -160,8 +160,8 @@ def _release(store: Store, key: str, body: bytes, kind: str) -> None:
     store.delete(key, site=f"lock.{kind}.release")
 
 
-def live_save_locks(store: Store) -> list[tuple[str, dict | None]]:
-    out = []
+def live_save_locks(store: Store) -> list[tuple[str, Holder | None]]:
+    out: list[tuple[str, Holder | None]] = []
     for key in store.list(LOCKS):
         if key.startswith(LOCKS + "save-"):
             info = _holder(store, key)

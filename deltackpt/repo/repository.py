@@ -317,7 +317,7 @@ class Repository:
         for vid in self.version_ids():
             try:
                 m: Manifest | DeltackptError = self.manifest(vid)
-                t = _sort_time(m.time)  # type: ignore[union-attr]
+                t = _sort_time(m.time)  # type: ignore[union-attr]  # (a Manifest: the except stores an error)
             except DeltackptError as exc:
                 m = exc
                 try:

@@ -63,7 +63,8 @@ from typing import Any, Callable
 
 from ..repo.versions import Version
 from . import at_exit, lazy, staging
-from .handle import SaveHandle
+from .handle import SaveHandle as SaveHandle
+
 from .runtime import SaveRuntime, go_idle, spare_cores, timed
 
 

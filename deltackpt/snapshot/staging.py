@@ -205,7 +205,9 @@ def _segment_allocator(pool: StagingPool, leaves: list, shared: dict[int, list[i
 
     def alloc(shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:
         nonlocal pos
-        out = torch.empty(0, dtype=dtype).set_(seg.tensor.untyped_storage(), pos // dtype.itemsize, shape)
+        # torch's stub wants a stride too; the runtime defaults it to contiguous, which this is
+        out = torch.empty(0, dtype=dtype).set_(seg.tensor.untyped_storage(), pos // dtype.itemsize,  # type: ignore[call-overload]
+                                               shape)
         pos += _aligned(math.prod(shape) * dtype.itemsize)
         return out
 

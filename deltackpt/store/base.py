@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from typing import Any
 
 from ..errors import LimitExceededError, StoreError
 
@@ -152,7 +153,7 @@ class WrappingStore(Store):
         self.durable = inner.durable
         self.atomic_swap = inner.atomic_swap
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (copying, unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.inner, name)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import errno
 import os
 import time
-from typing import Any
+from typing import Any, Literal
 
 from .. import faults
 from ..deps import install_hint, require
@@ -56,7 +56,7 @@ class FsspecStore(Store):
     off).  Other keyword arguments go to fsspec (``endpoint_url``, ``key``, ``anon``...).
     """
 
-    def __init__(self, url: str, *, cache_dir: "str | os.PathLike | bool | None" = None,
+    def __init__(self, url: str, *, cache_dir: "str | os.PathLike[str] | Literal[False] | None" = None,
                  cache_bytes: int | None = None, **storage_options: Any) -> None:
         fsspec = require("fsspec", feature=f"the repository {url}")  # only object-store users need it
 

@@ -8,6 +8,7 @@ cannot make us read or write outside it.
 
 from __future__ import annotations
 
+import builtins
 import errno
 import os
 import secrets
@@ -299,7 +300,7 @@ class LocalStore(Store):
                 n += 1
         return n
 
-    def temp_files(self) -> list[tuple[str, float]]:
+    def temp_files(self) -> builtins.list[tuple[str, float]]:   # (list: the method above)
         """Leftover temp files from interrupted writes: (key, mtime)."""
         out = []
         for key in self.list(TMP_DIR + "/"):

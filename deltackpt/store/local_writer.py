@@ -7,11 +7,11 @@ import errno
 import os
 import secrets
 import threading
-from typing import Protocol
+from typing import Protocol, cast
 
 from .. import faults
 from ..errors import ObjectNotFoundError, StoreError
-from .base import AtomicWriter
+from .base import AtomicWriter, Store
 
 
 class LocalPaths(Protocol):
@@ -55,7 +55,7 @@ class LocalWriter(AtomicWriter):
     sealed file (fsynced, closed) stays under ``tmp/`` until :meth:`publish` renames it."""
 
     def __init__(self, store: LocalPaths, site: str, owner: str | None = None) -> None:
-        super().__init__(store, site)
+        super().__init__(cast(Store, store), site)   # a LocalStore: a Store and LocalPaths both
         self._local = store
         tmp_dir = store._tmp_dir()
         mark = f"{owner}." if owner else ""   # see owned_temp: a dead save's files are found by it
@@ -74,6 +74,7 @@ class LocalWriter(AtomicWriter):
                 return
             self._sync.join()
         fd = self._fd
+        assert fd is not None   # write() checked it
 
         def run() -> None:
             try:

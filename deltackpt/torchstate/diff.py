@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, TypedDict, cast
 
 import torch
 
 from .materialize import build_tensors, read_blobs
+
+if TYPE_CHECKING:
+    from ..repo.repository import Repository
+    from ..repo.versions import Version
+
+
+class _Opened(Protocol):
+    """A repository handle (:class:`deltackpt.Repo`), as far as a diff uses it."""
+
+    @property
+    def core(self) -> Repository: ...
 
 
 PIECE_ELEMENTS = 1 << 22
@@ -17,6 +28,25 @@ PIECE_ELEMENTS = 1 << 22
 MAX_COMPARED_ELEMENTS = 1 << 32
 """A pair needing more element comparisons than this, once dimensions both sides broadcast are
 collapsed, is reported as not compared (minutes of work for an informational figure)."""
+
+
+class _Named(TypedDict):
+    name: str
+
+
+class TensorDiff(_Named, total=False):
+    """One tensor's row of :meth:`deltackpt.Repo.diff`: its stored bytes in version a and b (a
+    tensor in one version only has ``status`` ``"added"`` or ``"removed"`` and one of them), the
+    fraction of elements changed, the largest absolute and the relative L2 difference (None when
+    not numeric or not compared; ``note`` says why)."""
+
+    stored_bytes_a: int
+    stored_bytes_b: int
+    changed_fraction: float | None
+    max_abs: float | None
+    rel_l2: float | None
+    note: str
+    status: str
 
 
 def _collapse_broadcast(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,7 +129,7 @@ def _stats(a: torch.Tensor, b: torch.Tensor) -> dict[str, Any]:
     return out
 
 
-def diff_versions(repo: Any, a: Any, b: Any) -> list[dict[str, Any]]:
+def diff_versions(repo: _Opened, a: "str | Version", b: "str | Version") -> list[TensorDiff]:
     core = repo.core
     va, vb = core.resolve(a), core.resolve(b)
     ma, mb = core.manifest(va), core.manifest(vb)
@@ -125,4 +155,4 @@ def diff_versions(repo: Any, a: Any, b: Any) -> list[dict[str, Any]]:
         else:
             row["status"] = "added" if name in ib else "removed"
         rows.append(row)
-    return rows
+    return cast("list[TensorDiff]", rows)   # the rows are built key by key (stored_bytes_a / _b)

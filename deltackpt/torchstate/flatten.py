@@ -124,7 +124,7 @@ def flatten(obj: Any, prefix: tuple = ()) -> tuple[Any, list[TensorLeaf]]:
     place(obj, prefix, 0, root, 0)
     while stack:
         kind, children, out, key, depth, parent, slot = stack[-1]
-        item = next(children, _END)
+        item: Any = next(children, _END)
         if item is _END:
             stack.pop()
             if kind == "tuple":
@@ -236,6 +236,7 @@ def unflatten(tree: Any, make: Any, keep: Any = None) -> Any:
     stack: list[tuple[bool, Any, Any, Any, Any]] = []  # is_dict, children, out, parent, slot
 
     def place(value: Any, parent: Any, slot: Any) -> None:
+        out: Any
         if isinstance(value, TensorRef):
             parent[slot] = make(value.index)
         elif isinstance(value, dict):
@@ -250,7 +251,7 @@ def unflatten(tree: Any, make: Any, keep: Any = None) -> Any:
     place(tree, root, 0)
     while stack:
         is_dict, children, out, parent, slot = stack[-1]
-        item = next(children, _END)
+        item: Any = next(children, _END)
         if item is _END:
             stack.pop()
             if isinstance(slot, tuple):   # a tuple is built as a list, frozen once its items are in

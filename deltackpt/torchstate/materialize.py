@@ -149,11 +149,12 @@ def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int],
         raise OutOfMemoryError(f"version {vid[:10]}: cannot allocate {total} bytes for "
                                f"{len(wanted)} tensors (e.g. {_names(m, wanted[-1])}); load fewer layers or "
                                "restore into an existing model") from None
-    seeded = {b for b, src in (seeds or {}).items() if b in out and len(src) == len(out[b])}
+    given = seeds or {}
+    seeded = {b for b, src in given.items() if b in out and len(src) == len(out[b])}
     for b in seeded:
-        np.copyto(out[b], seeds[b])  # type: ignore[index]
+        np.copyto(out[b], given[b])
     for live in (True, False):
-        targets = [(b, memoryview(buf)) for b, buf in out.items() if (b in seeded) == live]
+        targets = [(b, buf.data) for b, buf in out.items() if (b in seeded) == live]
         if targets:
             read_into(core, vid, m, targets, checked=True, live=live, threads=threads)
     return out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping, overload
 
 from ..codecs.pipeline import check_mode
 from ..errors import CodecError
@@ -87,5 +87,5 @@ def plan_blobs(leaves: list[TensorLeaf], encoding: Mapping[str, str] | str | Non
             blobs.append(BlobInput(("s",) + group[0].key, data, dtype, isz, isz, "lossless"))
             storage_blob[gid] = len(blobs) - 1
         entries.append(TensorEntry(leaf.name, list(leaf.key), dtype, shape, list(t.stride()), storage_blob[gid],
-                                   t.storage_offset() * isz, device=str(t.device)))
+                                   int(t.storage_offset()) * isz, device=str(t.device)))
     return blobs, entries

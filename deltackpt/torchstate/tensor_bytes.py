@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from ..format.manifest import Blob
+    from ..repo.repository import Repository
 
 
 _SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -92,7 +97,7 @@ def writable_bytes(t: torch.Tensor) -> np.ndarray | None:
     return t.detach().reshape(-1).view(torch.uint8).numpy()
 
 
-def copy_blob_to_device(core, blob, dst: torch.Tensor, *, pin: bool | None = None) -> None:
+def copy_blob_to_device(core: Repository, blob: Blob, dst: torch.Tensor, *, pin: bool | None = None) -> None:
     """Decode a blob chunk by chunk into a reused (pinned) host buffer and copy each chunk into
     the contiguous device tensor ``dst``: restoring a GPU state needs one chunk of host memory,
     not a host copy of the tensor.  ``core`` is the repository (anything with ``read_chunk``)."""
@@ -105,6 +110,6 @@ def copy_blob_to_device(core, blob, dst: torch.Tensor, *, pin: bool | None = Non
     host = stage.numpy()
     pos = 0
     for c in blob.chunks:
-        core.chunks.read_chunk(c.chunk_id, memoryview(host[:c.raw_len]))
+        core.chunks.read_chunk(c.chunk_id, host[:c.raw_len].data)
         flat[pos:pos + c.raw_len].copy_(stage[:c.raw_len])  # synchronous: the buffer is reused next
         pos += c.raw_len

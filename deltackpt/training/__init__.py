@@ -39,7 +39,8 @@ a handle's ``core``.  Only :mod:`deltackpt.integrations` and the CLI build on it
 
 from .checkpointer import Checkpointer
 from .detect import Ratio, Rules, Spike, Sustained
-from .guard import Guard, Rollback
+from .guard import Guard
+from .report import Rollback
 from .resume import ResumeInfo, resume
 from .state import ResumableSampler, training_state
 

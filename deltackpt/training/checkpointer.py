@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 import torch
 
@@ -25,7 +25,9 @@ from .policies import Policy, as_policy
 
 if TYPE_CHECKING:
     from ..api.internal import SaveHandle
-    from .guard import Guard, Rollback
+    from ..api.types import Encoding, Metrics, Optimizers, State, Where
+    from .guard import Guard
+    from .report import Rollback
 
 
 class Checkpointer:
@@ -86,13 +88,14 @@ class Checkpointer:
         ```
     """
 
-    def __init__(self, repo: "str | os.PathLike | Repo", policy: "Policy | int | list | None" = None, *,
-                 retention: Retention | None = None, blocking: bool = False, gc_every: int = 1,
-                 encoding: Any = None, grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    def __init__(self, repo: "str | os.PathLike[str] | Repo", policy: "Policy | int | Sequence[Policy | int] | None" = None,
+                 *, retention: Retention | None = None, blocking: bool = False, gc_every: int = 1,
+                 encoding: Encoding | None = None, grace_seconds: float = DEFAULT_GRACE_SECONDS,
                  start_step: int | None = None, clock: Callable[[], float] = time.monotonic,
-                 background: str | None = None, snapshot: str = "eager", optimizer: Any = None,
-                 guard: "Guard | None" = None, drill_every: int | None = None,
+                 background: Where | None = None, snapshot: Literal["eager", "lazy"] = "eager",
+                 optimizer: Optimizers | None = None, guard: "Guard | None" = None, drill_every: int | None = None,
                  drill_revision: str = "latest", writes: bool = True) -> None:
+
         if retention is not None and not isinstance(retention, Retention):
             raise InvalidArgumentError(f"retention must be a Retention, got {type(retention).__name__}")
         grace_seconds = check_seconds("grace_seconds", grace_seconds, allow_inf=True)  # before any I/O
@@ -151,7 +154,7 @@ class Checkpointer:
             self.policy.restore_measured(restore)
         self._told_restore = restore
 
-    def due(self, step: int, metrics: Mapping[str, Any] | None = None) -> bool:
+    def due(self, step: int, metrics: Metrics | None = None) -> bool:
         """Whether the policy would save at ``step`` (with these ``metrics``), without saving.
 
         Args:
@@ -163,8 +166,8 @@ class Checkpointer:
         """
         return self.policy.due(step, self.clock(), metrics or {})
 
-    def step(self, state: Any = None, *, step: int, metrics: Mapping[str, Any] | None = None, force: bool = False,
-             meta: Any = None, tag: str | None = None) -> "SaveHandle | Version | None":
+    def step(self, state: "Mapping[str, Any] | Callable[[], State] | None" = None, *, step: int, metrics: Metrics | None = None,
+             force: bool = False, meta: object = None, tag: str | None = None) -> "SaveHandle | Version | None":
         """Save ``state`` if the policy says so (or ``force``).
 
         Args:
@@ -183,6 +186,7 @@ class Checkpointer:
         Raises:
             DivergenceError: the guard gave up (too many rollbacks).
         """
+
         from ..api import save
 
         metrics = dict(metrics or {})
@@ -225,13 +229,14 @@ class Checkpointer:
                 self.drills.saved()
         return result
 
-    def _commit(self, state: Any, step: int, meta: Any = None) -> Version:
+    def _commit(self, state: State, step: int, meta: object = None) -> Version:
+
         """A blocking save outside the policy (a guard's rollback), with this Checkpointer's settings."""
         from ..api import save
 
         version = save(state, self.repo, step=step, meta=meta, encoding=self.encoding)
         self.saves += 1
-        return version  # type: ignore[return-value]
+        return version
 
     def _hear_drill(self) -> None:
         """Give the policy a restore time a background drill measured since the last step."""
@@ -240,7 +245,7 @@ class Checkpointer:
             self.policy.restore_measured(measured)
             self._told_restore = measured
 
-    def prepare(self, state: Any) -> "threading.Thread | None":
+    def prepare(self, state: "Mapping[str, Any] | Callable[[], State]") -> "threading.Thread | None":
         """Allocate and fault in, in a background thread, the staging memory background saves of
         ``state`` hold (``BackgroundOptions.max_in_flight`` copies), so the first save costs what
         the later ones do.

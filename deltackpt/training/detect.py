@@ -49,6 +49,7 @@ class Verdict:
 
 def _positive(name: str, value: object, *, integer: bool = False) -> None:
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    # (ok says value is a number; mypy does not narrow through the flag)
     if isinstance(value, bool) or not ok or not value > 0 or (  # type: ignore[operator]
             not integer and not math.isfinite(value)):  # type: ignore[arg-type]
         raise InvalidArgumentError(f"{name} must be a positive {'integer' if integer else 'number'}, got {value!r:.60}")

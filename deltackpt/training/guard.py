@@ -47,7 +47,8 @@ import os
 import secrets
 import time
 from collections import deque
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping
+
 
 from ..api import Repo, internal, save
 from ..errors import DeltackptError, DivergenceError, InvalidArgumentError
@@ -58,12 +59,19 @@ from .report import Rollback
 from .rollback import Parts, Restored, roll_back
 from .state import training_state
 
+if TYPE_CHECKING:
+    import torch
+
+    from ..api.internal import SaveHandle
+    from ..api.types import Metrics, Stateful
+
 #: versions tried, newest first, when the chosen one does not restore (a damaged chunk)
 MAX_TRIES = 4
 #: values kept per watched series: the rules are rebuilt from them after a rollback
 HISTORY = 512
 
 log = logging.getLogger("deltackpt")
+
 
 
 def _number(name: str, value: Any) -> float:
@@ -166,10 +174,12 @@ class Guard:
         ```
     """
 
-    def __init__(self, repo: "str | os.PathLike | Repo | None" = None, *, model: Any = None, optimizer: Any = None,
-                 scheduler: Any = None, scaler: Any = None, sampler: Any = None,
+    def __init__(self, repo: "str | os.PathLike[str] | Repo | None" = None, *, model: "torch.nn.Module | None" = None,
+                 optimizer: "Stateful | None" = None, scheduler: "Stateful | None" = None,
+                 scaler: "Stateful | None" = None, sampler: "Stateful | None" = None,
                  watch: "str | Iterable[str] | Mapping[str, Rule]" = "loss", rule: Rule | None = None,
-                 patience: int = 1, margin: int = 1, target: str | None = None, data: str = "skip",
+                 patience: int = 1, margin: int = 1, target: str | None = None,
+                 data: Literal["skip", "reseed", "replay"] = "skip",
                  lr_scale: float | None = None, max_rollbacks: int = 3, window: int = 1000,
                  restore_rng: bool = True, commit: "bool | Callable[[Rollback], Version | None]" = True,
                  start_step: int | None = None, seed: int = 0, skip_ahead: int = 0, group: Any = None) -> None:
@@ -191,10 +201,11 @@ class Guard:
         self.rollbacks: list[Rollback] = []
         self.repo: Repo | None = None
         self._owns_repo = False
-        self._history: dict[str, deque] = {name: deque(maxlen=HISTORY) for name in self.rules}
+        self._history: dict[str, deque[tuple[int, float, bool]]] = {name: deque(maxlen=HISTORY) for name in self.rules}
+
         self._bad_since: int | None = None
         self._flags = 0
-        self._pending: list[tuple[int, Any]] = []
+        self._pending: list[tuple[int, SaveHandle]] = []
         self._mine: dict[str, int] = {}            # this run's versions -> step
         self._preexisting: set[str] = set()
         self._abandoned: set[str] = set()
@@ -207,7 +218,7 @@ class Guard:
             self.attach(repo)
 
     # wiring ----------------------------------------------------------------------------------
-    def attach(self, repo: "str | os.PathLike | Repo", *, start_step: int | None = None) -> "Guard":
+    def attach(self, repo: "str | os.PathLike[str] | Repo", *, start_step: int | None = None) -> "Guard":
         """Use ``repo`` (a Checkpointer calls this with its own).
 
         Args:
@@ -220,6 +231,7 @@ class Guard:
             The guard itself.
         """
         self._owns_repo = not isinstance(repo, Repo)
+
         self.repo = repo if isinstance(repo, Repo) else Repo(repo, create=True)
         core = self.repo
         if start_step is not None:
@@ -234,7 +246,7 @@ class Guard:
         self._hold = internal.hold(core)
         return self
 
-    def saved(self, step: int, result: "Version | Any") -> None:
+    def saved(self, step: int, result: "Version | SaveHandle | None") -> None:
         """Tell the guard this run saved ``step``: its newest trusted versions are held, so retention
         cannot drop the next rollback's target.
 
@@ -242,6 +254,7 @@ class Guard:
             step: the step saved.
             result: the save's Version, or a background save's handle.
         """
+
         if isinstance(result, Version):
             self._mine[result.id] = step
         elif result is not None:
@@ -263,7 +276,7 @@ class Guard:
         self.close()
 
     # judging ---------------------------------------------------------------------------------
-    def check(self, step: int, metrics: Mapping[str, Any]) -> Rollback | None:
+    def check(self, step: int, metrics: Metrics) -> Rollback | None:
         """Judge this step's reported values; roll back when they are bad.  Under torch.distributed
         every rank must call it at the same steps (it is a collective).
 
@@ -281,6 +294,7 @@ class Guard:
                 version to roll back to.
             InvalidArgumentError: a watched value that is not a number, or no repository attached.
         """
+
         if self.repo is None:
             raise InvalidArgumentError("Guard has no repository: Guard(repo, ...) or Checkpointer(repo, guard=...)")
         _count("step", step, -(1 << 63))
@@ -304,7 +318,7 @@ class Guard:
             return None
         return self._fire(step, fire, start, group, seen_on)
 
-    def _judge(self, step: int, metrics: Mapping[str, Any]) -> Verdict | None:
+    def _judge(self, step: int, metrics: Metrics) -> Verdict | None:
         fired: Verdict | None = None
         values: dict[str, float] = {}
         for name, rule in self.rules.items():

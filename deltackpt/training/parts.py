@@ -54,7 +54,7 @@ def check_parts(state: Any, where: str, parts: Mapping[str, Any], *, strict: boo
             raise StateMismatchError(f"{where}: {exc}; nothing was restored") from None
 
 
-def _check_scaler(scaler: Any, saved: Mapping, where: str) -> None:
+def _check_scaler(scaler: Any, saved: Mapping[str, Any], where: str) -> None:
     enabled = getattr(scaler, "is_enabled", lambda: False)()
     if not enabled:
         return  # a disabled scaler ignores what it is given

@@ -14,24 +14,27 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Sequence
 
 from ..errors import DeltackptError
+
+if TYPE_CHECKING:   # (no import at run time: policies hold no torch and no repository)
+    from ..api.types import Metrics
 
 
 class Policy:
     """Base class: never due on its own."""
 
-    def due(self, step: int, now: float, metrics: Mapping[str, Any]) -> bool:
+    def due(self, step: int, now: float, metrics: Metrics) -> bool:
         return False
 
-    def saved(self, step: int, now: float, cost: float, metrics: Mapping[str, Any]) -> None:
+    def saved(self, step: int, now: float, cost: float, metrics: Metrics) -> None:
         """A version was saved (for any reason) at ``step``; ``cost`` seconds of stall."""
 
     def resumed(self, step: int, now: float) -> None:
         """Training restarted from a version saved at ``step``: schedules continue from there."""
 
-    def recall(self, history: "list[Mapping[str, Any]]") -> None:
+    def recall(self, history: "list[Metrics]") -> None:
         """A resumed run's earlier versions (their metrics, oldest first, those saved at or before
         the resumed step): policies that compare against the past pick up where they were."""
 
@@ -71,17 +74,18 @@ class EveryN(Policy):
         self.steps = int(steps)
         self.last: int | None = None
 
-    def due(self, step, now, metrics):
+    def due(self, step: int, now: float, metrics: Metrics) -> bool:
         # the phase is the step's, not the last save's: another policy's save does not shift it
         return step // self.steps > (self.last if self.last is not None else 0) // self.steps
 
-    def saved(self, step, now, cost, metrics):
+
+    def saved(self, step: int, now: float, cost: float, metrics: Metrics) -> None:
         self.last = step
 
-    def resumed(self, step, now):
+    def resumed(self, step: int, now: float) -> None:
         self.last = step
 
-    def describe(self):
+    def describe(self) -> str:
         return f"every {self.steps} steps"
 
 
@@ -105,18 +109,18 @@ class EveryT(Policy):
         self.seconds = float(seconds)
         self.last: float | None = None
 
-    def due(self, step, now, metrics):
+    def due(self, step: int, now: float, metrics: Metrics) -> bool:
         if self.last is None:
             self.last = now
         return now - self.last >= self.seconds
 
-    def saved(self, step, now, cost, metrics):
+    def saved(self, step: int, now: float, cost: float, metrics: Metrics) -> None:
         self.last = now
 
-    def resumed(self, step, now):
+    def resumed(self, step: int, now: float) -> None:
         self.last = now
 
-    def describe(self):
+    def describe(self) -> str:
         return f"every {self.seconds:g} s"
 
 
@@ -174,21 +178,21 @@ class YoungDaly(Policy):
         if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds < math.inf:
             self.restore = float(seconds)
 
-    def due(self, step, now, metrics):
+    def due(self, step: int, now: float, metrics: Metrics) -> bool:
         if self.last is None:
             self.last = now
         return now - self.last >= self.interval
 
-    def saved(self, step, now, cost, metrics):
+    def saved(self, step: int, now: float, cost: float, metrics: Metrics) -> None:
         self.last = now
         if cost >= 0:
             self.cost = cost if not self.measured else (1 - self.smoothing) * self.cost + self.smoothing * cost
             self.measured = True
 
-    def resumed(self, step, now):
+    def resumed(self, step: int, now: float) -> None:
         self.last = now
 
-    def describe(self):
+    def describe(self) -> str:
         restore = "" if self.restore is None else f", measured restore {self.restore:.3g} s"
         return f"Young/Daly (MTBF {self.mtbf:g} s{restore}, interval {self.interval:.3g} s)"
 
@@ -222,14 +226,14 @@ class DenseEarly(Policy):
         self.max_every = int(max_every)
         self.last: int | None = None
 
-    def due(self, step, now, metrics):
+    def due(self, step: int, now: float, metrics: Metrics) -> bool:
         return step - (self.last if self.last is not None else 0) >= round(self.gap)
 
-    def saved(self, step, now, cost, metrics):
+    def saved(self, step: int, now: float, cost: float, metrics: Metrics) -> None:
         self.gap = min(self.max_every, self.gap * self.growth)
         self.last = step
 
-    def resumed(self, step, now):
+    def resumed(self, step: int, now: float) -> None:
         # the schedule is a function of the step, not of the process: replay it up to ``step``
         point, gap = 0.0, self.first
         while point + round(gap) <= step:
@@ -237,7 +241,7 @@ class DenseEarly(Policy):
             gap = min(self.max_every, gap * self.growth)
         self.gap, self.last = gap, step
 
-    def describe(self):
+    def describe(self) -> str:
         return f"dense early (gap {round(self.gap)} steps, x{self.growth:g}, max {self.max_every})"
 
 
@@ -265,13 +269,14 @@ class OnImprovement(Policy):
         self.metric, self.mode, self.min_delta = metric, mode, float(min_delta)
         self.best: float | None = None
 
-    def _value(self, metrics) -> float | None:
+    def _value(self, metrics: Metrics) -> float | None:
         v = metrics.get(self.metric) if metrics else None
-        if hasattr(v, "item"):
-            v = v.item()
+        item = getattr(v, "item", None)   # a 0-d tensor or numpy scalar
+        if item is not None:
+            v = item()
         return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
 
-    def due(self, step, now, metrics):
+    def due(self, step: int, now: float, metrics: Metrics) -> bool:
         v = self._value(metrics)
         if v is None:
             return False
@@ -279,16 +284,16 @@ class OnImprovement(Policy):
             return True
         return v < self.best - self.min_delta if self.mode == "min" else v > self.best + self.min_delta
 
-    def saved(self, step, now, cost, metrics):
+    def saved(self, step: int, now: float, cost: float, metrics: Metrics) -> None:
         v = self._value(metrics)
         if v is not None and (self.best is None or (v < self.best if self.mode == "min" else v > self.best)):
             self.best = v
 
-    def recall(self, history):
+    def recall(self, history: "list[Metrics]") -> None:
         for metrics in history:
             self.saved(0, 0.0, 0.0, metrics)
 
-    def describe(self):
+    def describe(self) -> str:
         return f"on improvement of {self.metric} ({self.mode})"
 
 
@@ -307,31 +312,31 @@ class AnyOf(Policy):
     def __init__(self, *policies: Policy) -> None:
         self.policies = list(policies)
 
-    def due(self, step, now, metrics):
+    def due(self, step: int, now: float, metrics: Metrics) -> bool:
         # evaluate all (no short circuit): time-based policies start their clocks on first sight
         return any([p.due(step, now, metrics) for p in self.policies])
 
-    def saved(self, step, now, cost, metrics):
+    def saved(self, step: int, now: float, cost: float, metrics: Metrics) -> None:
         for p in self.policies:
             p.saved(step, now, cost, metrics)
 
-    def resumed(self, step, now):
+    def resumed(self, step: int, now: float) -> None:
         for p in self.policies:
             p.resumed(step, now)
 
-    def recall(self, history):
+    def recall(self, history: "list[Metrics]") -> None:
         for p in self.policies:
             p.recall(history)
 
-    def restore_measured(self, seconds):
+    def restore_measured(self, seconds: float) -> None:
         for p in self.policies:
             p.restore_measured(seconds)
 
-    def describe(self):
+    def describe(self) -> str:
         return " or ".join(p.describe() for p in self.policies)
 
 
-def as_policy(policy: "Policy | int | list | tuple | None") -> Policy:
+def as_policy(policy: "Policy | int | Sequence[Policy | int] | None") -> Policy:
     """``int`` -> EveryN; list/tuple -> AnyOf; None -> EveryN(1000)."""
     if policy is None:
         return EveryN(1000)

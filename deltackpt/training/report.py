@@ -39,7 +39,7 @@ class Rollback:
     version: Version
     step: int
     data: str
-    skipped: list | None
+    skipped: list[list[int]] | None
     lr_scale: float | None
     bytes_read: int
     metadata_bytes: int

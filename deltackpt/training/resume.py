@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,6 +22,9 @@ from ..api.internal import Version
 from ..errors import DeltackptError, NotARepositoryError, UnknownVersionError
 from . import rng
 from .parts import check_parts
+
+if TYPE_CHECKING:
+    from ..api.types import Revision, Stateful
 
 
 @dataclass
@@ -55,11 +58,13 @@ def _off_line(m: Any) -> bool:
     return isinstance(extra, dict) and extra.get("off_line") is True
 
 
-def resume(repo: "str | os.PathLike | Repo", *, model: "torch.nn.Module | None" = None, optimizer: Any = None,
-           scheduler: Any = None, scaler: Any = None, sampler: Any = None, restore_rng: bool = True,
-           version: "str | Version" = "latest", strict: bool = True) -> ResumeInfo | None:
+def resume(repo: "str | os.PathLike[str] | Repo", *, model: "torch.nn.Module | None" = None,
+           optimizer: "Stateful | None" = None, scheduler: "Stateful | None" = None, scaler: "Stateful | None" = None,
+           sampler: "Stateful | None" = None, restore_rng: bool = True, version: "Revision" = "latest",
+           strict: bool = True) -> ResumeInfo | None:
     """Restore a training state saved with :func:`~deltackpt.training.training_state` (or the same
     keys) into the given parts.
+
 
     ``version="latest"`` tries versions newest first and takes the first that loads and verifies
     (every chunk is hash-checked while loading); a corrupt or incomplete one is skipped with a

@@ -48,7 +48,9 @@ def check(state: Any) -> None:
     _parsed(state)
 
 
-def _parsed(state: Any) -> tuple:
+def _parsed(state: Any) -> tuple[tuple[int, tuple[int, ...], Any], tuple[str, np.ndarray, int, int, float], torch.Tensor,
+                                 Any]:
+    """(python, numpy, torch CPU, CUDA) generator states, each checked."""
     try:
         py, npy = state["python"], state["numpy"]
         internal = tuple(int(x) for x in py["internal"].tolist())

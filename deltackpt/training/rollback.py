@@ -23,12 +23,18 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..api import Repo, internal, load, restore
 from ..api.internal import Version
 from ..errors import InvalidArgumentError, StateMismatchError
 from . import rng
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..api.handles import Handle
+    from ..api.types import Stateful
 
 DATA_MODES = ("skip", "reseed", "replay")
 
@@ -37,11 +43,11 @@ DATA_MODES = ("skip", "reseed", "replay")
 class Parts:
     """The live objects a rollback restores (any may be None)."""
 
-    model: Any = None
-    optimizer: Any = None
-    scheduler: Any = None
-    scaler: Any = None
-    sampler: Any = None
+    model: "torch.nn.Module | None" = None
+    optimizer: "Stateful | None" = None
+    scheduler: "Stateful | None" = None
+    scaler: "Stateful | None" = None
+    sampler: "Stateful | None" = None
     restore_rng: bool = True
 
     def check(self, data: str) -> None:
@@ -71,7 +77,7 @@ class Restored:
     bytes_read: int
     metadata_bytes: int
     seconds: float
-    skipped: list | None = None
+    skipped: list[list[int]] | None = None
 
 
 def roll_back(repo: Repo, vid: str, parts: Parts, *, data: str = "skip", lr_scale: float | None = None,
@@ -102,7 +108,7 @@ def roll_back(repo: Repo, vid: str, parts: Parts, *, data: str = "skip", lr_scal
 SMALL_PARTS = ("scheduler", "scaler", "sampler", "rng", "step", "extra")
 
 
-def _restore_parts(handle: Repo, vid: str, parts: Parts) -> tuple[Version, dict]:
+def _restore_parts(handle: Handle, vid: str, parts: Parts) -> tuple[Version, dict[str, Any]]:
     """Model and optimizer in place, then the small parts; returns the Version and the version's
     tree without the model's and optimizer's tensors."""
     tree = internal.manifest(handle, vid).tree
@@ -124,14 +130,15 @@ def _restore_parts(handle: Repo, vid: str, parts: Parts) -> tuple[Version, dict]
     rest = load(handle, vid, layers=loaded) if loaded else {}
     rest.update({p: copy.deepcopy(tree[p]) for p in present if p not in loaded})
     for name in ("scheduler", "scaler", "sampler"):
-        if wanted[name] is not None:
-            wanted[name].load_state_dict(rest[name])
+        part = wanted[name]
+        if part is not None:
+            part.load_state_dict(rest[name])
     if parts.restore_rng and "rng" in rest:
         rng.restore(rest["rng"])
     return version, rest
 
 
-def _move_data(sampler: Any, before: dict, data: str, seed: int, skip_ahead: int) -> list | None:
+def _move_data(sampler: Any, before: Any, data: str, seed: int, skip_ahead: int) -> list[list[int]] | None:
     """Apply ``data`` to the restored sampler; the window skipped, when the sampler says where it is."""
     if data == "reseed":
         sampler.reshuffle(seed)
@@ -162,7 +169,7 @@ def scale_lr(optimizer: Any, scheduler: Any, factor: float) -> None:
         scheduler.base_lrs = [b * factor for b in base]
 
 
-def _optimizers(optimizer: Any) -> list:
+def _optimizers(optimizer: Any) -> list[Any]:
     """torch optimizers inside ``optimizer``: itself, or those of a wrapper holding several
     (``.opts`` as in bench/workloads.py, ``.optimizers``, ``.optimizer``)."""
     if optimizer is None:

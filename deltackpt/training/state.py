@@ -9,12 +9,15 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch
 
 from ..errors import StateMismatchError
 from . import rng
+
+if TYPE_CHECKING:
+    from ..api.types import Stateful
 
 
 class ResumableSampler(torch.utils.data.Sampler[int]):
@@ -110,8 +113,9 @@ class ResumableSampler(torch.utils.data.Sampler[int]):
         self.reshuffled = [[int(a), int(b)] for a, b in state.get("reshuffled", [])]
 
 
-def training_state(*, model: "torch.nn.Module | None" = None, optimizer: Any = None, scheduler: Any = None,
-                   scaler: Any = None, sampler: Any = None, step: int | None = None, extra: Any = None,
+def training_state(*, model: "torch.nn.Module | None" = None, optimizer: "Stateful | None" = None,
+                   scheduler: "Stateful | None" = None, scaler: "Stateful | None" = None,
+                   sampler: "Stateful | None" = None, step: int | None = None, extra: object = None,
                    capture_rng: bool = True) -> dict[str, Any]:
     """The state :func:`~deltackpt.resume` restores: each given part's ``state_dict()``, the RNG
     states (Python, numpy, torch CPU and CUDA), the step and your ``extra``.

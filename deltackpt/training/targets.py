@@ -65,6 +65,7 @@ def choose(repo: Repo, found: list[Candidate], target: str | None) -> list[Candi
         scored = [c for c in found if _number(c.metrics.get(metric)) is not None]
         if scored:
             sign = -1.0 if direction == "max" else 1.0
+            # (_number is a float for every candidate in scored: the filter above)
             first = min(scored, key=lambda c: (sign * _number(c.metrics[metric]), -c.step))  # type: ignore[operator]
     else:
         try:

@@ -54,7 +54,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -65,12 +65,17 @@ from ...errors import StateMismatchError
 from . import layout
 
 if TYPE_CHECKING:
+    from ...api.internal import SaveHandle
     from ...training.guard import Guard
 
-TrainerCallback = require("transformers", feature="deltackpt's transformers callback").TrainerCallback
+if TYPE_CHECKING:   # the class itself (require() returns a module, typed as any module)
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+else:
+    TrainerCallback = require("transformers", feature="deltackpt's transformers callback").TrainerCallback
 from transformers.utils import logging as _hf_logging  # noqa: E402  (installed with TrainerCallback)
 
 log = _hf_logging.get_logger("transformers.deltackpt")   # under transformers' handler and verbosity
+
 
 
 class DeltackptCallback(TrainerCallback):
@@ -80,6 +85,8 @@ class DeltackptCallback(TrainerCallback):
     ``lazy=True`` the optimizer's tensors are copied during the next forward/backward (see the
     module docstring for what that asks of other callbacks).
     """
+
+    _state: Any   # the TrainerState last seen (on_train_begin, on_log): what a guard's commit saves
 
     def __init__(self, repo: "str | os.PathLike | Repo", *, remove_hf_checkpoints: bool = False,
                  blocking: bool = True, encoding: Any = None, lazy: bool = True, guard: "Guard | None" = None) -> None:
@@ -118,8 +125,11 @@ class DeltackptCallback(TrainerCallback):
         for k in self._OPTIONS:
             setattr(self, k, state.get(k, True) if k == "lazy" else state[k])   # pickled before "lazy": its default
 
-    def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       model: "torch.nn.Module | None" = None, optimizer: "torch.optim.Optimizer | None" = None,
+                       lr_scheduler: "torch.optim.lr_scheduler.LRScheduler | None" = None, **kwargs: Any) -> None:
         if self.guard is None:   # every rank runs its guard: under DDP they roll back together
+
             return
         # the Trainer builds its optimizer and scheduler inside train(): the guard meets them here
         inner = layout.torch_optimizer(optimizer) or optimizer
@@ -132,8 +142,10 @@ class DeltackptCallback(TrainerCallback):
         self._state = state
         self.guard.attach(self.repo, start_step=int(state.global_step) if state.global_step else None)
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: "dict[str, float] | None" = None, **kwargs: Any) -> None:
         if self.guard is None or not logs:
+
             return
         self._state = state
         rb = self.guard.check(int(state.global_step), {k: v for k, v in logs.items() if k in self.guard.rules})
@@ -146,14 +158,17 @@ class DeltackptCallback(TrainerCallback):
     def _snapshot(state: Any, model: Any = None, optimizer: Any = None, lr_scheduler: Any = None) -> dict[str, Any]:
         return layout.trainer_snapshot(state, model, optimizer, lr_scheduler)
 
-    def on_save(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                model: "torch.nn.Module | None" = None, optimizer: "torch.optim.Optimizer | None" = None,
+                lr_scheduler: "torch.optim.lr_scheduler.LRScheduler | None" = None, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
             return
         snapshot = self._snapshot(state, model, optimizer, lr_scheduler)
         hooked = layout.torch_optimizer(optimizer) if not self.blocking and self.lazy else None
         lazy = hooked is not None
         result = save(snapshot, self.repo, step=int(state.global_step), metrics=layout.metrics_at_step(state),
-                      meta={"hf_output_dir": os.path.abspath(args.output_dir)}, encoding=self.encoding,
+                      meta={"hf_output_dir": os.path.abspath(cast(str, args.output_dir))}, encoding=self.encoding,
+
                       blocking=self.blocking, optimizer=hooked)
         if self.guard is not None:
             self.guard.saved(int(state.global_step), result)
@@ -162,15 +177,17 @@ class DeltackptCallback(TrainerCallback):
             if lazy and (control.should_training_stop or state.global_step >= state.max_steps):
                 # no optimizer.step() follows to wait for the copy, and the Trainer may now load
                 # the best checkpoint into these very tensors (load_best_model_at_end)
-                result.wait_snapshot()
+                cast("SaveHandle", result).wait_snapshot()   # (blocking=False: a handle)
         if self.remove_hf_checkpoints:
-            hf_dir = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            # (output_dir: Optional in TrainingArguments' fields, set by the time the Trainer saves)
+            hf_dir = os.path.join(cast(str, args.output_dir), f"checkpoint-{state.global_step}")
             if self.blocking:
                 shutil.rmtree(hf_dir, ignore_errors=True)
             else:
                 internal.run_after(self.repo, lambda: shutil.rmtree(hf_dir, ignore_errors=True))
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
         self.wait()
         if self.guard is not None:
             self.guard.close()

@@ -60,15 +60,18 @@ from ...training.parts import check_parts
 from . import layout
 from .callback import DeltackptCallback
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:   # the classes themselves (require() returns a module, typed as any module)
     import torch
     from transformers import Trainer as _TrainerBase   # what the mixin is mixed into
+    from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
     from ...api.internal import SaveHandle, Version
 else:
     _TrainerBase = object
 
 transformers = require("transformers", feature="deltackpt's transformers Trainer")
+if not TYPE_CHECKING:
+    Trainer, TrainerCallback = transformers.Trainer, transformers.TrainerCallback
 
 #: the file the Trainer reads its state from, inside the folder it is given to resume from
 TRAINER_STATE_NAME = "trainer_state.json"
@@ -133,14 +136,15 @@ class _Resume:
             target.load_state_dict(state[name])
 
 
-class _AfterStateLoaded(transformers.TrainerCallback):
+class _AfterStateLoaded(TrainerCallback):
     """``on_train_begin`` comes after the Trainer has read the resumed state in every version of
     transformers: the temporary folder goes, and the best version is named again."""
 
     def __init__(self, trainer: "DeltackptTrainerMixin") -> None:
         self._trainer = weakref.ref(trainer)   # the Trainer holds this callback: no cycle
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
         trainer = self._trainer()
         resume = trainer._deltackpt_resume if trainer is not None else None
         if resume is None:
@@ -381,7 +385,7 @@ class DeltackptTrainerMixin(_TrainerBase):
                           RuntimeWarning, stacklevel=2)
 
 
-class DeltackptTrainer(DeltackptTrainerMixin, transformers.Trainer):
+class DeltackptTrainer(DeltackptTrainerMixin, Trainer):
     """``transformers.Trainer`` saving into and resuming from a deltackpt repository (see the module
     docstring); takes the Trainer's arguments and ``repo=`` (plus ``blocking``, ``lazy``,
     ``encoding``, ``best_tag``: :class:`DeltackptTrainerMixin`).

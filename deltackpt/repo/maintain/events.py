@@ -63,7 +63,7 @@ def scan(core: Repository) -> "list[tuple[str, Event | DeltackptError]]":
     for eid in event_ids(core):
         try:
             e: Event | DeltackptError = read(core, eid)
-            t = e.time  # type: ignore[union-attr]
+            t = e.time  # type: ignore[union-attr]  # (read returned: an Event; the except stores an error)
         except DeltackptError as exc:
             e = exc
             try:

@@ -15,7 +15,7 @@ Order (each step leaves every kept version restorable if the process dies right 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator, Literal, overload
 
 from ... import faults
 from ...codecs import registry
@@ -32,7 +32,7 @@ from ..repository import Repository
 from ..write.deltify import DEFAULT_LAG, deltify_locked
 from ..write.session import WriteSession
 from . import events, holds
-from .gc_plan import GcPlan, GcReport, plan_gc
+from .gc_plan import GcPlan, GcReport as GcReport, plan_gc
 from .retention import Retention
 
 DEFAULT_GRACE_SECONDS = 600.0
@@ -220,8 +220,21 @@ def _index_bytes(repo: Repository) -> int:
     return total
 
 
+@overload
 def _repack(repo: Repository, rewrite: list[tuple[str, list[PackEntry]]], to_rebase: set[bytes],
-            widths: dict[bytes, int], level: int, with_entries: bool = False):
+            widths: dict[bytes, int], level: int, with_entries: Literal[True]) -> Iterator[tuple[bytes, list[PackEntry]]]:
+    ...
+
+
+@overload
+def _repack(repo: Repository, rewrite: list[tuple[str, list[PackEntry]]], to_rebase: set[bytes],
+            widths: dict[bytes, int], level: int, with_entries: Literal[False] = False) -> Iterator[bytes]:
+    ...
+
+
+def _repack(repo: Repository, rewrite: list[tuple[str, list[PackEntry]]], to_rebase: set[bytes],
+            widths: dict[bytes, int], level: int,
+            with_entries: bool = False) -> Iterator[bytes | tuple[bytes, list[PackEntry]]]:
     """Yield the bytes of the new packs holding the live objects of ``rewrite`` (objects whose
     delta base goes away are re-encoded as keyframes), and their entries when asked."""
     builder = PackBuilder()
@@ -230,6 +243,7 @@ def _repack(repo: Repository, rewrite: list[tuple[str, list[PackEntry]]], to_reb
             if e.chunk_id in to_rebase:
                 raw = repo.chunks.read_chunk(e.chunk_id)
                 enc = registry.get(registry.BG_ZSTD).encode(raw, ChunkContext("uint8", widths.get(e.chunk_id, 1), 0, level))
+                assert enc is not None   # zstd takes every chunk
                 codec_id, params, payload = registry.BG_ZSTD, enc.params, enc.payload
                 if len(payload) >= len(raw):
                     # read_chunk returns any bytes-like (a numpy array, lately): bytes to concatenate

@@ -92,8 +92,8 @@ class Retention:
                 keep(vid, f"last {self.keep_last}")
         if self.keep_best:
             metric, count, direction = self.keep_best
-            scored = [(repo.manifest(v).metrics.get(metric), v) for v in history]
-            scored = [(float(s), v) for s, v in scored
+            recorded = [(repo.manifest(v).metrics.get(metric), v) for v in history]
+            scored = [(float(s), v) for s, v in recorded
                       if isinstance(s, (int, float)) and not isinstance(s, bool) and s == s]
             # stable: of equal scores the newer in history wins
             scored.sort(key=lambda x: -x[0] if direction == "max" else x[0])
@@ -149,6 +149,7 @@ def _count(name: str, value: object, minimum: int) -> int | None:
     if value is None:
         return None
     try:
+        # (anything without __index__ raises TypeError: caught below)
         n = None if isinstance(value, bool) else operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         n = None

@@ -12,7 +12,7 @@ Example::
 from __future__ import annotations
 
 import threading
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ...errors import CorruptObjectError, DeltackptError, ObjectNotFoundError
 from ...format import index as index_fmt
@@ -159,7 +159,8 @@ class Index:
                 self.note_file(key, packs)
             self._resolution = None
 
-    def resolve_copies(self, usable=None, extra=()) -> Resolution:
+    def resolve_copies(self, usable: Callable[[str], bool] | None = None,
+                       extra: Iterable[tuple[bytes, Copy]] = ()) -> Resolution:
         """The copy choice (copies.resolve) over a subset of packs, taken while no other thread of
         this process changes the index."""
         with self._lock:

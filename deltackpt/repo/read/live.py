@@ -117,7 +117,7 @@ def plan(repo: ObjectSource, cid: bytes, live: bytes, size: int) -> Path | None:
             return None
         undo.append((cur, step[0], step[1]))
         cost += step[1].length
-        cur = step[1].base  # type: ignore[assignment]
+        cur = step[1].base  # type: ignore[assignment]  # (a delta: its base is set, checked in undo above)
     up = chain[:where[cur]][::-1]
     cost += sum(e.length for _, _, e in up)
     return Path(undo, up, cost) if cost < full else None

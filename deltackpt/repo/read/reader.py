@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import TYPE_CHECKING, Callable
 
 from ...codecs import registry
 from ...errors import CorruptObjectError, DeltackptError, ObjectNotFoundError
@@ -18,6 +19,14 @@ from ...store.base import Store
 from .copies import PackGone
 from .index_state import Index
 from .live import rehydrate
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
+    from ...codecs.base import Codec
+
+#: one stored copy of a chunk's object, as read: (pack id, index entry, object)
+Fetched = tuple[str, PackEntry, objects.EncodedObject]
 
 
 # Objects that follow each other in a pack (a save writes a blob's chunks, and tensor after tensor,
@@ -34,11 +43,11 @@ class DecodedCache:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._items: OrderedDict[bytes, bytes] = OrderedDict()
+        self._items: OrderedDict[bytes, bytes | memoryview] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, cid: bytes) -> bytes | None:
+    def get(self, cid: bytes) -> bytes | memoryview | None:
         with self._lock:
             data = self._items.get(cid)
             if data is not None:
@@ -50,7 +59,7 @@ class DecodedCache:
             self._items.clear()
             self._bytes = 0
 
-    def put(self, cid: bytes, data: bytes) -> None:
+    def put(self, cid: bytes, data: bytes | memoryview) -> None:
         if len(data) > self.max_bytes // 4:
             return
         with self._lock:
@@ -100,7 +109,8 @@ class ChunkReader:
             raise CorruptObjectError(f"{what}: object base disagrees with the index")
         return obj
 
-    def read_chunk(self, cid: bytes, out: memoryview | None = None, first=None) -> bytes | memoryview:
+    def read_chunk(self, cid: bytes, out: memoryview | None = None,
+                   first: Fetched | None = None) -> bytes | memoryview:
         """Decoded bytes of a chunk, walking its delta chain; hash-checked against its id.
         With ``out``, the last link decodes straight into it (and ``out`` is returned).
         ``first``: the chunk's own (pack id, entry, object), already read by the caller.
@@ -144,7 +154,7 @@ class ChunkReader:
             raise damaged
         raise PackGone(f"chunk {cid.hex()}: every pack holding it ({', '.join(p for p, _ in copies)}) is missing")
 
-    def _read_chunk(self, cid: bytes, out: memoryview | None, first=None,
+    def _read_chunk(self, cid: bytes, out: memoryview | None, first: Fetched | None = None,
                     avoid: "set[tuple[str, int]] | frozenset" = frozenset()) -> bytes | memoryview:
         cached = self.decoded.get(cid)
         if cached is not None:
@@ -155,7 +165,7 @@ class ChunkReader:
         # walk to a keyframe (or a decoded base), reading the copy that exists of each link
         chain: list[tuple[bytes, str, PackEntry, objects.EncodedObject]] = []
         cur: bytes | None = cid
-        base_data: bytes | None = None
+        base_data: bytes | memoryview | None = None
         seen: set[bytes] = set()
         while cur is not None:
             if cur in seen or len(chain) > MAX_CHAIN_DEPTH:
@@ -180,8 +190,10 @@ class ChunkReader:
                 self._decode_link(c, pid, e, obj, _into(out, obj, base_data, first=i == 0))
             return out
         for i, (c, pid, e, obj) in enumerate(links):
-            result = self._decode_link(c, pid, e, obj, lambda codec, o=obj, b=base_data: codec.decode(
-                o.params, o.payload, o.raw_len, b))
+            def decode(codec: Codec, o: objects.EncodedObject = obj,
+                       b: bytes | memoryview | None = base_data) -> bytes | memoryview:
+                return codec.decode(o.params, o.payload, o.raw_len, b)
+            result = self._decode_link(c, pid, e, obj, decode)
             if i < len(links) - 1:
                 self.decoded.put(c, result)
             base_data = result
@@ -189,7 +201,8 @@ class ChunkReader:
         return base_data
 
     @staticmethod
-    def _decode_link(c: bytes, pid: str, e: PackEntry, obj: objects.EncodedObject, run) -> bytes | memoryview:
+    def _decode_link(c: bytes, pid: str, e: PackEntry, obj: objects.EncodedObject,
+                     run: "Callable[[Codec], bytes | memoryview]") -> bytes | memoryview:
         """Decode one link with ``run(codec)`` and check its bytes against the chunk id."""
         what = f"chunk {c.hex()} in pack {pid}"
         try:
@@ -221,13 +234,13 @@ class ChunkReader:
                 return f"chunk {c.chunk_id.hex()}: manifest says {c.raw_len} bytes, the index {copies[0][1].raw_len}"
         return None
 
-    def read_blob(self, blob: Blob, out: memoryview | None = None, pool=None) -> memoryview:
+    def read_blob(self, blob: Blob, out: memoryview | None = None, pool: "Executor | None" = None) -> memoryview:
         """Assemble a blob's bytes into ``out`` (allocated when None), reading only its chunks."""
         if out is None:
             out = memoryview(bytearray(blob.nbytes))
         return self.read_blobs_into([(blob, out)], pool)[0]
 
-    def read_blobs_into(self, targets: "list[tuple[Blob, memoryview]]", pool=None, *,
+    def read_blobs_into(self, targets: "list[tuple[Blob, memoryview]]", pool: "Executor | None" = None, *,
                         live: bool = False) -> list[memoryview]:
         """Decode every chunk of several blobs into their destinations, all chunks of all blobs in
         one parallel pass (most tensors are one chunk: a pass per blob would run them one by one).
@@ -245,25 +258,26 @@ class ChunkReader:
                 self._read_group(task)
         return outs
 
-    def _jobs_to_read(self, jobs: "list[tuple[int, bytes, memoryview]]", pool) -> "list[tuple[int, bytes, memoryview]]":
+    def _jobs_to_read(self, jobs: "list[tuple[int, bytes, memoryview]]",
+                      pool: "Executor | None") -> "list[tuple[int, bytes, memoryview]]":
         """The jobs whose live destination does not already hold its chunk (or is not stepped to
         it in place by a few stored deltas)."""
         def needs_read(job: tuple[int, bytes, memoryview]) -> bool:
             try:
                 return not rehydrate(self, job[1], job[2])
             except DeltackptError as exc:
-                exc.blob_index = job[0]  # type: ignore[attr-defined]
+                exc.blob_index = job[0]  # type: ignore[attr-defined]  # (the failure names its blob)
                 raise
 
         need = list(pool.map(needs_read, jobs)) if pool is not None and len(jobs) > 1 else map(needs_read, jobs)
         return [job for job, n in zip(jobs, need) if n]
 
-    def _read_job(self, job: tuple[int, bytes, memoryview], first=None) -> None:
+    def _read_job(self, job: tuple[int, bytes, memoryview], first: Fetched | None = None) -> None:
         n, cid, dest = job
         try:
             self.read_chunk(cid, dest, first)
         except DeltackptError as exc:
-            exc.blob_index = n  # type: ignore[attr-defined]
+            exc.blob_index = n  # type: ignore[attr-defined]  # (the failure names its blob)
             raise
 
     def _read_group(self, group: "list[tuple[tuple[int, bytes, memoryview], str, PackEntry]]") -> None:
@@ -318,14 +332,15 @@ class ChunkReader:
 def _damaged(message: str, pid: str, e: PackEntry) -> CorruptObjectError:
     """A damaged copy's error, naming the copy so that a read can try the chunk's others."""
     exc = CorruptObjectError(message)
-    exc.bad_copy = (pid, e.offset)  # type: ignore[attr-defined]
+    exc.bad_copy = (pid, e.offset)  # type: ignore[attr-defined]  # (read_chunk skips this copy)
     return exc
 
 
-def _into(out: memoryview, obj: objects.EncodedObject, base: bytes | None, *, first: bool):
+def _into(out: memoryview, obj: objects.EncodedObject, base: bytes | memoryview | None, *,
+          first: bool) -> "Callable[[Codec], memoryview]":
     """One link decoded in ``out``: the first over ``base`` (None for a keyframe), the next ones
     applied over what ``out`` holds."""
-    def run(codec) -> memoryview:
+    def run(codec: Codec) -> memoryview:
         if first:
             codec.decode_into(out, obj.params, obj.payload, base)
         else:

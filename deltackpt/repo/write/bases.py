@@ -134,6 +134,7 @@ class ParentBases:
     def _star_memo(self, key: tuple, i: int, cid: bytes, keyframe: bytes, raw_len: int) -> ChunkMemo:
         """A star's base: the position's keyframe, and how many deltas were written against it
         here (``age``), counted back through the versions before the parent."""
+        m: Manifest | None
         age, seen, m = 0, {cid}, self.manifest
         if cid != keyframe:
             age = 1

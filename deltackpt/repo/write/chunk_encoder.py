@@ -92,7 +92,7 @@ def encode_one(sv: SaveContext, raw: memoryview | bytes, ctx: ChunkContext, memo
         data = raw
     else:
         np.copyto(copy_to, np.frombuffer(raw, dtype=np.uint8))
-        data = memoryview(copy_to)
+        data = copy_to.data
     src = digest(data)
     settings, known, present = sv.session.settings, sv.known, sv.present
     if sv.head and mode == "lossless":
@@ -141,15 +141,16 @@ def encode_one(sv: SaveContext, raw: memoryview | bytes, ctx: ChunkContext, memo
     return r, next_star_base(memo, stored, base_id) if star else stored
 
 
-def encode_head(sv: SaveContext, data, src: bytes, ctx: ChunkContext,
+def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: ChunkContext,
                 memo: ChunkMemo | None) -> tuple[ChunkResult, ChunkMemo]:
+
     """A lossless chunk of the newest version (``delta_base = "child"``, head.py): reused when it is
     stored whole (or unchanged at its position), else a forward delta when small next to the
     position's keyframe, else a keyframe.  The memo says whether the change was a delta
     (``sparse``: the next save wants these bytes) or dense (head.py: written whole next time
     without reading any base)."""
     unchanged = memo is not None and memo.chunk_id == src and memo.size == len(data)
-    if unchanged and sv.known(src):
+    if memo is not None and unchanged and sv.known(src):
         r = ChunkResult(src, len(data), None, 0, None, memo.depth, 0.0, False)
         return r, replace(memo, data=data)
     if sv.whole(src):  # stored whole already (a value that came back, a tied copy): one object to read

@@ -19,7 +19,7 @@ SWAP_RETRIES = 16
 
 
 def writer_name() -> str:
-    from ... import __version__
+    from ..._version import __version__
     return f"deltackpt {__version__}"
 
 

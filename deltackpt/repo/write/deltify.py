@@ -311,7 +311,7 @@ def _convert_period(session: WriteSession, period: list[Candidate], overlay: dic
     for cand in period if len(period) > 1 else ():
         best = res.best.get(cand.chunk_id)
         got = _reverse_one(session, cand, local, overlay, inside) if best is not None else None
-        if got is None:
+        if got is None or best is None:   # (got is None whenever best is)
             conv = _Converted([], [])
             break
         conv.results.append(got)
@@ -337,7 +337,7 @@ def _convert_period(session: WriteSession, period: list[Candidate], overlay: dic
 
 
 def _reverse_one(session: WriteSession, cand: Candidate, local: dict[bytes, tuple[bytes, int]],
-                 overlay: Mapping[bytes, tuple[bytes, int]], inside: frozenset[bytes] | set[bytes],
+                 overlay: dict[bytes, tuple[bytes, int]], inside: frozenset[bytes] | set[bytes],
                  ) -> _Result | None:
     """``cand`` as a reverse delta against the nearest newer chunk at its position that does not
     decode through it (``local``: its period's decisions so far, ``overlay``: the run's), within
@@ -386,7 +386,7 @@ class _Result:
     height: int = 0   # the longest chain outside its period that reads through it
 
 
-def _reverse_delta(old, base_id: bytes, base, base_depth: int, cand: Candidate) -> tuple[list | None, int]:
+def _reverse_delta(old: bytes | memoryview, base_id: bytes, base: bytes | memoryview, base_depth: int, cand: Candidate) -> tuple[list | None, int]:
     """The smallest lossless delta of ``old`` against ``base`` as object parts, or (None, 0)."""
     ctx = ChunkContext(cand.dtype, cand.itemsize, cand.row_bytes)
     choice = encode_chunk(bytes(old), ctx, base=BaseChunk(base_id, bytes(base), base_depth), candidates=DELTA_CODECS,

@@ -66,6 +66,9 @@ class SharedSegment:
     /dev/shm when a process is killed; freed when both have closed it."""
 
     _next_id = 0
+    tensor: Any
+    """A torch.Tensor viewing ``map``: set by :func:`deltackpt.snapshot.staging.new_segment` (this
+    layer imports no torch)."""
 
     def __init__(self, size: int) -> None:
         self.size = max(size, mmap.PAGESIZE)
@@ -117,6 +120,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
 
 
 def _recv(sock: socket.socket, with_fds: bool = False) -> tuple[Any, list[int]] | None:
+    head: bytes | None
     if with_fds:
         head, fds, _flags, _addr = socket.recv_fds(sock, _LEN.size, 4)
         if not head:
@@ -270,13 +274,15 @@ def _serve(sock: socket.socket) -> None:
         elif kind == "drop":
             m = segments.pop(args[0], None)
             try:
-                m is not None and m.close()
+                if m is not None:
+                    m.close()
             except BufferError:
                 pass  # a view of it is still alive (a failed save's traceback): unmapped with it
         elif kind == "close":
             for key in [k for k in repos if k[0] == args[0]]:
                 repos.pop(key).close()
         elif kind == "save":
+            result: tuple[str, object]
             try:
                 result = ("ok", _save(repos, segments, args[0]))
             except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it

@@ -57,7 +57,7 @@ class HeadChoice:
     delta_fraction: float | None  # about how large a delta against the previous chunk was (x raw size), if tried
 
 
-def encode_changed(raw, ctx: ChunkContext, base: BaseChunk | None, max_bytes: int, *, prefer: int | None = None,
+def encode_changed(raw: bytes | memoryview, ctx: ChunkContext, base: BaseChunk | None, max_bytes: int, *, prefer: int | None = None,
                    probe: bool = False, overhead: int = 0) -> HeadChoice:
     """A forward delta of ``raw`` against ``base`` whose stored size (payload + ``overhead``) fits
     ``max_bytes``, else ``raw`` as a keyframe.  ``probe``: the last change at this position did

@@ -9,6 +9,7 @@ from ...format.ids import hex_id
 from ...format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
 from ...format.pack import PackStream
 from ..layout import INDEX, pack_key
+from ...store.base import AtomicWriter
 from ..repository import Repository
 
 
@@ -17,6 +18,29 @@ class PackCounts(Protocol):
 
     packs: int
     objects_bytes: int
+
+
+class PackObject(Protocol):
+    """An object to pack: a save's ``chunk_encoder.ChunkResult``, deltify's reverse deltas
+    (read-only here, hence properties: the two spell ``parts`` and ``base`` with Optional or not)."""
+
+    @property
+    def cid(self) -> bytes: ...
+
+    @property
+    def raw_len(self) -> int: ...
+
+    @property
+    def parts(self) -> list | None: ...
+
+    @property
+    def encoding(self) -> int: ...
+
+    @property
+    def base(self) -> bytes | None: ...
+
+    @property
+    def depth(self) -> int: ...
 
 
 class Packer:
@@ -37,13 +61,13 @@ class Packer:
         self.repo = repo
         self.stats = stats
         self.owner = owner
-        self.open: dict[bool, tuple[PackStream, object]] = {}   # lasting? -> the pack being written
-        self.sealed: list = []   # writers of full packs, published by finish()
+        self.open: dict[bool, tuple[PackStream, AtomicWriter]] = {}   # lasting? -> the pack being written
+        self.sealed: list[AtomicWriter] = []   # writers of full packs, published by finish()
         self.written: dict[str, tuple[int, list]] = {}
         self.index_bytes = 0   # the index file finish() wrote
         self.pending: set[bytes] = set()
 
-    def add(self, r) -> None:
+    def add(self, r: PackObject) -> None:
         assert r.parts is not None
         lane = bool(getattr(r, "lasting", False))
         if lane not in self.open:

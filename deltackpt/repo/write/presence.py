@@ -36,7 +36,7 @@ class ChunkPresence:
     def __init__(self, repo: Repository) -> None:
         self.repo = repo
         self._lock = threading.Lock()
-        self._packs: dict[str, Future] = {}   # pack id -> whether it exists (asked once, by one thread)
+        self._packs: dict[str, Future[bool]] = {}   # pack id -> whether it exists (asked once, by one thread)
         self._chunks: dict[bytes, PackEntry | None] = {}
         self.missing_packs: set[str] = set()
         """Packs the index names that were found missing during this save."""
@@ -45,7 +45,7 @@ class ChunkPresence:
         with self._lock:
             answer = self._packs.get(pack_id)
             asker = answer is None
-            if asker:
+            if answer is None:
                 answer = self._packs[pack_id] = Future()
         if asker:
             # the other threads wait for this one's answer: one request per pack on an object store

@@ -202,7 +202,7 @@ def _store_locked(session: WriteSession, blobs: list[BlobInput], stats: SaveStat
 
 
 def _write_blobs(sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, manifest_blobs: list[Blob],
-                 workers: int | None, progress) -> None:
+                 workers: int | None, progress: Callable[[int, int], None] | None) -> None:
     """Hash and encode every chunk of every blob in a pool, keeping up to WINDOW chunks in flight
     ACROSS blobs (a model is mostly tensors of one or two chunks: a window per blob would leave
     the pool idle), and pack the results in submission order, so packs are laid out the same way
@@ -229,8 +229,10 @@ def _write_blobs(sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, mani
                 if staged:  # read_range returns a private copy already
                     raw, copy_to = staged(s, e), None
                 else:
+                    assert view is not None
                     raw, copy_to = view[s:e], None if b.private else window.scratch.take(e - s)
                 window.add(bi, i, pool.submit(encode_one, sv, raw, ctx, memo, b.mode, copy_to), copy_to)
+
             window.submitted[bi] = True
             window.finish_ready()
         while window.in_flight:
@@ -273,7 +275,7 @@ class _Window:
     progress moves) once all its chunks are taken, in blob order."""
 
     def __init__(self, sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, manifest_blobs: list[Blob],
-                 progress) -> None:
+                 progress: Callable[[int, int], None] | None) -> None:
         self.sv, self.blobs, self.stats, self.manifest_blobs, self.progress = sv, blobs, stats, manifest_blobs, progress
         self.total = sum(len(b.data) for b in blobs)
         self.done = 0
@@ -326,7 +328,7 @@ class _Window:
         if copy is None:
             return replace(memo, data=None, raw_len=memo.size)   # past the cache's budget
         np.copyto(copy, np.frombuffer(memo.data, dtype=np.uint8))
-        return replace(memo, data=memoryview(copy))
+        return replace(memo, data=copy.data)
 
 
 class _Scratch:
