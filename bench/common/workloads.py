@@ -277,7 +277,9 @@ def gpt2_adamw(versions: int, every: int = 20, batch: int = 1, seq: int = 32, se
         if live is not None:   # the model and optimizer holding the last version, as training left them
             model, opt = gpt2_parts(seed, tiny)
             model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
+            # a copy: Optimizer.load_state_dict keeps the very tensors it is given, and a rollback
+            # into the live optimizer must not write into the version yielded above
+            opt.load_state_dict(clone_state(state["optimizer"]))
             _expose(live, model, opt)
         return
     model, opt = gpt2_parts(seed, tiny)

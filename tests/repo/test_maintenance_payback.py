@@ -111,3 +111,44 @@ def test_a_sparse_run_keeps_the_bytes_its_next_deltas_need(tmp_path):
     assert all(abs(x - y) <= x // 100 for (_, x, _), (_, y, _) in zip(a, b))
     assert all(r == 0 for _, r, _ in kept[2:]) and all(h > 0 for _, _, h in kept[1:])
     assert all(r > 0 for _, r, _ in none[1:]) and all(h == 0 for _, _, h in none)
+
+
+def test_a_position_that_did_not_pay_back_is_left_unmeasured_for_a_while(tmp_path, monkeypatch):
+    """Measuring a rewrite costs decoding the chunks and encoding their deltas: once a position's
+    period was found not to pay back, the periods later saves add there are left alone (counted
+    as skipped, nothing read) for ``REMEASURE_AFTER`` runs, then measured again.  Over 20 saves of
+    a sparse run judged at payback 50, that reads a fraction of the chunks measuring every time
+    reads, and rewrites the same (nothing)."""
+    from deltackpt.repo.write import deltify
+
+    def run(path: str) -> tuple[list[int], list[int], int]:
+        g = torch.Generator().manual_seed(0)
+        table = torch.randn(4096, 64, generator=g)
+        # payback 50: a delta must be under 2% of what it replaces; a keyframe every few saves
+        # ends the periods deltification looks at
+        with deltackpt.Repo(path, create=True, deltify=False, payback=50.0, chunk_bytes=1 << 16,
+                            keyframe_interval=2) as repo:
+            reads: list[bytes] = []
+            real = repo.core.chunks.read_chunk
+            repo.core.chunks.read_chunk = lambda cid, *a, **k: (reads.append(cid), real(cid, *a, **k))[1]
+            per_run, skipped, chunks = [], [], 0
+            for step in range(20):
+                idx = torch.randint(0, 4096, (40,), generator=g)
+                table[idx] += 0.01 * torch.randn(40, 64, generator=g)
+                repo.save({"emb": table}, step=step)
+                reads.clear()
+                report = repo.deltify(lag=1)
+                per_run.append(len(reads))
+                skipped.append(report.skipped)
+                chunks += report.chunks
+        return per_run, skipped, chunks
+
+    remembered, skipped, chunks = run(str(tmp_path / "memo"))
+    after = deltify.REMEASURE_AFTER
+    monkeypatch.setattr(deltify, "REMEASURE_AFTER", -1)   # forget at once: measure every run
+    every_time, none_skipped, chunks_every_time = run(str(tmp_path / "every"))
+    first = next(i for i, n in enumerate(remembered) if n)
+    assert remembered[first + 1] == 0 and skipped[first + 1] > 0   # the next run decodes nothing
+    assert sum(remembered) * 3 < sum(every_time) and not any(none_skipped)
+    assert chunks == chunks_every_time == 0
+    assert any(remembered[first + 1 + after:])   # measured again later

@@ -39,6 +39,7 @@ save lock, so gc never runs meanwhile.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import ChainMap
 from dataclasses import dataclass, field
@@ -65,6 +66,10 @@ STEP_BYTES = 256 << 20
 BATCH_BYTES = 128 << 20
 #: rounds an unbounded run makes at most
 MAX_ROUNDS = 4
+#: runs a position whose last measured period did not pay back is left alone before it is
+#: measured again (bench/MAINTENANCE.md: on a dense fine-tune, measuring cost about as much CPU as
+#: the save itself, for nothing)
+REMEASURE_AFTER = 8
 
 
 @dataclass
@@ -76,12 +81,13 @@ class DeltifyReport:
     written_bytes: int = 0      # bytes written: new deltas, packs rewritten, index files
     freed_bytes: int = 0        # bytes deleted: packs dropped or replaced, index files replaced
     remaining: int = 0          # candidates left for a later run (bounded work)
+    skipped: int = 0            # candidates left alone unmeasured: their position did not pay back lately
     seconds: float = 0.0
     encodings: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"chunks": self.chunks, "keyframe_bytes": self.keyframe_bytes, "written_bytes": self.written_bytes,
-                "freed_bytes": self.freed_bytes, "remaining": self.remaining, "seconds": round(self.seconds, 3),
+                "freed_bytes": self.freed_bytes, "remaining": self.remaining, "skipped": self.skipped, "seconds": round(self.seconds, 3),
                 "encodings": self.encodings}
 
 
@@ -127,11 +133,13 @@ def _round_locked(session: WriteSession, lag: int, max_bytes: int | None, stop: 
     # when no delta that large would be kept anyway
     candidates, head = plan(repo, max(1, lag), skip_dense=session.keep_whole_above <= HEAD_DELTA_BUDGET)
     ledger = PackLedger(repo)
-    periods = group_periods(worth_it(repo, candidates, ledger))
-    stats = _PackCounts()
-    packer = Packer(repo, stats)
     memo = session.deltify_memo if isinstance(session.deltify_memo, _Memo) else _Memo()
     session.deltify_memo = memo
+    hopeful = memo.measured_unpaid(candidates, session.keep_whole_above)
+    report.skipped += len(candidates) - len(hopeful)
+    periods = group_periods(worth_it(repo, hopeful, ledger))
+    stats = _PackCounts()
+    packer = Packer(repo, stats)
     restored: dict[bytes, bytes] = {}                # chunk -> the base of its new copy
     overlay: dict[bytes, tuple[bytes, int]] = {}     # chunk -> (new base, new depth), decided this run
     batch: list[_Converted] = []
@@ -254,6 +262,31 @@ class _Memo:
 
     too_large: set[tuple[bytes, ...]] = field(default_factory=set)       # a period's chunk ids
     waiting: dict[str, tuple[int, int]] = field(default_factory=dict)  # pack -> (dead, candidate bytes) then
+    # position -> [runs left before it is measured again, the ratio of delta to stored bytes found
+    # there]: a position whose last measured period did not pay back is skipped without decoding or
+    # encoding anything (in a dense fine-tune most positions, every save)
+    unpaid: dict[tuple, list[float]] = field(default_factory=dict)
+
+    def measured_unpaid(self, candidates: list[Candidate], keep_if_above: float) -> list[Candidate]:
+        """``candidates`` less those at a position whose last measured period did not pay back at
+        ``keep_if_above``; counts every such position's runs down (at zero it is measured again:
+        how much a step moves changes as training goes on).  Left out before the packs are judged,
+        so that a pack is not counted as freed by conversions that will not happen."""
+        for pos in list(self.unpaid):
+            self.unpaid[pos][0] -= 1
+            if self.unpaid[pos][0] < 0:
+                del self.unpaid[pos]
+        out = []
+        for c in candidates:
+            last = self.unpaid.get(c.position) if c.position is not None else None
+            if last is None or last[1] <= keep_if_above:
+                out.append(c)
+        return out
+
+    def note(self, period: list[Candidate], ratio: float) -> None:
+        """The ratio a conversion of ``period`` reached (delta bytes / the bytes it replaces)."""
+        if period[-1].position is not None:
+            self.unpaid[period[-1].position] = [REMEASURE_AFTER, ratio]
 
 
 def _settle(session: WriteSession, batch: list[_Converted], ledger: PackLedger,
@@ -326,11 +359,15 @@ def _convert_period(session: WriteSession, period: list[Candidate], overlay: dic
         conv = _Converted([], [(best[0], best[1].length)])
         got = _reverse_one(session, keyframe, {}, overlay, frozenset())
         if got is None:
+            memo.note(period, math.inf)   # no delta smaller than the chunk itself
             return None
         conv.results.append(got)
+        memo.note(period, conv.new_bytes / max(1, conv.old_bytes))
         if conv.new_bytes > keep_if_above * conv.old_bytes:
             memo.too_large.add(period_key(period))
             return None
+    else:
+        memo.note(period, conv.new_bytes / max(1, conv.old_bytes))
     for r in conv.results:
         overlay[r.cid] = (r.base, r.depth)
     return conv

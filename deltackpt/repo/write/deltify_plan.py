@@ -28,6 +28,7 @@ class Candidate:
     dtype: str
     successors: tuple[bytes, ...]   # the chunks at its position in newer versions, nearest first
     forward_of: bytes | None = None  # a forward delta: the older chunk at its position it is read through
+    position: tuple | None = None    # (its blob's first tensor's key path, chunk index)
 
 
 def _positions(repo: Repository, vid: str) -> tuple[dict[tuple, tuple[bytes, int, int, int, str]], set[tuple]]:
@@ -90,12 +91,12 @@ def plan(repo: Repository, lag: int, *, skip_dense: bool = True) -> tuple[list[C
             if depth == 0:
                 if bases - {None}:
                     continue  # deltified before; its keyframe stays only inside a pack kept for others
-                out.append(Candidate(cid, raw_len, itemsize, row, dtype, tuple(succ)))
+                out.append(Candidate(cid, raw_len, itemsize, row, dtype, tuple(succ), position=key))
                 continue
             prev = by_version[i + 1].get(key) if i + 1 < len(by_version) else None
             if prev is None or bases != {prev[0]}:
                 continue  # a reverse delta already, or a delta of some other chunk (a value that came back)
-            out.append(Candidate(cid, raw_len, itemsize, row, dtype, tuple(succ), forward_of=prev[0]))
+            out.append(Candidate(cid, raw_len, itemsize, row, dtype, tuple(succ), forward_of=prev[0], position=key))
     return out, head
 
 
