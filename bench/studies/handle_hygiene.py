@@ -7,14 +7,17 @@ Three measures, each on real saves:
   level API, no handle kept), then ``shutil.rmtree(folder)`` at once; a trial fails if rmtree
   raises or if the folder exists again 0.2 s later.  Counts deltackpt threads alive after each
   trial, and after a child script that simply ends (its threads listed at exit).
-* ``memory``: a real job's state (MiniLM full fine-tune with AdamW, ~272 MB; ``--job``) saved
-  through one ``Repo``: resident memory above the live state after a blocking save returns,
-  after a background save's ``wait()``, after ``close()``; and with two repositories open.
-  Resident memory is read with malloc's free pages handed back (bench/common/memory.py).
+* ``memory``: real jobs' states (MiniLM full fine-tune with AdamW, ~272 MB; the SparseAdam
+  recommender, ~308 MB; ``--jobs``) saved through one ``Repo``, with the default
+  ``delta_cache_bytes`` and with 0: resident memory above the live state after a blocking save
+  returns (and how much of it the delta cache holds), after a background save's ``wait()``, after
+  ``close()``, with two repositories open; and what the cache buys: a later save's CPU and the
+  bytes it reads back.  Resident memory is read with malloc's free pages handed back
+  (bench/common/memory.py).
 * ``threads``: deltackpt threads alive after each step above (must be 0 once a call returned
   without a handle, or once ``close()`` returned).
 
-    python -m bench handle_hygiene                 # 100 rmtree trials, MiniLM full (~1 minute)
+    python -m bench handle_hygiene                 # 100 rmtree trials, MiniLM full and recsys (~3 minutes)
     python -m bench handle_hygiene --quick         # CI: 10 trials, a tiny state
 """
 
@@ -41,7 +44,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--trials", type=int, default=None, help="rmtree trials (default 100, quick 10)")
-    ap.add_argument("--job", default="minilm-full", help="the state the memory measure saves (bench/common/jobs.py)")
+    ap.add_argument("--jobs", default="minilm-full,recsys",
+                    help="the states the memory measure saves (bench/common/jobs.py; quick: minilm-full)")
     ap.add_argument("--record", help="store the results under this key")
 
 
@@ -96,34 +100,54 @@ def _script_that_ends(work: str) -> dict:
     return {"rc": p.returncode, "threads_at_end": line[len("THREADS "):], "came_back": os.path.exists(folder)}
 
 
-def _memory(job_name: str, quick: bool, work: str) -> dict:
+def _io(field: str) -> int:
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def _memory(job_name: str, quick: bool, work: str, budget: int | None) -> dict:
+    """Resident memory above the live state after saves of a real job through one Repo (with
+    ``delta_cache_bytes=budget``, None: the default), and what its later saves cost: CPU seconds
+    and bytes read (``rchar``: the delta bases read back where the handle kept none)."""
+    import time as _time
+
     import deltackpt
     from bench.common.jobs import make_job
     job = make_job(job_name, tiny=quick)
     for _ in range(2):
         job.step()
     state_bytes = job.state_bytes()
-    out: dict = {"job": job_name, "state_mib": state_bytes / 2**20}
+    out: dict = {"job": job_name, "state_mib": state_bytes / 2**20, "delta_cache_bytes": budget}
+    tag = f"{job_name}-{budget}"
 
     def above(base: int) -> float:
         return (settled_rss() - base) / state_bytes
 
     base = settled_rss()   # the live state, the model and optimizer, the interpreter
-    with deltackpt.Repo(os.path.join(work, "m1"), create=True) as repo:
+    cpu, read = [], []
+    with deltackpt.Repo(os.path.join(work, f"m1-{tag}"), create=True,
+                        **({} if budget is None else {"delta_cache_bytes": budget})) as repo:
         repo.save(job.state(), step=0)
         out["after_first_blocking_save"] = above(base)
-        job.step()
-        repo.save(job.state(), step=1)
+        for step in range(1, 4):
+            job.step()
+            c0, r0 = _time.process_time(), _io("rchar")
+            repo.save(job.state(), step=step)
+            cpu.append(_time.process_time() - c0)
+            read.append(_io("rchar") - r0)
         out["after_blocking_save"] = above(base)
+        out["held_by_delta_cache"] = repo.session.delta_cache.used_bytes / state_bytes
         job.step()
-        h = repo.save(job.state(), step=2, blocking=False)
+        h = repo.save(job.state(), step=4, blocking=False)
         h.wait()
         out["after_background_save_waited"] = above(base)
         out["threads_while_open"] = _ours()
+    out["later_save_cpu_s"] = sorted(cpu)[len(cpu) // 2]
+    out["later_save_read"] = sorted(read)[len(read) // 2] / state_bytes
     out["after_close"] = above(base)
     out["threads_after_close"] = _ours()
-    a = deltackpt.Repo(os.path.join(work, "m2"), create=True)
-    b = deltackpt.Repo(os.path.join(work, "m3"), create=True)
+    a = deltackpt.Repo(os.path.join(work, f"m2-{tag}"), create=True)
+    b = deltackpt.Repo(os.path.join(work, f"m3-{tag}"), create=True)
     try:
         for step in range(2):
             job.step()
@@ -135,25 +159,33 @@ def _memory(job_name: str, quick: bool, work: str) -> dict:
         b.close()
     out["after_both_closed"] = above(base)
     out["threads_after_both_closed"] = _ours()
+    del job
     return out
 
 
 def run(args: argparse.Namespace) -> int:
     trials = args.trials or (10 if args.quick else 100)
+    jobs = ["minilm-full"] if args.quick else args.jobs.split(",")
     with scratch("deltackpt-bench-hygiene-", parent=args.tmp) as work:
         res = {"rmtree": _rmtree_trials(trials, work), "script_that_ends": _script_that_ends(work),
-               "memory": _memory(args.job, args.quick, work)}
+               "memory": [_memory(j, args.quick, work, budget) for j in jobs for budget in (None, 0)]}
     print(json.dumps(res, indent=1))
-    r, m = res["rmtree"], res["memory"]
+    r = res["rmtree"]
     print(f"\nrmtree right after 4 module-level saves: {r['trials'] - r['rmtree_failed'] - r['came_back']}/{r['trials']} "
           f"clean (failed {r['rmtree_failed']}, came back {r['came_back']}); deltackpt threads after: {r['threads_after']}")
     print(f"a script that ends: threads at its end {res['script_that_ends']['threads_at_end']}, rc {res['script_that_ends']['rc']}")
-    print(f"{m['job']} ({m['state_mib']:.0f} MiB): resident above the live state, x state: "
-          f"after a blocking save {m['after_blocking_save']:.3f}, after a background save's wait {m['after_background_save_waited']:.3f}, "
-          f"after close {m['after_close']:.3f}; two repositories open {m['two_repos_open']:.3f}, both closed {m['after_both_closed']:.3f}")
+    print("\n| job (state) | delta_cache_bytes | resident above the live state after a blocking save "
+          "| of it, the delta cache | after a background save's wait | after close | two repositories open "
+          "| both closed | later save: CPU s, read (x state) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for m in res["memory"]:
+        print(f"| {m['job']} ({m['state_mib']:.0f} MiB) | {'default' if m['delta_cache_bytes'] is None else m['delta_cache_bytes']} "
+              f"| {m['after_blocking_save']:.3f} | {m['held_by_delta_cache']:.3f} | {m['after_background_save_waited']:.3f} "
+              f"| {m['after_close']:.3f} | {m['two_repos_open']:.3f} | {m['after_both_closed']:.3f} "
+              f"| {m['later_save_cpu_s']:.2f}, {m['later_save_read']:.3f} |")
     ok = (r["rmtree_failed"] == 0 and r["came_back"] == 0 and r["threads_after"] == 0
           and not res["script_that_ends"]["came_back"] and res["script_that_ends"]["threads_at_end"] == "[]"
-          and not m["threads_after_close"] and not m["threads_after_both_closed"])
+          and not any(m["threads_after_close"] or m["threads_after_both_closed"] for m in res["memory"]))
     if args.record and not args.quick:
         record("handle_hygiene", args.record, res)
     return 0 if ok else 1

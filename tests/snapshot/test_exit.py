@@ -270,3 +270,48 @@ def test_deltackpts_threads_leave_signals_to_the_main_thread(tmp_path):
     count, unblocked = first.split(" ", 1)
     assert int(count) >= 2 and unblocked == "[]", out.stdout      # the save thread and its encoders
     assert second == "main blocks False", out.stdout
+
+
+def test_a_background_save_made_from_an_atexit_handler_runs_inline(tmp_path):
+    """An ``atexit`` handler that saves in the background, with a layout never seen before, when
+    the interpreter no longer starts threads: the save runs inline and commits, with no
+    ``cannot schedule new futures after interpreter shutdown``."""
+    script = textwrap.dedent("""
+        import atexit, sys, torch, deltackpt
+        path = sys.argv[1]
+        model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 7))
+        def last_words():
+            h = deltackpt.save(model, path, step=9, blocking=False)
+            print("saved", h.wait().step, flush=True)
+        atexit.register(last_words)
+    """)
+    path = str(tmp_path / "r")
+    p = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert "saved 9" in p.stdout
+    assert deltackpt.Repo(path).latest().step == 9
+
+
+def test_after_a_killed_save_the_recovering_save_and_gc_leave_no_lock(tmp_path):
+    """A save SIGKILLed while writing its packs leaves its lock; the next process's save (which
+    deltifies inline, within its call) and ``gc(grace_seconds=0)`` leave ``locks/`` with no save lock."""
+    script = textwrap.dedent("""
+        import sys, torch, deltackpt
+        path, step = sys.argv[1], int(sys.argv[2])
+        g = torch.Generator().manual_seed(step)
+        state = {f"w{i}": torch.randn(512, 1024, generator=g) for i in range(8)}
+        deltackpt.save(state, path, step=step)
+    """)
+    path = str(tmp_path / "r")
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    run = lambda step, **extra: subprocess.run([sys.executable, "-c", script, path, str(step)], cwd=ROOT,  # noqa: E731
+                                               env={**env, **extra}, capture_output=True, text=True, timeout=120)
+    assert run(0).returncode == 0
+    killed = run(1, DELTACKPT_FAULT="pack.write:2:kill")
+    assert killed.returncode == -signal.SIGKILL
+    assert any(n.startswith("save") for n in os.listdir(os.path.join(path, "locks")))
+    assert run(2).returncode == 0
+    deltackpt.gc(path, keep_last=2, grace_seconds=0)
+    left = [n for n in os.listdir(os.path.join(path, "locks")) if n.startswith("save")]
+    assert left == [], left
