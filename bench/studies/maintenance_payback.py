@@ -15,6 +15,7 @@ and a live rollback by one version (the model holds the newest version; bytes th
 
     python -m bench maintenance_payback                   # MiniLM full and frozen, recsys, GPT-2 small
     python -m bench maintenance_payback --workloads recsys,minilm-frozen --paybacks off,0.05,1
+    python -m bench maintenance_payback --workloads minilm-full --versions 10 --paybacks off,0.05,1
     python -m bench maintenance_payback --quick           # CI: tiny states, every version restores
 
 Writes bench/results/maintenance_payback.json (``--record KEY``) and prints a table; the chart of
@@ -48,6 +49,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="comma-separated (default minilm-full,minilm-frozen,recsys,gpt2-adamw; quick: the tiny ones)")
     ap.add_argument("--paybacks", default="off,0.05,0.25,1,4", help="comma-separated payback values, 'off' for none")
     ap.add_argument("--cache", default=os.environ.get("DELTACKPT_BENCH_CACHE"), help="the GPT-2 run's trained versions")
+    ap.add_argument("--versions", type=int, default=None,
+                    help="versions of minilm-full, minilm-frozen and recsys (default: the workloads' own, 4-6)")
     ap.add_argument("--record", help="store the results under this key")
     ap.add_argument("--chart", action="store_true", help="draw bench/charts/maintenance_payback.png")
 
@@ -69,14 +72,19 @@ def _measured(fn) -> tuple[Any, float, float, int]:
     return out, time.perf_counter() - t0, _cpu() - c0, _wchar() - w0
 
 
-def _anchor(states: list[dict], work: str) -> list[dict[str, float]]:
-    """torch.save + fsync of each state: its bytes, CPU and wall."""
+def _anchor(states: list[dict], work: str, repeats: int = 3) -> list[dict[str, float]]:
+    """torch.save + fsync of each state: its bytes, and the median CPU and wall of ``repeats``
+    saves (one save's CPU varies 3x here with the state of the page cache)."""
     out = []
     for i, s in enumerate(states):
         path = os.path.join(work, f"anchor-{i}.pt")
-        _, wall, cpu, written = _measured(lambda: torch_save_file(s, path, fsync=True))
-        out.append({"bytes": os.path.getsize(path), "cpu": cpu, "wall": wall, "written": written})
-        os.remove(path)
+        runs = []
+        for _ in range(repeats):
+            runs.append(_measured(lambda: torch_save_file(s, path, fsync=True)))
+            size = os.path.getsize(path)
+            os.remove(path)
+        out.append({"bytes": size, "cpu": statistics.median(r[2] for r in runs),
+                    "wall": statistics.median(r[1] for r in runs), "written": runs[0][3]})
     return out
 
 
@@ -127,6 +135,14 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         paybacks = ["off", "0.05", "1"]
     by_name = {w.name: w for w in workloads(args.quick, cache=args.cache)}
+    if args.versions and not args.quick:   # a longer run: the steady state past the first measurements
+        from bench.common import workloads as wl
+        n = args.versions
+        longer = {"minilm-full": lambda live=None: wl.minilm(n, every=20, live=live),
+                  "minilm-frozen": lambda live=None: wl.minilm(n, every=20, frozen=True, live=live),
+                  "recsys": lambda live=None: wl.recsys(n, every=40, live=live)}
+        for name, make in longer.items():
+            by_name[name] = wl.Workload(name, make, by_name[name].layer, n)
     results: dict[str, Any] = {}
     with scratch("deltackpt-bench-payback-", parent=args.tmp) as work:
         for name in chosen:
