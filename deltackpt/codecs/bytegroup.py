@@ -242,16 +242,23 @@ def decode_planes(params: dict[str, Any], payload: bytes | memoryview, raw_len: 
         else:
             zstd_decompress_into(view[start:start + size], out, what=f"{what} plane 0")
         return out
-    work = buffer("planes", raw_len).reshape(width, n)
+    # natively, every plane goes straight to its place in this thread's c-blosc frame; else the
+    # zstd planes go to this thread's plane buffer and raw planes are read where they lie
+    frame = native_planes.frame(width, n, out)
+    work = frame.planes if frame is not None else buffer("planes", raw_len).reshape(width, n)
     planes = []
     for k, (start, size) in enumerate(spans):
         part = view[start:start + size]
         if modes[k] == 0:
-            planes.append(np.frombuffer(part, dtype=np.uint8))
+            plane = np.frombuffer(part, dtype=np.uint8)
+            if frame is not None:
+                np.copyto(work[k], plane)
+                plane = work[k]
+            planes.append(plane)
         else:
             zstd_decompress_into(part, work[k], what=f"{what} plane {k}")
             planes.append(work[k])
-    if not native_planes.interleave(planes, out):
+    if frame is None or not frame.unshuffle(out):
         _interleave_numpy(planes, out)
     return out
 

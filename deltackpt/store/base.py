@@ -65,6 +65,8 @@ class Store(ABC):
     atomic_create: bool = True
     #: keys written by put_atomic survive power loss once it returns
     durable: bool = True
+    #: prefetch does something (a reader may give it a thread of its own)
+    prefetches: bool = False
     #: swap is a compare-and-swap against other processes (If-Match); when False it is
     #: read-compare-put, which is only safe under a lock the caller holds (the refs lock)
     atomic_swap: bool = False
@@ -72,6 +74,21 @@ class Store(ABC):
     @abstractmethod
     def get(self, key: str, start: int = 0, length: int | None = None) -> bytes:
         """Bytes of ``key`` (a range when ``length`` is given); ObjectNotFoundError when absent."""
+
+    def read_into(self, key: str, start: int, out: memoryview) -> int:
+        """Fill ``out`` with the bytes of ``key`` from ``start`` on; returns how many it got (fewer
+        than ``len(out)`` only at the value's end).  Reads into memory the caller owns and reuses,
+        so a read of many ranges allocates nothing per range; stores that can read straight into
+        it (local files) override this default, which copies what :meth:`get` returns."""
+        data = self.get(key, start, len(out))
+        n = min(len(data), len(out))
+        out[:n] = memoryview(data).cast("B")[:n]
+        return n
+
+    def prefetch(self, key: str, start: int, length: int) -> None:
+        """A hint that ``key``'s bytes ``[start, start + length)`` will be read soon: a store may
+        start fetching them in the background, into memory it does not count as the caller's (the
+        page cache).  Never an error; this default does nothing."""
 
     def get_bounded(self, key: str, max_bytes: int) -> bytes:
         """The whole value of ``key``; LimitExceededError when it holds more than ``max_bytes``.
@@ -151,6 +168,7 @@ class WrappingStore(Store):
         self.atomic_create = inner.atomic_create
         self.durable = inner.durable
         self.atomic_swap = inner.atomic_swap
+        self.prefetches = inner.prefetches
 
     def __getattr__(self, name: str):
         if name == "inner":  # not set yet (copying, unpickling): no recursion

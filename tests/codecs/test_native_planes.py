@@ -24,14 +24,21 @@ def _weights(count: int, seed: int) -> np.ndarray:
 
 
 def _spy(monkeypatch) -> list[bool]:
-    """Record what each native attempt returned."""
+    """Record what each native attempt returned (False too for a chunk given to numpy at once)."""
     seen: list[bool] = []
-    real = native_planes.interleave
+    real_frame, real_unshuffle = native_planes.frame, native_planes.Frame.unshuffle
 
-    def spy(*args):
-        seen.append(real(*args))
+    def frame(*args):
+        f = real_frame(*args)
+        if f is None:
+            seen.append(False)
+        return f
+
+    def unshuffle(self, out):
+        seen.append(real_unshuffle(self, out))
         return seen[-1]
-    monkeypatch.setattr(bytegroup.native_planes, "interleave", spy)
+    monkeypatch.setattr(native_planes, "frame", frame)
+    monkeypatch.setattr(native_planes.Frame, "unshuffle", unshuffle)
     return seen
 
 
@@ -45,7 +52,7 @@ def test_native_and_numpy_decode_agree(width, n, monkeypatch):
     seen = _spy(monkeypatch)
     got = bytegroup.decode_planes(params, payload, len(data), what="t").tobytes()
     assert got == data.tobytes() == _numpy_decode(params, payload, len(data), monkeypatch)
-    assert seen[:1] == [n >= 128 and width >= 4]   # short planes (no split) and two planes: numpy
+    assert seen[:1] == [n >= 128 and width >= 4]   # short planes and two planes: numpy
 
 
 def test_every_plane_mode_mix_decodes_natively(monkeypatch):
@@ -120,9 +127,10 @@ def test_a_damaged_frame_is_refused_before_the_native_call(monkeypatch):
 
 
 @pytest.mark.parametrize("width", [4, 5, 8, 16])
-@pytest.mark.parametrize("n", [128, 4096, native_planes.SEGMENT, native_planes.SEGMENT + 1, 3 * native_planes.SEGMENT + 77])
-def test_every_width_and_block_layout_interleaves_exactly(width, n):
-    """Whole blocks, a shorter last block (c-blosc does not split it) and one block of the whole chunk."""
+@pytest.mark.parametrize("n", [128, 129, 4096, 16385, 3 * 16384 + 77, 1 << 19])
+def test_every_width_and_plane_length_interleaves_exactly(width, n):
+    """Plane lengths that are and are not multiples of c-blosc's SIMD widths, up to a 2 MiB chunk
+    of float32 (the frame is one block, never split)."""
     rng = np.random.default_rng(width * n)
     data = rng.integers(0, 256, width * n, dtype=np.uint8)
     planes = [np.ascontiguousarray(data.reshape(n, width)[:, k]) for k in range(width)]

@@ -18,6 +18,8 @@ from ...store.base import Store
 from .copies import PackGone
 from .index_state import Index
 from .live import rehydrate
+from .populate import populate
+from .stream import SpanStream
 
 
 # Objects that follow each other in a pack (a save writes a blob's chunks, and tensor after tensor,
@@ -26,6 +28,11 @@ from .live import rehydrate
 # objects are merged (READ_GAP = 0), so a layer restore reads no byte it does not need.
 READ_GAP = 0
 READ_SPAN = 8 * 1024 * 1024
+# While the pool decodes, the calling thread reads the next spans into SPARE_SPANS more buffers than
+# the pool has workers, and asks the store to prefetch READ_AHEAD bytes beyond the span it reads
+# (stream.py): a cold read keeps the disk busy while every core decodes.
+SPARE_SPANS = 2
+READ_AHEAD = 64 * 1024 * 1024
 MAX_COPIES_TRIED = 8   # damaged copies of one chunk skipped before a read gives up
 
 
@@ -228,21 +235,24 @@ class ChunkReader:
         return self.read_blobs_into([(blob, out)], pool)[0]
 
     def read_blobs_into(self, targets: "list[tuple[Blob, memoryview]]", pool=None, *,
-                        live: bool = False) -> list[memoryview]:
+                        live: bool = False, workers: int = 1) -> list[memoryview]:
         """Decode every chunk of several blobs into their destinations, all chunks of all blobs in
         one parallel pass (most tensors are one chunk: a pass per blob would run them one by one).
         A failure names the blob's position in ``targets`` through ``BlobReadError.index``.
         ``live``: the destinations hold a live state; a chunk they already hold is left alone,
-        one a few stored deltas away is stepped there in place (:mod:`.live`)."""
+        one a few stored deltas away is stepped there in place (:mod:`.live`).  ``workers``: the
+        threads ``pool`` runs; the calling thread reads ahead of them into that many span buffers
+        and SPARE_SPANS more (:mod:`.stream`)."""
         outs, jobs = _chunk_jobs(targets)
         if live:
             jobs = self._jobs_to_read(jobs, pool)
         tasks = self._plan_reads(jobs)
-        if pool is not None and len(tasks) > 1:
-            list(pool.map(self._read_group, tasks))
-        else:
-            for task in tasks:
-                self._read_group(task)
+        spans = [None if t[0][2] is None else
+                 (t[0][1], t[0][2].offset, t[-1][2].offset + t[-1][2].length - t[0][2].offset) for t in tasks]
+        parallel = pool is not None and len(tasks) > 1
+        stream = SpanStream(self.store, slots=(max(workers, 1) if parallel else 1) + SPARE_SPANS, window=READ_AHEAD)
+        stream.run(tasks, spans, lambda group, data: self._decode_group(group, data, fresh=not live),
+                   pool if parallel else None, read_failed=_name_blob)
         return outs
 
     def _jobs_to_read(self, jobs: "list[tuple[int, bytes, memoryview]]", pool) -> "list[tuple[int, bytes, memoryview]]":
@@ -266,18 +276,18 @@ class ChunkReader:
             exc.blob_index = n  # type: ignore[attr-defined]
             raise
 
-    def _read_group(self, group: "list[tuple[tuple[int, bytes, memoryview], str, PackEntry]]") -> None:
-        """Chunks whose objects lie close together in one pack: one read, then decode each."""
+    def _decode_group(self, group: "list[tuple[tuple[int, bytes, memoryview], str, PackEntry]]",
+                      data: memoryview | None, *, fresh: bool) -> None:
+        """Decode the chunks of a group whose objects lie back to back in one pack from ``data``,
+        the span's bytes (None: each chunk reads its own copy).  ``fresh``: the destinations are
+        new memory, faulted in a chunk at a time just before its decode (populate.py)."""
         if group[0][2] is None:  # nothing to plan: read_chunk finds it (or fails) on its own
             self._read_job(group[0][0])
             return
         pid, start = group[0][1], group[0][2].offset
-        end = group[-1][2].offset + group[-1][2].length
-        try:
-            data = memoryview(self.store.get(pack_key(pid), start, end - start))
-        except (ObjectNotFoundError, FileNotFoundError):
-            data = None  # each chunk finds another copy (or the error) on its own
         for job, _pid, e in group:
+            if fresh:
+                populate(job[2])
             first = None
             if data is not None:
                 try:
@@ -313,6 +323,12 @@ class ChunkReader:
             tasks.append([(job, pid, e)])
             raw = e.raw_len
         return tasks
+
+
+def _name_blob(group: list, exc: BaseException) -> None:
+    """A failed read of a group's span names the first blob it was read for (BlobReadError.index)."""
+    if isinstance(exc, DeltackptError) and getattr(exc, "blob_index", None) is None:
+        exc.blob_index = group[0][0][0]  # type: ignore[attr-defined]
 
 
 def _damaged(message: str, pid: str, e: PackEntry) -> CorruptObjectError:
