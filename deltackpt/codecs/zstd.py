@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import ChunkContext, Codec, Encoded
-from .bytegroup import decode_planes, encode_planes, width_for
+from .base import ChunkContext, Codec, Encoded, Room
+from .bytegroup import decode_planes, decode_planes_in_room, encode_planes, width_for
 
 
 class ByteGroupZstd(Codec):
@@ -20,6 +20,9 @@ class ByteGroupZstd(Codec):
 
     def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes, base: bytes | None = None) -> None:
         decode_planes(params, payload, len(out), what=self.name, out=np.frombuffer(out, dtype=np.uint8))
+
+    def decode_in_room(self, out: memoryview, params: dict[str, Any], room: Room) -> bool:
+        return decode_planes_in_room(params, room, np.frombuffer(out, dtype=np.uint8), what=self.name)
 
     def decode(self, params: dict[str, Any], payload: bytes, raw_len: int, base: bytes | None = None) -> bytes:
         return decode_planes(params, payload, raw_len, what=self.name)  # type: ignore[return-value]

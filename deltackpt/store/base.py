@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from typing import Sequence
 
 from ..errors import LimitExceededError, StoreError
 
@@ -75,15 +76,21 @@ class Store(ABC):
     def get(self, key: str, start: int = 0, length: int | None = None) -> bytes:
         """Bytes of ``key`` (a range when ``length`` is given); ObjectNotFoundError when absent."""
 
-    def read_into(self, key: str, start: int, out: memoryview) -> int:
+    def read_into(self, key: str, start: int, out: "memoryview | Sequence[memoryview]") -> int:
         """Fill ``out`` with the bytes of ``key`` from ``start`` on; returns how many it got (fewer
-        than ``len(out)`` only at the value's end).  Reads into memory the caller owns and reuses,
-        so a read of many ranges allocates nothing per range; stores that can read straight into
-        it (local files) override this default, which copies what :meth:`get` returns."""
-        data = self.get(key, start, len(out))
-        n = min(len(data), len(out))
-        out[:n] = memoryview(data).cast("B")[:n]
-        return n
+        than asked only at the value's end).  ``out``: one byte buffer, or several filled one after
+        the other with consecutive bytes (a reader placing objects apart in its buffer).  Reads
+        into memory the caller owns and reuses, so a read of many ranges allocates nothing per
+        range; stores that can read straight into it (local files) override this default, which
+        copies what :meth:`get` returns."""
+        outs = [out] if isinstance(out, memoryview) else list(out)
+        data = memoryview(self.get(key, start, sum(len(o) for o in outs))).cast("B")
+        got = 0
+        for o in outs:
+            n = min(len(o), len(data) - got)
+            o[:n] = data[got:got + n]
+            got += n
+        return got
 
     def prefetch(self, key: str, start: int, length: int) -> None:
         """A hint that ``key``'s bytes ``[start, start + length)`` will be read soon: a store may

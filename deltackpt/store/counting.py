@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Sequence
 
 from .base import Store, WrappingStore
 
@@ -35,7 +36,7 @@ class CountingStore(WrappingStore):
             self.reads.append((key, len(data)))
         return data
 
-    def read_into(self, key: str, start: int, out: memoryview) -> int:
+    def read_into(self, key: str, start: int, out: "memoryview | Sequence[memoryview]") -> int:
         n = self.inner.read_into(key, start, out)
         with self._lock:
             self.gets += 1

@@ -12,6 +12,7 @@ import errno
 import os
 import secrets
 import stat
+from typing import Sequence
 
 from .. import faults
 from ..errors import LimitExceededError, StoreError
@@ -105,16 +106,17 @@ class LocalStore(Store):
         finally:
             os.close(fd)
 
-    def read_into(self, key: str, start: int, out: memoryview) -> int:
+    def read_into(self, key: str, start: int, out: "memoryview | Sequence[memoryview]") -> int:
         if type(self).get is not LocalStore.get:  # a subclass that changes get() reads through it
             return super().read_into(key, start, out)
+        outs = [out] if isinstance(out, memoryview) else list(out)
         fd, st = self._open_read(key)
         try:
             faults.hit(f"read.{key.split('/', 1)[0]}")   # "read.packs": a read error mid-stream (tests)
-            want = max(min(len(out), st.st_size - start), 0)  # never past the end the fstat saw
+            want = max(min(sum(len(o) for o in outs), st.st_size - start), 0)  # never past the end fstat saw
             got = 0
             while got < want:
-                n = os.preadv(fd, [out[got:want]], start + got)
+                n = os.preadv(fd, _pieces(outs, got, want), start + got)
                 if n <= 0:
                     break  # the file shrank meanwhile: the caller sees a short read
                 got += n
@@ -342,6 +344,26 @@ class LocalStore(Store):
             except FileNotFoundError:
                 pass
         return out
+
+
+def _pieces(outs: "list[memoryview]", skip: int, end: int) -> "list[memoryview]":
+    """The parts of ``outs`` (buffers filled one after the other) from byte ``skip`` to ``end``,
+    at most IOV_MAX of them (preadv's limit: the loop around it reads the rest)."""
+    parts: list[memoryview] = []
+    pos = 0
+    for o in outs:
+        lo, hi = max(skip - pos, 0), min(len(o), end - pos)
+        if hi > lo:
+            parts.append(o[lo:hi])
+            if len(parts) == _IOV_MAX:
+                break
+        pos += len(o)
+        if pos >= end:
+            break
+    return parts
+
+
+_IOV_MAX = 1024
 
 
 def _kind(mode: int) -> str:

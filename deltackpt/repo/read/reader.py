@@ -7,6 +7,7 @@ import threading
 from collections import OrderedDict
 
 from ...codecs import registry
+from ...codecs.base import Room
 from ...errors import CorruptObjectError, DeltackptError, ObjectNotFoundError
 from ...format import objects
 from ...format.ids import digest
@@ -19,7 +20,7 @@ from .copies import PackGone
 from .index_state import Index
 from .live import rehydrate
 from .populate import populate
-from .stream import SpanStream
+from .stream import Span, SpanStream
 
 
 # Objects that follow each other in a pack (a save writes a blob's chunks, and tensor after tensor,
@@ -33,6 +34,12 @@ READ_SPAN = 8 * 1024 * 1024
 # (stream.py): a cold read keeps the disk busy while every core decodes.
 SPARE_SPANS = 2
 READ_AHEAD = 64 * 1024 * 1024
+# Each object of a span is read into its own room of the span buffer (codecs.base.Room): ROOM_HEAD
+# bytes before it, where a c-blosc frame header (24 bytes) fits over the object's own header, and
+# after it as many bytes as it decodes to beyond its length plus ROOM_TAIL (the codec parameters:
+# ~110 bytes for 16 planes).  So a keyframe's planes are interleaved from where the read put them.
+ROOM_HEAD = 32
+ROOM_TAIL = 128
 MAX_COPIES_TRIED = 8   # damaged copies of one chunk skipped before a read gives up
 
 
@@ -110,7 +117,8 @@ class ChunkReader:
     def read_chunk(self, cid: bytes, out: memoryview | None = None, first=None) -> bytes | memoryview:
         """Decoded bytes of a chunk, walking its delta chain; hash-checked against its id.
         With ``out``, the last link decodes straight into it (and ``out`` is returned).
-        ``first``: the chunk's own (pack id, entry, object), already read by the caller.
+        ``first``: the chunk's own (pack id, entry, object), already read by the caller, and
+        optionally the Room around the object's payload (a keyframe may decode there).
         A copy that fails its checks is skipped for the chunk's other copies (spec §8), and the
         first failure is raised only when none of them decodes."""
         avoid: set[tuple[str, int]] = set()
@@ -172,7 +180,7 @@ class ChunkReader:
                 base_data = self.decoded.get(cur)
                 if base_data is not None:
                     break
-            pid, e, obj = first if first is not None and cur == cid else self._fetch(cur, avoid)
+            pid, e, obj = first[:3] if first is not None and cur == cid else self._fetch(cur, avoid)
             chain.append((cur, pid, e, obj))
             cur = e.base
         links = chain[::-1]
@@ -180,11 +188,13 @@ class ChunkReader:
             # the oldest link straight into ``out`` (a keyframe, or a delta over a cached base), then
             # every delta above it applied in place: no chunk-sized temporary per link, and a chain of
             # sparse deltas costs about its bytes (each link still hash-checked as it lands)
+            # a keyframe read into a span buffer decodes in the room the read left around it
+            room = first[3] if first is not None and len(first) > 3 and len(links) == 1 and base_data is None else None
             for i, (c, pid, e, obj) in enumerate(links):
                 if len(out) != e.raw_len:
                     raise CorruptObjectError(f"chunk {c.hex()} in pack {pid}: index says {e.raw_len} bytes, "
                                              f"the manifest {len(out)}")
-                self._decode_link(c, pid, e, obj, _into(out, obj, base_data, first=i == 0))
+                self._decode_link(c, pid, e, obj, _into(out, obj, base_data, first=i == 0, room=room))
             return out
         for i, (c, pid, e, obj) in enumerate(links):
             result = self._decode_link(c, pid, e, obj, lambda codec, o=obj, b=base_data: codec.decode(
@@ -247,12 +257,12 @@ class ChunkReader:
         if live:
             jobs = self._jobs_to_read(jobs, pool)
         tasks = self._plan_reads(jobs)
-        spans = [None if t[0][2] is None else
-                 (t[0][1], t[0][2].offset, t[-1][2].offset + t[-1][2].length - t[0][2].offset) for t in tasks]
+        spans = [None if t[0][2] is None else _layout(t) for t in tasks]
         parallel = pool is not None and len(tasks) > 1
         stream = SpanStream(self.store, slots=(max(workers, 1) if parallel else 1) + SPARE_SPANS, window=READ_AHEAD)
-        stream.run(tasks, spans, lambda group, data: self._decode_group(group, data, fresh=not live),
-                   pool if parallel else None, read_failed=_name_blob)
+        stream.run(list(zip(tasks, spans)), spans,
+                   lambda group, data: self._decode_group(*group, data, fresh=not live),
+                   pool if parallel else None, read_failed=lambda group, exc: _name_blob(group[0], exc))
         return outs
 
     def _jobs_to_read(self, jobs: "list[tuple[int, bytes, memoryview]]", pool) -> "list[tuple[int, bytes, memoryview]]":
@@ -277,21 +287,26 @@ class ChunkReader:
             raise
 
     def _decode_group(self, group: "list[tuple[tuple[int, bytes, memoryview], str, PackEntry]]",
-                      data: memoryview | None, *, fresh: bool) -> None:
+                      span: "Span | None", data: memoryview | None, *, fresh: bool) -> None:
         """Decode the chunks of a group whose objects lie back to back in one pack from ``data``,
-        the span's bytes (None: each chunk reads its own copy).  ``fresh``: the destinations are
-        new memory, faulted in a chunk at a time just before its decode (populate.py)."""
-        if group[0][2] is None:  # nothing to plan: read_chunk finds it (or fails) on its own
+        the span buffer holding them where ``span`` placed them (None: each chunk reads its own
+        copy).  ``fresh``: the destinations are new memory, faulted in a chunk at a time just
+        before its decode (populate.py)."""
+        if group[0][2] is None or span is None:  # nothing to plan: read_chunk finds it (or fails) on its own
             self._read_job(group[0][0])
             return
-        pid, start = group[0][1], group[0][2].offset
-        for job, _pid, e in group:
+        pid = group[0][1]
+        ends = [p - ROOM_HEAD for p, _n in span.pieces[1:]] + [span.size]
+        for (job, _pid, e), (pos, _n), end in zip(group, span.pieces, ends):
             if fresh:
                 populate(job[2])
             first = None
             if data is not None:
                 try:
-                    first = (pid, e, self._check_object(pid, e, data[e.offset - start:e.offset - start + e.length]))
+                    obj = self._check_object(pid, e, data[pos:pos + e.length])
+                    start = pos + e.length - len(obj.payload)
+                    room = Room(data, start, len(obj.payload), pos - ROOM_HEAD, min(end, len(data)))
+                    first = (pid, e, obj, room)
                 except CorruptObjectError:
                     first = None  # a damaged header: read_chunk tries the chunk's other copies
             self._read_job(job, first)
@@ -311,18 +326,33 @@ class ChunkReader:
             else:
                 tasks.append([(job, None, None)])
         placed.sort(key=lambda t: (t[0], t[1]))
-        raw = 0  # decoded bytes of the last task
+        room = 0  # span buffer bytes of the last task (at least its decoded bytes)
         for pid, _off, job, e in placed:
             if tasks and tasks[-1][0][1] == pid:  # (alone tasks have no pack id)
-                head, last = tasks[-1][0][2], tasks[-1][-1][2]
-                if (0 <= e.offset - (last.offset + last.length) <= READ_GAP
-                        and e.offset + e.length - head.offset <= READ_SPAN and raw + e.raw_len <= READ_SPAN):
+                last = tasks[-1][-1][2]
+                if 0 <= e.offset - (last.offset + last.length) <= READ_GAP and room + _room(e) <= READ_SPAN:
                     tasks[-1].append((job, pid, e))
-                    raw += e.raw_len
+                    room += _room(e)
                     continue
             tasks.append([(job, pid, e)])
-            raw = e.raw_len
+            room = _room(e)
         return tasks
+
+
+def _room(e: PackEntry) -> int:
+    """Span buffer bytes for object ``e`` (see ROOM_HEAD), rounded to 64."""
+    return -(-(ROOM_HEAD + e.length + max(0, e.raw_len - e.length) + ROOM_TAIL) // 64) * 64
+
+
+def _layout(group: list) -> Span:
+    """The span a group's objects are read with, each object placed in a room of its own."""
+    pieces = []
+    pos = 0
+    for _job, _pid, e in group:
+        pieces.append((pos + ROOM_HEAD, e.length))
+        pos += _room(e)
+    first, last = group[0][2], group[-1][2]
+    return Span(group[0][1], first.offset, last.offset + last.length - first.offset, tuple(pieces), pos)
 
 
 def _name_blob(group: list, exc: BaseException) -> None:
@@ -338,10 +368,12 @@ def _damaged(message: str, pid: str, e: PackEntry) -> CorruptObjectError:
     return exc
 
 
-def _into(out: memoryview, obj: objects.EncodedObject, base: bytes | None, *, first: bool):
-    """One link decoded in ``out``: the first over ``base`` (None for a keyframe), the next ones
-    applied over what ``out`` holds."""
+def _into(out: memoryview, obj: objects.EncodedObject, base: bytes | None, *, first: bool, room: Room | None = None):
+    """One link decoded in ``out``: the first over ``base`` (None for a keyframe; in ``room``, the
+    scratch around its payload, where its codec can), the next ones applied over what ``out`` holds."""
     def run(codec) -> memoryview:
+        if first and room is not None and base is None and codec.decode_in_room(out, obj.params, room):
+            return out
         if first:
             codec.decode_into(out, obj.params, obj.payload, base)
         else:

@@ -23,14 +23,28 @@ import mmap
 import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from ... import threads as worker_threads
 from ...errors import ObjectNotFoundError
 from ...store.base import Store
 from ..layout import pack_key
 
-Span = tuple[str, int, int]   # (pack id, start, length)
+class Span(NamedTuple):
+    """``length`` bytes of pack ``pack_id`` from ``start``, read into a buffer of ``room`` bytes:
+    at its start, or in ``pieces`` ((position in the buffer, bytes) of consecutive pack bytes) so
+    that the decoder finds scratch room around each object (codecs.base.Room)."""
+
+    pack_id: str
+    start: int
+    length: int
+    pieces: tuple[tuple[int, int], ...] = ()
+    room: int = 0
+
+    @property
+    def size(self) -> int:
+        """The buffer bytes this span needs."""
+        return max(self.length, self.room)
 
 
 class SpanStream:
@@ -76,7 +90,7 @@ class SpanStream:
                     ahead.reading(i)
                 slot, data = None, None
                 if span is not None:
-                    slot = self._slot(buffers, free, span[2])
+                    slot = self._slot(buffers, free, span.size)
                     try:
                         data = self._read(buffers[slot], span)
                     except BaseException as exc:
@@ -123,14 +137,20 @@ class SpanStream:
         return slot
 
     def _read(self, buf: mmap.mmap, span: Span) -> "memoryview | None":
-        pid, start, length = span
-        view = memoryview(buf)[:length]
+        """The span's bytes in ``buf``: the view ends where the bytes read end (a pack cut short)."""
+        view = memoryview(buf)[:span.size]
+        pieces = span.pieces or ((0, span.length),)
         try:
-            n = self.store.read_into(pack_key(pid), start, view)
+            n = self.store.read_into(pack_key(span.pack_id), span.start, [view[p:p + k] for p, k in pieces])
         except (ObjectNotFoundError, FileNotFoundError):
-            view.release()
             return None  # each chunk of the group finds another copy (or the error) on its own
-        return view[:n]
+        if n == span.length:
+            return view
+        for p, k in pieces:   # the piece the read stopped in ends the bytes there are
+            if n < k:
+                return view[:p + n]
+            n -= k
+        return view
 
 
 class _Prefetcher:
@@ -140,7 +160,7 @@ class _Prefetcher:
 
     def __init__(self, store: Store, spans: "Sequence[Span | None]", window: int) -> None:
         self.store, self.spans, self.window = store, spans, window
-        self._ends = list(itertools.accumulate((0 if s is None else s[2] for s in spans), initial=0))
+        self._ends = list(itertools.accumulate((0 if s is None else s.length for s in spans), initial=0))
         self._read = 0      # spans [0, _read) are being read or done
         self._next = 1      # the next span to hint (the first is read at once)
         self._stop = False
@@ -175,7 +195,7 @@ class _Prefetcher:
                 span = self.spans[self._next]
                 self._next += 1
             if span is not None:
-                self.store.prefetch(pack_key(span[0]), span[1], span[2])
+                self.store.prefetch(pack_key(span.pack_id), span.start, span.length)
 
 
 def _anonymous(length: int) -> mmap.mmap:
