@@ -107,8 +107,8 @@ class LocalStore(Store):
             os.close(fd)
 
     def read_into(self, key: str, start: int, out: "memoryview | Sequence[memoryview]") -> int:
-        if type(self).get is not LocalStore.get:  # a subclass that changes get() reads through it
-            return super().read_into(key, start, out)
+        if type(self).get is not LocalStore.get or not hasattr(os, "preadv"):
+            return super().read_into(key, start, out)   # a subclass's get() reads; no preadv (macOS)
         outs = [out] if isinstance(out, memoryview) else list(out)
         fd, st = self._open_read(key)
         try:

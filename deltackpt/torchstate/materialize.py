@@ -104,9 +104,11 @@ _ALIGN = 64
 
 def _fresh(n: int) -> np.ndarray:
     """``n`` uninitialized bytes from torch's allocator, as a uint8 array (the tensors built over it
-    keep it alive).  Not numpy's: numpy asks for transparent huge pages on large buffers, and
-    faulting a 2 MiB page in (the kernel zeroes it whole) costs ~3x the CPU of 512 small pages on
-    the project machine (1.5 GB: 2.5 s against 0.8 s of system time), which was most of a load."""
+    keep it alive), in small pages as ``torch.load``'s.  Not numpy's: numpy asks for transparent
+    huge pages on large buffers, and where the kernel lacks free 2 MiB blocks it compacts memory
+    on the fault (the kernel's THP defrag setting, ``madvise``): a 1.5 GB load took 2.3-2.9 s of
+    system time in huge pages against 0.8-1.0 s in small ones on the project machine.  Huge pages
+    won where they were free (a 260 MB load: ~0.1 s against ~0.17 s), but never by that much."""
     return torch.empty(n, dtype=torch.uint8).numpy()
 
 

@@ -122,8 +122,8 @@ def test_the_reader_stays_a_bounded_window_ahead_of_slow_decoders(tmp_path):
 
 def test_memory_of_a_load_is_its_tensors_plus_a_bounded_window(tmp_path):
     """The span buffers of a load are a window that does not grow with the state: a 64 MiB load
-    holds at most (threads + SPARE_SPANS) spans of READ_SPAN bytes, half its size, and an 8 MiB
-    load only what it reads."""
+    holds at most (threads + SPARE_SPANS) spans of READ_SPAN decoded bytes (at most half its size),
+    and an 8 MiB load only what it reads."""
     from deltackpt.repo.read import reader
     from deltackpt.repo.read import stream as stream_mod
 
@@ -145,8 +145,9 @@ def test_memory_of_a_load_is_its_tensors_plus_a_bounded_window(tmp_path):
             assert all(torch.equal(got[k], v) for k, v in state.items())
     finally:
         stream_mod.SpanStream.run = real_run
-    assert peaks[0] <= (8 << 20) + (64 << 10)   # its 8 objects, each in a room of its own
-    assert peaks[1] <= (2 + reader.SPARE_SPANS) * reader.READ_SPAN <= (64 << 20) // 2
+    per_object = reader.ROOM_HEAD + reader.ROOM_TAIL + 64   # each object in a room of its own
+    assert peaks[0] <= (8 << 20) + 8 * per_object
+    assert peaks[1] <= (2 + reader.SPARE_SPANS) * (reader.READ_SPAN + 64 * per_object) <= (64 << 20) // 2
 
 
 def test_a_damaged_chunk_mid_stream_fails_typed_naming_version_and_tensor(tmp_path):

@@ -26,9 +26,10 @@ from .stream import Span, SpanStream
 # Objects that follow each other in a pack (a save writes a blob's chunks, and tensor after tensor,
 # in order) are read with one request of up to READ_SPAN bytes, which is also one pool task (its
 # chunks decode to at most READ_SPAN bytes too, so tasks carry similar work).  Only back-to-back
-# objects are merged (READ_GAP = 0), so a layer restore reads no byte it does not need.
+# objects are merged (READ_GAP = 0), so a layer restore reads no byte it does not need.  4 MiB:
+# as fast as 8 on the GPT-2 and MiniLM loads of bench/load_speed.py, half the span buffers.
 READ_GAP = 0
-READ_SPAN = 8 * 1024 * 1024
+READ_SPAN = 4 * 1024 * 1024
 # While the pool decodes, the calling thread reads the next spans into SPARE_SPANS more buffers than
 # the pool has workers, and asks the store to prefetch READ_AHEAD bytes beyond the span it reads
 # (stream.py): a cold read keeps the disk busy while every core decodes.
@@ -257,7 +258,7 @@ class ChunkReader:
         if live:
             jobs = self._jobs_to_read(jobs, pool)
         tasks = self._plan_reads(jobs)
-        spans = [None if t[0][2] is None else _layout(t) for t in tasks]
+        spans = [None if t[0][2] is None else _layout(t, self._bases(t)) for t in tasks]
         parallel = pool is not None and len(tasks) > 1
         stream = SpanStream(self.store, slots=(max(workers, 1) if parallel else 1) + SPARE_SPANS, window=READ_AHEAD)
         stream.run(list(zip(tasks, spans)), spans,
@@ -311,6 +312,21 @@ class ChunkReader:
                     first = None  # a damaged header: read_chunk tries the chunk's other copies
             self._read_job(job, first)
 
+    def _bases(self, group: list) -> tuple[tuple[str, int, int], ...]:
+        """Where the deltas of a group read their bases from, down to each chain's keyframe (or a
+        base decoded in memory): (pack id, offset, length) per object, for the prefetch."""
+        out: list[tuple[str, int, int]] = []
+        for _job, _pid, e in group:
+            cur, links = e.base, 0
+            while cur is not None and links < MAX_CHAIN_DEPTH and self.decoded.get(cur) is None:
+                copies = self.index.entries_for(cur)
+                if not copies:
+                    break   # read_chunk reports it
+                pid, be = copies[0]
+                out.append((pid, be.offset, be.length))
+                cur, links = be.base, links + 1
+        return tuple(out)
+
     def _plan_reads(self, jobs: "list[tuple[int, bytes, memoryview]]") -> list[list]:
         """Group chunks by pack into runs of objects at most READ_GAP apart and READ_SPAN long, so
         adjacent objects are read with one request instead of one each.  Chunks already decoded
@@ -326,25 +342,27 @@ class ChunkReader:
             else:
                 tasks.append([(job, None, None)])
         placed.sort(key=lambda t: (t[0], t[1]))
-        room = 0  # span buffer bytes of the last task (at least its decoded bytes)
+        raw = 0  # decoded bytes of the last task
         for pid, _off, job, e in placed:
             if tasks and tasks[-1][0][1] == pid:  # (alone tasks have no pack id)
-                last = tasks[-1][-1][2]
-                if 0 <= e.offset - (last.offset + last.length) <= READ_GAP and room + _room(e) <= READ_SPAN:
+                head, last = tasks[-1][0][2], tasks[-1][-1][2]
+                if (0 <= e.offset - (last.offset + last.length) <= READ_GAP
+                        and e.offset + e.length - head.offset <= READ_SPAN and raw + e.raw_len <= READ_SPAN):
                     tasks[-1].append((job, pid, e))
-                    room += _room(e)
+                    raw += e.raw_len
                     continue
             tasks.append([(job, pid, e)])
-            room = _room(e)
+            raw = e.raw_len
         return tasks
 
 
 def _room(e: PackEntry) -> int:
-    """Span buffer bytes for object ``e`` (see ROOM_HEAD), rounded to 64."""
+    """Span buffer bytes for object ``e`` (see ROOM_HEAD), rounded to 64: a span's buffer holds
+    at most its READ_SPAN decoded bytes and ROOM_HEAD + ROOM_TAIL + 64 bytes per object more."""
     return -(-(ROOM_HEAD + e.length + max(0, e.raw_len - e.length) + ROOM_TAIL) // 64) * 64
 
 
-def _layout(group: list) -> Span:
+def _layout(group: list, bases: tuple[tuple[str, int, int], ...] = ()) -> Span:
     """The span a group's objects are read with, each object placed in a room of its own."""
     pieces = []
     pos = 0
@@ -352,7 +370,7 @@ def _layout(group: list) -> Span:
         pieces.append((pos + ROOM_HEAD, e.length))
         pos += _room(e)
     first, last = group[0][2], group[-1][2]
-    return Span(group[0][1], first.offset, last.offset + last.length - first.offset, tuple(pieces), pos)
+    return Span(group[0][1], first.offset, last.offset + last.length - first.offset, tuple(pieces), pos, bases)
 
 
 def _name_blob(group: list, exc: BaseException) -> None:

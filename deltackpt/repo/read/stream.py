@@ -1,7 +1,8 @@
 """One read's pack bytes, streamed: the calling thread reads spans of packs in order into a few
 reused buffers and hands each span to the decode pool, while a prefetch thread asks the store to
-fetch the spans after it (a local store: the kernel reads them into the page cache in the
-background; a hint can block while the kernel queues the reads, so it gets a thread of its own).
+fetch the spans after it, and the objects their deltas' bases are read from (a local store: the
+kernel reads them into the page cache in the background; a hint can block while the kernel queues
+the reads, so it gets a thread of its own).
 
 So the cores decode while the disk reads, no decode worker waits in a read or a prefetch call,
 and memory stays bounded whatever the size of the state: ``slots`` span buffers (each as long as
@@ -40,6 +41,12 @@ class Span(NamedTuple):
     length: int
     pieces: tuple[tuple[int, int], ...] = ()
     room: int = 0
+    bases: tuple[tuple[str, int, int], ...] = ()   # (pack id, start, length) its deltas' bases are read from
+
+    @property
+    def fetched(self) -> int:
+        """The pack bytes reading this span's objects and their bases takes."""
+        return self.length + sum(n for _p, _s, n in self.bases)
 
     @property
     def size(self) -> int:
@@ -160,7 +167,7 @@ class _Prefetcher:
 
     def __init__(self, store: Store, spans: "Sequence[Span | None]", window: int) -> None:
         self.store, self.spans, self.window = store, spans, window
-        self._ends = list(itertools.accumulate((0 if s is None else s.length for s in spans), initial=0))
+        self._ends = list(itertools.accumulate((0 if s is None else s.fetched for s in spans), initial=0))
         self._read = 0      # spans [0, _read) are being read or done
         self._next = 1      # the next span to hint (the first is read at once)
         self._stop = False
@@ -196,6 +203,8 @@ class _Prefetcher:
                 self._next += 1
             if span is not None:
                 self.store.prefetch(pack_key(span.pack_id), span.start, span.length)
+                for pid, start, length in span.bases:
+                    self.store.prefetch(pack_key(pid), start, length)
 
 
 def _anonymous(length: int) -> mmap.mmap:
