@@ -188,7 +188,7 @@ class _Prefetcher:
         self._thread.join()
 
     def _run(self) -> None:
-        worker_threads.start_worker(False)
+        worker_threads.leave_signals_to_main()   # at the reader's priority (a drill's: idle), inherited
         n = len(self.spans)
         while True:
             with self._cond:
