@@ -85,10 +85,11 @@ def read_into(core: Repository, vid: str, m: Manifest, targets: "list[tuple[int,
     if not checked:
         for b, _ in targets:
             _check(core, vid, m, b)
-    n = read_threads(threads)
+    count = read_threads(threads)
     try:
-        with pool(n) as workers:
-            core.chunks.read_blobs_into([(m.blobs[b], out) for b, out in targets], workers, live=live, workers=n)
+        with pool(count) as workers:
+            core.chunks.read_blobs_into([(m.blobs[b], out) for b, out in targets], workers, live=live,
+                                        workers=count)
     except DeltackptError as exc:
         n = getattr(exc, "blob_index", None)
         where = f"tensor {_names(m, targets[n][0])}" if n is not None else "a tensor"

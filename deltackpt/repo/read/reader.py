@@ -262,7 +262,7 @@ class ChunkReader:
         parallel = pool is not None and len(tasks) > 1
         stream = SpanStream(self.store, slots=(max(workers, 1) if parallel else 1) + SPARE_SPANS, window=READ_AHEAD)
         stream.run(list(zip(tasks, spans)), spans,
-                   lambda group, data: self._decode_group(*group, data, fresh=not live),
+                   lambda group, data: self._decode_group(group[0], group[1], data, fresh=not live),
                    pool if parallel else None, read_failed=lambda group, exc: _name_blob(group[0], exc))
         return outs
 

@@ -14,7 +14,7 @@ thread is joined and the buffers are released.
 Example::
 
     stream = SpanStream(store, slots=4, window=64 << 20)
-    stream.run(groups, decode, pool)   # decode(group, bytes of its span or None) on the pool
+    stream.run(groups, spans, decode, pool)   # decode(group, bytes of its span or None) on the pool
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ... import threads as worker_threads
 from ...errors import ObjectNotFoundError
 from ...store.base import Store
 from ..layout import pack_key
+
 
 class Span(NamedTuple):
     """``length`` bytes of pack ``pack_id`` from ``start``, read into a buffer of ``room`` bytes:
@@ -190,6 +191,9 @@ class _Prefetcher:
     def _run(self) -> None:
         worker_threads.leave_signals_to_main()   # at the reader's priority (a drill's: idle), inherited
         n = len(self.spans)
+        if self.spans[0] is not None:   # the first span is read at once; its deltas' bases after it
+            for pid, start, length in self.spans[0].bases:
+                self.store.prefetch(pack_key(pid), start, length)
         while True:
             with self._cond:
                 self._next = max(self._next, self._read)
@@ -208,6 +212,7 @@ class _Prefetcher:
 
 
 def _anonymous(length: int) -> mmap.mmap:
-    """Zero-filled memory of ``length`` bytes in small pages, given back to the system on close
-    (numpy would ask for huge pages, whose first touch costs more here: see materialize._fresh)."""
-    return mmap.mmap(-1, max(length, 1))
+    """Private zero-filled memory of ``length`` bytes in small pages, given back to the system on
+    close (numpy would ask for huge pages, whose first touch costs more here: materialize._fresh;
+    mmap's default for anonymous memory is shared, which the kernel backs with shmem)."""
+    return mmap.mmap(-1, max(length, 1), flags=mmap.MAP_PRIVATE)
