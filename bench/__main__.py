@@ -32,6 +32,7 @@ STUDIES: dict[str, str] = {
     "save_cpu": "bench.studies.save_cpu",
     "maintenance_payback": "bench.studies.maintenance_payback",
     "handle_hygiene": "bench.studies.handle_hygiene",
+    "load_speed": "bench.studies.load_speed",
     "guard_recovery": "bench.studies.guard_recovery",
     "guard_slow_divergence": "bench.studies.guard_slow_divergence",
     "guard_clean_traces": "bench.studies.guard_clean_traces",

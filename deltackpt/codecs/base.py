@@ -46,6 +46,20 @@ class Encoded:
     max_abs_err: float = 0.0
 
 
+@dataclass(frozen=True)
+class Room:
+    """Scratch memory around a payload that a decoder may overwrite: ``buf[lo:hi]`` is writable
+    and nobody reads it again, the payload is ``buf[start:start + length]`` inside it.  A reader
+    that reads objects into a buffer of its own, spaced apart (repo/read/stream.py), offers it, so
+    a codec can build its working layout where the payload already lies instead of copying it."""
+
+    buf: memoryview
+    start: int
+    length: int
+    lo: int
+    hi: int
+
+
 class Codec(ABC):
     """A frozen encoding id and its encode/decode pair.
 
@@ -68,7 +82,14 @@ class Codec(ABC):
         their output in place override this to save a chunk-sized allocation and copy."""
         out[:] = memoryview(self.decode(params, payload, len(out), base)).cast("B")
 
+    def decode_in_room(self, out: memoryview, params: dict[str, Any], room: Room) -> bool:
+        """Decode a keyframe whose payload lies in ``room`` into ``out``, using the room as scratch;
+        False (before anything is written anywhere) when this codec or this payload cannot, and the
+        caller decodes the payload with :meth:`decode_into` instead."""
+        return False
+
     def apply_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview) -> None:
+
         """Decode a delta whose base is what ``out`` holds now, leaving the new chunk in ``out``.
         Delta codecs override this to work in place; this fallback copies the base first."""
         self.decode_into(out, params, payload, bytes(out))

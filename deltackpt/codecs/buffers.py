@@ -27,8 +27,9 @@ _local = threading.local()
 # zstd planes of one payload, decompressed before they are interleaved (bytegroup.decode_planes);
 # "rows" holds the changed rows of a sparse delta (sparse decode); "block*" are cache-sized
 # element blocks of the integer deltas (sub_delta, scaled_delta); "blosc" holds a payload framed as
-# a c-blosc chunk for the native decode (native_planes)
-ROLES = ("delta", "planes", "rows", "block", "block2", "wide", "blosc")
+# a c-blosc chunk for the native decode (native_planes); "span" holds the pack bytes of one read
+# request while its chunks are decoded (repo/read/reader.py)
+ROLES = ("delta", "planes", "rows", "block", "block2", "wide", "blosc", "span")
 
 
 def buffer(role: str, nbytes: int) -> np.ndarray:

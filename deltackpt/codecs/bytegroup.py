@@ -14,7 +14,7 @@ import numpy as np
 import zstandard
 
 from ..errors import CorruptObjectError
-from .base import is_int
+from .base import Room, is_int
 from . import native_planes
 from .buffers import buffer
 
@@ -242,18 +242,69 @@ def decode_planes(params: dict[str, Any], payload: bytes | memoryview, raw_len: 
         else:
             zstd_decompress_into(view[start:start + size], out, what=f"{what} plane 0")
         return out
-    work = buffer("planes", raw_len).reshape(width, n)
+    # natively, every plane goes straight to its place in this thread's c-blosc frame; else the
+    # zstd planes go to this thread's plane buffer and raw planes are read where they lie
+    frame = native_planes.frame(width, n, out)
+    work = frame.planes if frame is not None else buffer("planes", raw_len).reshape(width, n)
     planes = []
     for k, (start, size) in enumerate(spans):
         part = view[start:start + size]
         if modes[k] == 0:
-            planes.append(np.frombuffer(part, dtype=np.uint8))
+            plane = np.frombuffer(part, dtype=np.uint8)
+            if frame is not None:
+                np.copyto(work[k], plane)
+                plane = work[k]
+            planes.append(plane)
         else:
             zstd_decompress_into(part, work[k], what=f"{what} plane {k}")
             planes.append(work[k])
-    if not native_planes.interleave(planes, out):
+    if frame is None or not frame.unshuffle(out):
         _interleave_numpy(planes, out)
     return out
+
+
+def decode_planes_in_room(params: dict[str, Any], room: Room, out: np.ndarray, *, what: str) -> bool:
+    """:func:`decode_planes` of the payload ``room`` holds, building the c-blosc frame where the
+    payload lies: its raw planes are already the frame's planes (the usual keyframe: raw mantissa
+    planes first, zstd exponent planes last) or move forward in place, its zstd planes are set
+    aside (a fraction of the chunk) and decompressed into their place, and the frame's header goes
+    in the room's bytes before the payload.  No chunk-sized copy: the planes of a keyframe read from
+    a pack are interleaved from where the read put them.  False, with nothing written anywhere,
+    when the native path does not take this chunk or the room is too small; the caller then
+    decodes the payload with :func:`decode_planes`, which gives the same bytes."""
+    raw_len = len(out)
+    width, modes, sizes = params.get("w"), params.get("m"), params.get("s")
+    if (not is_int(width) or not 1 <= width <= 16 or not isinstance(modes, list) or not isinstance(sizes, list)
+            or len(modes) != width or len(sizes) != width or raw_len % width):
+        raise CorruptObjectError(f"{what}: byte-group parameters are malformed")
+    n = raw_len // width
+    spans = _plane_spans(modes, sizes, room.length, n, what)
+    at = room.start - native_planes.Frame.HEAD
+    if width == 1 or not native_planes.takes(width, n, out) or at < room.lo or room.start + raw_len > room.hi:
+        return False
+    # from here on the room is scratch: every check that could send the chunk elsewhere is above
+    buf = np.frombuffer(room.buf, dtype=np.uint8)
+    packed = [(k, start, size) for k, (start, size) in enumerate(spans) if modes[k] == 1]
+    aside = buffer("planes", sum(size for _k, _s, size in packed))
+    pos = 0
+    for _k, start, size in packed:   # the zstd planes' bytes, before any plane moves over them
+        aside[pos:pos + size] = buf[room.start + start:room.start + start + size]
+        pos += size
+    for k in range(width - 1, -1, -1):
+        # a raw plane only ever moves forward (the planes before it are at most n bytes each) and
+        # the planes after it have moved already: last first, nothing is overwritten before use
+        start = spans[k][0]
+        if modes[k] == 0 and start != k * n:
+            buf[room.start + k * n:room.start + (k + 1) * n] = buf[room.start + start:room.start + start + n].copy()
+    pos = 0
+    for k, _start, size in packed:
+        zstd_decompress_into(aside[pos:pos + size].data, buf[room.start + k * n:room.start + (k + 1) * n],
+                             what=f"{what} plane {k}")
+        pos += size
+    frame = native_planes.Frame(width, n, where=buf[at:room.start + raw_len])
+    if not frame.unshuffle(out):
+        _interleave_numpy(list(frame.planes), out)
+    return True
 
 
 def _interleave_numpy(planes: list[np.ndarray], out: np.ndarray) -> None:

@@ -3,17 +3,22 @@
 numpy needs seven passes over a chunk to interleave four byte planes (widen, shift, or); c-blosc's
 unshuffle does it in one, near memcpy speed (bench/DELTAS.md, "Speed").  python-blosc offers it only
 inside its decoder, so the planes are framed as a c-blosc 1.x chunk (c-blosc's
-README_CHUNK_FORMAT.rst, format version 2) whose every stream is stored raw: block ``b`` holds, for
-each plane ``k``, the segment ``plane_k[b*seg : (b+1)*seg]`` behind a 4-byte size, and c-blosc copies
-each block's streams into its cache-sized block buffer and unshuffles them straight into the
-destination, in C with the GIL released.  The planes are the spec's (zstd planes decompressed first,
-by :func:`bytegroup.zstd_decompress_into`, with the spec's checks); c-blosc decompresses nothing.
+README_CHUNK_FORMAT.rst, format version 2) of one block that is not split into streams (flag 0x10):
+that block's one stream, stored raw, is the byte-shuffled block, which is exactly the planes back
+to back.  So a decoder writes each plane straight into its place in the frame (a raw plane copied
+from the payload, a zstd plane decompressed there, by :func:`bytegroup.zstd_decompress_into` with
+the spec's checks) and c-blosc, in C with the GIL released, copies the stream to its block buffer
+and unshuffles it into the destination; c-blosc decompresses nothing.
 
-The on-disk bytes do not change: the chunk lives in a per-thread buffer for one call, and its blocks
-keep c-blosc's working memory at two blocks per call (a whole-chunk block cost 2 chunks per thread).
+The on-disk bytes do not change: the frame is a per-thread buffer reused from chunk to chunk.  The
+one block costs c-blosc a block-sized buffer for the call (a 2 MiB chunk: 2 MiB); the earlier
+framing in 16 KiB-per-plane blocks kept that at two small blocks but had to copy every plane
+segment by segment with a 4-byte size in front of each, which cost more than the unshuffle itself
+(a 2 MiB float32 chunk: 282 -> 110 us for framing and unshuffle, 45 us being a memcpy of it).
 The numpy path stays for two planes (as fast there) and for what c-blosc cannot take: blosc not
-installed, more than 16 planes, planes shorter than c-blosc splits (128 bytes), a destination numpy
-cannot write to, and any error c-blosc reports.  The reader hash-checks every decoded chunk either way.
+installed, more than 16 planes, planes shorter than 128 bytes (numpy is as fast there), a
+destination numpy cannot write to, and any error c-blosc reports.  The reader hash-checks every
+decoded chunk either way.
 """
 
 from __future__ import annotations
@@ -35,12 +40,13 @@ else:
     _blosc.set_releasegil(True)
 
 _HEADER = struct.Struct("<BBBBIII")    # version, versionlz, flags, typesize, nbytes, blocksize, cbytes
-_FLAGS = 0x01                          # byte shuffle, may split, blosclz (never called: every stream is raw)
-_MIN_PLANE = 128                       # c-blosc splits a block into typesize streams from here on
+_FLAGS = 0x01 | 0x10                   # byte shuffle, blocks not split (blosclz, never called: the stream is raw)
+_BODY = _HEADER.size + 4 + 4           # header, the one block's start, its one stream's size
+_MIN_PLANE = 128                       # shorter planes: numpy costs no more than the framing
 # two planes (bfloat16, float16) numpy interleaves in three cheap passes, as fast as framing them
 # for c-blosc (bfloat16 states decoded 0.8-0.9x as fast through c-blosc, bench/DELTAS.md "Speed")
 _MIN_WIDTH = 4
-SEGMENT = 16 << 10                     # plane bytes per block: a block of 4 planes is 64 KiB, in L2
+_MAX_BYTES = 0x7FFF0000 - _BODY        # c-blosc's sizes are signed 32-bit
 
 
 def available() -> bool:
@@ -48,36 +54,53 @@ def available() -> bool:
     return _blosc is not None
 
 
+def takes(width: int, n: int, out: np.ndarray) -> bool:
+    """Whether ``width`` planes of ``n`` bytes into ``out`` go the native way (:func:`frame`'s test)."""
+    return not (_blosc is None or not _MIN_WIDTH <= width <= 16 or n < _MIN_PLANE or len(out) != width * n
+                or not out.flags.writeable or not out.flags.c_contiguous or len(out) > _MAX_BYTES)
+
+
+class Frame:
+    """This thread's c-blosc chunk for ``width`` planes of ``n`` bytes: fill :attr:`planes` (a
+    (width, n) uint8 view inside it), then :meth:`unshuffle` into the destination.  Valid until
+    this thread asks for another frame."""
+
+    HEAD = _BODY   # bytes of c-blosc header in front of the planes
+
+    def __init__(self, width: int, n: int, where: np.ndarray | None = None) -> None:
+        """``where``: a uint8 array of ``HEAD + width * n`` bytes to build the frame in (its planes
+        may already be in place, after the header), instead of this thread's buffer."""
+        nbytes = width * n
+        self._chunk = buffer("blosc", _BODY + nbytes) if where is None else where
+        _HEADER.pack_into(self._chunk.data, 0, 2, 1, _FLAGS, width, nbytes, nbytes, _BODY + nbytes)
+        struct.pack_into("<ii", self._chunk.data, _HEADER.size, _HEADER.size + 4, nbytes)
+        self.planes = self._chunk[_BODY:_BODY + nbytes].reshape(width, n)
+
+    def unshuffle(self, out: np.ndarray) -> bool:
+        """Interleave the planes into ``out``; False (``out`` may be partly written) when c-blosc
+        refuses, for the numpy path to write it all again."""
+        try:
+            return _blosc.decompress_ptr(self._chunk, out.ctypes.data) == len(out)
+        except Exception:  # noqa: BLE001 - any refusal: the numpy path decodes instead
+            return False
+
+
+def frame(width: int, n: int, out: np.ndarray) -> Frame | None:
+    """A frame for ``width`` planes of ``n`` bytes to be interleaved into ``out``, or None when
+    this case belongs to the numpy path."""
+    if (_blosc is None or not _MIN_WIDTH <= width <= 16 or n < _MIN_PLANE or len(out) != width * n
+            or not out.flags.writeable or not out.flags.c_contiguous or len(out) > _MAX_BYTES):
+        return None   # the same test as takes(), inline: one Python call fewer per chunk
+    return Frame(width, n)
+
+
 def interleave(planes: list[np.ndarray], out: np.ndarray) -> bool:
     """Write ``planes`` (``w`` uint8 arrays of ``n`` bytes) into ``out`` as ``n`` elements of ``w``
     bytes, in native code; False (``out`` untouched) when this case belongs to the numpy path."""
     width = len(planes)
-    n = len(out) // width if width else 0
-    if (_blosc is None or not _MIN_WIDTH <= width <= 16 or n < _MIN_PLANE or not out.flags.writeable
-            or not out.flags.c_contiguous or len(out) > 0x7FFF0000):
+    f = frame(width, len(out) // width if width else 0, out)
+    if f is None:
         return False
-    seg = min(n, SEGMENT)
-    full, rest = divmod(n, seg)
-    blocks = full + (rest > 0)
-    body = _HEADER.size + 4 * blocks
-    stride = width * (4 + seg)
-    total = body + full * stride + (4 + width * rest if rest else 0)
-    chunk = buffer("blosc", total)
-    _HEADER.pack_into(chunk.data, 0, 2, 1, _FLAGS, width, len(out), width * seg, total)
-    starts = chunk[_HEADER.size:body].view("<i4")
-    starts[:] = body + stride * np.arange(blocks, dtype=np.int64)
-    # full blocks: (block, plane, 4 + seg) with each stream's size in its first 4 bytes
-    grid = chunk[body:body + full * stride].reshape(full, width, 4 + seg)
-    grid[:, :, :4] = np.frombuffer(struct.pack("<i", seg), dtype=np.uint8)
     for k, plane in enumerate(planes):
-        grid[:, k, 4:] = plane[:full * seg].reshape(full, seg)
-    if rest:  # a shorter last block is never split: one stream, its planes' tails back to back
-        pos = body + full * stride
-        struct.pack_into("<i", chunk.data, pos, width * rest)
-        tail = chunk[pos + 4:total].reshape(width, rest)
-        for k, plane in enumerate(planes):
-            tail[k] = plane[full * seg:]
-    try:
-        return _blosc.decompress_ptr(chunk, out.ctypes.data) == len(out)
-    except Exception:  # noqa: BLE001 - any refusal: the numpy path decodes instead
-        return False
+        f.planes[k] = plane
+    return f.unshuffle(out)

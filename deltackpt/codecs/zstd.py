@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import ChunkContext, Codec, Encoded
-from .bytegroup import decode_planes, encode_planes, width_for
+from .base import ChunkContext, Codec, Encoded, Room
+from .bytegroup import decode_planes, decode_planes_in_room, encode_planes, width_for
 
 
 class ByteGroupZstd(Codec):
@@ -21,5 +21,9 @@ class ByteGroupZstd(Codec):
     def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview, base: bytes | memoryview | None = None) -> None:
         decode_planes(params, payload, len(out), what=self.name, out=np.frombuffer(out, dtype=np.uint8))
 
+    def decode_in_room(self, out: memoryview, params: dict[str, Any], room: Room) -> bool:
+        return decode_planes_in_room(params, room, np.frombuffer(out, dtype=np.uint8), what=self.name)
+
     def decode(self, params: dict[str, Any], payload: bytes | memoryview, raw_len: int, base: bytes | memoryview | None = None) -> bytes:
         return decode_planes(params, payload, raw_len, what=self.name)  # type: ignore[return-value]  # any bytes-like
+

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Sequence
+
 
 from ..errors import LimitExceededError, StoreError
 
@@ -66,6 +67,8 @@ class Store(ABC):
     atomic_create: bool = True
     #: keys written by put_atomic survive power loss once it returns
     durable: bool = True
+    #: prefetch does something (a reader may give it a thread of its own)
+    prefetches: bool = False
     #: swap is a compare-and-swap against other processes (If-Match); when False it is
     #: read-compare-put, which is only safe under a lock the caller holds (the refs lock)
     atomic_swap: bool = False
@@ -73,6 +76,27 @@ class Store(ABC):
     @abstractmethod
     def get(self, key: str, start: int = 0, length: int | None = None) -> bytes:
         """Bytes of ``key`` (a range when ``length`` is given); ObjectNotFoundError when absent."""
+
+    def read_into(self, key: str, start: int, out: "memoryview | Sequence[memoryview]") -> int:
+        """Fill ``out`` with the bytes of ``key`` from ``start`` on; returns how many it got (fewer
+        than asked only at the value's end).  ``out``: one byte buffer, or several filled one after
+        the other with consecutive bytes (a reader placing objects apart in its buffer).  Reads
+        into memory the caller owns and reuses, so a read of many ranges allocates nothing per
+        range; stores that can read straight into it (local files) override this default, which
+        copies what :meth:`get` returns."""
+        outs = [out] if isinstance(out, memoryview) else list(out)
+        data = memoryview(self.get(key, start, sum(len(o) for o in outs))).cast("B")
+        got = 0
+        for o in outs:
+            n = min(len(o), len(data) - got)
+            o[:n] = data[got:got + n]
+            got += n
+        return got
+
+    def prefetch(self, key: str, start: int, length: int) -> None:
+        """A hint that ``key``'s bytes ``[start, start + length)`` will be read soon: a store may
+        start fetching them in the background, into memory it does not count as the caller's (the
+        page cache).  Never an error; this default does nothing."""
 
     def get_bounded(self, key: str, max_bytes: int) -> bytes:
         """The whole value of ``key``; LimitExceededError when it holds more than ``max_bytes``.
@@ -152,6 +176,7 @@ class WrappingStore(Store):
         self.atomic_create = inner.atomic_create
         self.durable = inner.durable
         self.atomic_swap = inner.atomic_swap
+        self.prefetches = inner.prefetches
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (copying, unpickling): no recursion

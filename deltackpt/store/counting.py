@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Sequence
 
 from .base import Store, WrappingStore
 
@@ -34,6 +35,18 @@ class CountingStore(WrappingStore):
             self.keys_read.append(key)
             self.reads.append((key, len(data)))
         return data
+
+    def read_into(self, key: str, start: int, out: "memoryview | Sequence[memoryview]") -> int:
+        n = self.inner.read_into(key, start, out)
+        with self._lock:
+            self.gets += 1
+            self.bytes_read += n
+            self.keys_read.append(key)
+            self.reads.append((key, n))
+        return n
+
+    def prefetch(self, key: str, start: int, length: int) -> None:
+        self.inner.prefetch(key, start, length)  # a hint: no bytes reach the caller
 
     def put_atomic(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> None:
         self.inner.put_atomic(key, data, site=site, durable=durable)

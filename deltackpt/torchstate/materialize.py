@@ -85,21 +85,32 @@ def read_into(core: Repository, vid: str, m: Manifest, targets: "list[tuple[int,
     if not checked:
         for b, _ in targets:
             _check(core, vid, m, b)
+    count = read_threads(threads)
     try:
-        with pool(threads) as workers:
-            core.chunks.read_blobs_into([(m.blobs[b], out) for b, out in targets], workers, live=live)
+        with pool(count) as workers:
+            core.chunks.read_blobs_into([(m.blobs[b], out) for b, out in targets], workers, live=live,
+                                        workers=count)
     except DeltackptError as exc:
         n = getattr(exc, "blob_index", None)
         where = f"tensor {_names(m, targets[n][0])}" if n is not None else "a tensor"
         raise type(exc)(f"version {vid[:10]}, {where}: {exc}") from None
 
 
-# Blobs smaller than this share buffers of about this size.  Fresh memory costs a page fault per
-# 4 KiB page on first write, which is as slow as decoding into it; numpy asks for transparent huge
-# pages for buffers of 4 MiB and more, so a few 8 MiB buffers instead of hundreds of small ones make
-# a load ~20% faster.  The price: a tensor kept alive keeps its whole buffer (at most ARENA_BYTES).
+# Blobs smaller than this share buffers of about this size: a few thousand small tensors cost a
+# few allocations, not one each.  The price: a tensor kept alive keeps its whole buffer (at most
+# ARENA_BYTES).
 ARENA_BYTES = 8 << 20
 _ALIGN = 64
+
+
+def _fresh(n: int) -> np.ndarray:
+    """``n`` uninitialized bytes from torch's allocator, as a uint8 array (the tensors built over it
+    keep it alive), in small pages as ``torch.load``'s.  Not numpy's: numpy asks for transparent
+    huge pages on large buffers, and where the kernel lacks free 2 MiB blocks it compacts memory
+    on the fault (the kernel's THP defrag setting, ``madvise``): a 1.5 GB load took 2.3-2.9 s of
+    system time in huge pages against 0.8-1.0 s in small ones on the project machine.  Huge pages
+    won where they were free (a 260 MB load: ~0.1 s against ~0.17 s), but never by that much."""
+    return torch.empty(n, dtype=torch.uint8).numpy()
 
 
 def _buffers(sizes: dict[int, int]) -> dict[int, np.ndarray]:
@@ -112,7 +123,7 @@ def _buffers(sizes: dict[int, int]) -> dict[int, np.ndarray]:
     def flush() -> None:
         nonlocal used
         if group:
-            arena = np.empty(used + _ALIGN, dtype=np.uint8)
+            arena = _fresh(used + _ALIGN)
             pos = -arena.ctypes.data % _ALIGN
             for b, n in group:
                 out[b] = arena[pos:pos + n]
@@ -122,7 +133,7 @@ def _buffers(sizes: dict[int, int]) -> dict[int, np.ndarray]:
 
     for b, n in sizes.items():
         if n >= ARENA_BYTES // 2:
-            out[b] = np.empty(n, dtype=np.uint8)
+            out[b] = _fresh(n)
             continue
         padded = -(-n // _ALIGN) * _ALIGN
         if used + padded > ARENA_BYTES:

@@ -24,14 +24,21 @@ def _weights(count: int, seed: int) -> np.ndarray:
 
 
 def _spy(monkeypatch) -> list[bool]:
-    """Record what each native attempt returned."""
+    """Record what each native attempt returned (False too for a chunk given to numpy at once)."""
     seen: list[bool] = []
-    real = native_planes.interleave
+    real_frame, real_unshuffle = native_planes.frame, native_planes.Frame.unshuffle
 
-    def spy(*args):
-        seen.append(real(*args))
+    def frame(*args):
+        f = real_frame(*args)
+        if f is None:
+            seen.append(False)
+        return f
+
+    def unshuffle(self, out):
+        seen.append(real_unshuffle(self, out))
         return seen[-1]
-    monkeypatch.setattr(bytegroup.native_planes, "interleave", spy)
+    monkeypatch.setattr(native_planes, "frame", frame)
+    monkeypatch.setattr(native_planes.Frame, "unshuffle", unshuffle)
     return seen
 
 
@@ -45,7 +52,7 @@ def test_native_and_numpy_decode_agree(width, n, monkeypatch):
     seen = _spy(monkeypatch)
     got = bytegroup.decode_planes(params, payload, len(data), what="t").tobytes()
     assert got == data.tobytes() == _numpy_decode(params, payload, len(data), monkeypatch)
-    assert seen[:1] == [n >= 128 and width >= 4]   # short planes (no split) and two planes: numpy
+    assert seen[:1] == [n >= 128 and width >= 4]   # short planes and two planes: numpy
 
 
 def test_every_plane_mode_mix_decodes_natively(monkeypatch):
@@ -120,9 +127,10 @@ def test_a_damaged_frame_is_refused_before_the_native_call(monkeypatch):
 
 
 @pytest.mark.parametrize("width", [4, 5, 8, 16])
-@pytest.mark.parametrize("n", [128, 4096, native_planes.SEGMENT, native_planes.SEGMENT + 1, 3 * native_planes.SEGMENT + 77])
-def test_every_width_and_block_layout_interleaves_exactly(width, n):
-    """Whole blocks, a shorter last block (c-blosc does not split it) and one block of the whole chunk."""
+@pytest.mark.parametrize("n", [128, 129, 4096, 16385, 3 * 16384 + 77, 1 << 19])
+def test_every_width_and_plane_length_interleaves_exactly(width, n):
+    """Plane lengths that are and are not multiples of c-blosc's SIMD widths, up to a 2 MiB chunk
+    of float32 (the frame is one block, never split)."""
     rng = np.random.default_rng(width * n)
     data = rng.integers(0, 256, width * n, dtype=np.uint8)
     planes = [np.ascontiguousarray(data.reshape(n, width)[:, k]) for k in range(width)]
@@ -146,3 +154,65 @@ def test_without_blosc_the_numpy_path_decodes_everything(monkeypatch):
     data = _weights(1 << 16, 2).view(np.uint8).copy()
     params, payload = bytegroup.encode_planes(data, 4, 1)
     assert _numpy_decode(params, bytes(payload), len(data), monkeypatch) == data.tobytes()
+
+
+def _room_for(payload: bytes, raw_len: int, head: int = 32, tail: int = 128):
+    """The payload in a room as the reader lays it out: ``head`` bytes before it, and after it as
+    many bytes as it decodes to beyond its length plus ``tail``."""
+    from deltackpt.codecs.base import Room
+    size = head + len(payload) + max(0, raw_len - len(payload)) + tail
+    buf = bytearray(b"\xa5" * size)
+    buf[head:head + len(payload)] = payload
+    return Room(memoryview(buf), head, len(payload), 0, size), buf
+
+
+@pytest.mark.parametrize("order", ["raw-first", "zstd-first", "all-raw", "all-zstd"])
+def test_a_payload_decodes_in_its_room_to_the_same_bytes(order):
+    """decode_planes_in_room builds the c-blosc frame where the payload lies (raw planes moving
+    forward when zstd planes come first) and gives exactly decode_planes' bytes."""
+    n, w = 4096, 4
+    rng = np.random.default_rng(1)
+    noise, flat = rng.integers(0, 256, n, dtype=np.uint8), (np.arange(n) % 3).astype(np.uint8)
+    planes = {"raw-first": [noise, noise[::-1].copy(), noise ^ 7, flat],
+              "zstd-first": [flat, noise, flat[::-1].copy(), noise ^ 9],
+              "all-raw": [noise, noise ^ 1, noise ^ 2, noise ^ 3],
+              "all-zstd": [flat, flat ^ 1, flat ^ 2, flat ^ 3]}[order]
+    data = np.stack(planes, axis=1).reshape(-1)
+    params, payload = bytegroup.encode_planes(data, w, 1)
+    payload = bytes(payload)
+    room, _buf = _room_for(payload, len(data))
+    out = np.zeros(len(data), np.uint8)
+    assert bytegroup.decode_planes_in_room(params, room, out, what="t")
+    assert out.tobytes() == data.tobytes() == bytegroup.decode_planes(params, payload, len(data), what="t").tobytes()
+
+
+def test_a_room_too_small_or_a_chunk_for_numpy_is_left_untouched():
+    """False, with the room and the destination as they were, when the frame would not fit or the
+    chunk is not c-blosc's (two planes): the caller decodes the payload the ordinary way."""
+    data = _weights(4096, 3).view(np.uint8).copy()
+    params, payload = bytegroup.encode_planes(data, 4, 1)
+    payload = bytes(payload)
+    from dataclasses import replace
+    for head, short in ((8, 0), (32, 1)):   # no room for the frame's header; one byte short at the end
+        room, buf = _room_for(payload, len(data), head=head, tail=0)
+        room = replace(room, hi=room.hi - short)
+        before, out = bytes(buf), np.zeros(len(data), np.uint8)
+        assert not bytegroup.decode_planes_in_room(params, room, out, what="t")
+        assert bytes(buf) == before and not out.any()
+    halves = np.random.default_rng(2).integers(0, 256, 8192, dtype=np.uint8)
+    params2, payload2 = bytegroup.encode_planes(halves, 2, 1)
+    room, buf = _room_for(bytes(payload2), len(halves))
+    before = bytes(buf)
+    assert not bytegroup.decode_planes_in_room(params2, room, np.zeros(len(halves), np.uint8), what="t")
+    assert bytes(buf) == before
+
+
+def test_a_damaged_zstd_plane_in_a_room_is_refused_typed():
+    data = _weights(4096, 4).view(np.uint8).copy()
+    params, payload = bytegroup.encode_planes(data, 4, 1)
+    assert params["m"] == [0, 0, 0, 1]
+    damaged = bytearray(payload)
+    damaged[3 * 4096 + 4] ^= 0xFF   # the frame header's content size
+    room, _buf = _room_for(bytes(damaged), len(data))
+    with pytest.raises(CorruptObjectError):
+        bytegroup.decode_planes_in_room(params, room, np.zeros(len(data), np.uint8), what="t")

@@ -47,6 +47,21 @@ class StoreSuite:
         assert store.get("obj", 0, 0) == b""
         assert store.get("obj", 5) == data[5:]
 
+    def test_read_into_fills_a_caller_buffer(self, store):
+        """read_into copies the range into the caller's buffer and says how much it got: all of
+        it inside the value, fewer at its end; an absent key is ObjectNotFoundError.
+        prefetch is only a hint: it never raises, not even for an absent key."""
+        data = bytes(range(256)) * 4
+        store.put_atomic("packs/ab/abd", data)
+        buf = bytearray(b"\xee" * 40)
+        assert store.read_into("packs/ab/abd", 10, memoryview(buf)[:20]) == 20
+        assert buf[:20] == data[10:30] and buf[20:] == b"\xee" * 20
+        assert store.read_into("packs/ab/abd", 1000, memoryview(buf)) == 24 and buf[:24] == data[1000:]
+        with pytest.raises(ObjectNotFoundError):
+            store.read_into("packs/ab/none", 0, memoryview(buf))
+        store.prefetch("packs/ab/abd", 0, 1 << 20)
+        store.prefetch("packs/ab/none", 0, 10)
+
     def test_missing_key_is_object_not_found(self, store):
         """Reading, sizing or ranged-reading an absent key raises ObjectNotFoundError (a FileNotFoundError)."""
         for call in (lambda: store.get("nope"), lambda: store.size("nope"), lambda: store.get("nope", 2, 3)):

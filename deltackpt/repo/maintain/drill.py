@@ -77,13 +77,13 @@ def _batches(blobs: list[Blob]) -> list[list[Blob]]:
     return out
 
 
-def _restore_and_check(fresh: Repository, blobs: list[Blob], pool: ThreadPoolExecutor | None) -> None:
+def _restore_and_check(fresh: Repository, blobs: list[Blob], pool: ThreadPoolExecutor | None, threads: int = 1) -> None:
     """Read every blob into new memory and hash each chunk of it again."""
     for batch in _batches(blobs):
         for b in batch:
             fresh.chunks.check_blob(b)
         buffers = [memoryview(bytearray(b.nbytes)) for b in batch]
-        fresh.chunks.read_blobs_into(list(zip(batch, buffers)), pool)
+        fresh.chunks.read_blobs_into(list(zip(batch, buffers)), pool, workers=threads)
         for b, buf in zip(batch, buffers):
             pos = 0
             for c in b.chunks:
@@ -118,7 +118,7 @@ def run_drill(core: Repository, revision: str = "latest", *, threads: int = 1, i
         vid = fresh.resolve(revision)
         blobs = fresh.manifest(vid).blobs
         try:
-            _restore_and_check(fresh, blobs, pool)
+            _restore_and_check(fresh, blobs, pool, threads)
         except DeltackptError as exc:
             error = f"{type(exc).__name__}: {exc}"
     finally:

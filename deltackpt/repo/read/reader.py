@@ -8,6 +8,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable
 
 from ...codecs import registry
+from ...codecs.base import Room
 from ...errors import CorruptObjectError, DeltackptError, ObjectNotFoundError
 from ...format import objects
 from ...format.ids import digest
@@ -19,6 +20,8 @@ from ...store.base import Store
 from .copies import PackGone
 from .index_state import Index
 from .live import rehydrate
+from .populate import populate
+from .stream import Span, SpanStream
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
@@ -26,15 +29,28 @@ if TYPE_CHECKING:
     from ...codecs.base import Codec
 
 #: one stored copy of a chunk's object, as read: (pack id, index entry, object)
-Fetched = tuple[str, PackEntry, objects.EncodedObject]
+# a chunk's own copy, already read: (pack id, entry, object[, the room around its payload in the span])
+Fetched = tuple[str, PackEntry, objects.EncodedObject] | tuple[str, PackEntry, objects.EncodedObject, "Room"]
 
 
 # Objects that follow each other in a pack (a save writes a blob's chunks, and tensor after tensor,
 # in order) are read with one request of up to READ_SPAN bytes, which is also one pool task (its
 # chunks decode to at most READ_SPAN bytes too, so tasks carry similar work).  Only back-to-back
-# objects are merged (READ_GAP = 0), so a layer restore reads no byte it does not need.
+# objects are merged (READ_GAP = 0), so a layer restore reads no byte it does not need.  4 MiB:
+# as fast as 8 on the GPT-2 and MiniLM loads of `python -m bench load_speed`, half the span buffers.
 READ_GAP = 0
-READ_SPAN = 8 * 1024 * 1024
+READ_SPAN = 4 * 1024 * 1024
+# While the pool decodes, the calling thread reads the next spans into SPARE_SPANS more buffers than
+# the pool has workers, and asks the store to prefetch READ_AHEAD bytes beyond the span it reads
+# (stream.py): a cold read keeps the disk busy while every core decodes.
+SPARE_SPANS = 2
+READ_AHEAD = 64 * 1024 * 1024
+# Each object of a span is read into its own room of the span buffer (codecs.base.Room): ROOM_HEAD
+# bytes before it, where a c-blosc frame header (24 bytes) fits over the object's own header, and
+# after it as many bytes as it decodes to beyond its length plus ROOM_TAIL (the codec parameters:
+# ~110 bytes for 16 planes).  So a keyframe's planes are interleaved from where the read put them.
+ROOM_HEAD = 32
+ROOM_TAIL = 128
 MAX_COPIES_TRIED = 8   # damaged copies of one chunk skipped before a read gives up
 
 
@@ -113,7 +129,8 @@ class ChunkReader:
                    first: Fetched | None = None) -> bytes | memoryview:
         """Decoded bytes of a chunk, walking its delta chain; hash-checked against its id.
         With ``out``, the last link decodes straight into it (and ``out`` is returned).
-        ``first``: the chunk's own (pack id, entry, object), already read by the caller.
+        ``first``: the chunk's own (pack id, entry, object), already read by the caller, and
+        optionally the Room around the object's payload (a keyframe may decode there).
         A copy that fails its checks is skipped for the chunk's other copies (spec §8), and the
         first failure is raised only when none of them decodes."""
         avoid: set[tuple[str, int]] = set()
@@ -175,7 +192,7 @@ class ChunkReader:
                 base_data = self.decoded.get(cur)
                 if base_data is not None:
                     break
-            pid, e, obj = first if first is not None and cur == cid else self._fetch(cur, avoid)
+            pid, e, obj = first[:3] if first is not None and cur == cid else self._fetch(cur, avoid)
             chain.append((cur, pid, e, obj))
             cur = e.base
         links = chain[::-1]
@@ -183,11 +200,13 @@ class ChunkReader:
             # the oldest link straight into ``out`` (a keyframe, or a delta over a cached base), then
             # every delta above it applied in place: no chunk-sized temporary per link, and a chain of
             # sparse deltas costs about its bytes (each link still hash-checked as it lands)
+            # a keyframe read into a span buffer decodes in the room the read left around it
+            room = first[3] if first is not None and len(first) == 4 and len(links) == 1 and base_data is None else None
             for i, (c, pid, e, obj) in enumerate(links):
                 if len(out) != e.raw_len:
                     raise CorruptObjectError(f"chunk {c.hex()} in pack {pid}: index says {e.raw_len} bytes, "
                                              f"the manifest {len(out)}")
-                self._decode_link(c, pid, e, obj, _into(out, obj, base_data, first=i == 0))
+                self._decode_link(c, pid, e, obj, _into(out, obj, base_data, first=i == 0, room=room))
             return out
         for i, (c, pid, e, obj) in enumerate(links):
             def decode(codec: Codec, o: objects.EncodedObject = obj,
@@ -241,21 +260,25 @@ class ChunkReader:
         return self.read_blobs_into([(blob, out)], pool)[0]
 
     def read_blobs_into(self, targets: "list[tuple[Blob, memoryview]]", pool: "Executor | None" = None, *,
-                        live: bool = False) -> list[memoryview]:
+                        live: bool = False, workers: int = 1) -> list[memoryview]:
+
         """Decode every chunk of several blobs into their destinations, all chunks of all blobs in
         one parallel pass (most tensors are one chunk: a pass per blob would run them one by one).
         A failure names the blob's position in ``targets`` through ``BlobReadError.index``.
         ``live``: the destinations hold a live state; a chunk they already hold is left alone,
-        one a few stored deltas away is stepped there in place (:mod:`.live`)."""
+        one a few stored deltas away is stepped there in place (:mod:`.live`).  ``workers``: the
+        threads ``pool`` runs; the calling thread reads ahead of them into that many span buffers
+        and SPARE_SPANS more (:mod:`.stream`)."""
         outs, jobs = _chunk_jobs(targets)
         if live:
             jobs = self._jobs_to_read(jobs, pool)
         tasks = self._plan_reads(jobs)
-        if pool is not None and len(tasks) > 1:
-            list(pool.map(self._read_group, tasks))
-        else:
-            for task in tasks:
-                self._read_group(task)
+        spans = [None if t[0][2] is None else _layout(t, self._bases(t)) for t in tasks]
+        parallel = pool is not None and len(tasks) > 1
+        stream = SpanStream(self.store, slots=(max(workers, 1) if parallel else 1) + SPARE_SPANS, window=READ_AHEAD)
+        stream.run(list(zip(tasks, spans)), spans,
+                   lambda group, data: self._decode_group(group[0], group[1], data, fresh=not live),
+                   pool if parallel else None, read_failed=lambda group, exc: _name_blob(group[0], exc))
         return outs
 
     def _jobs_to_read(self, jobs: "list[tuple[int, bytes, memoryview]]",
@@ -280,25 +303,45 @@ class ChunkReader:
             exc.blob_index = n  # type: ignore[attr-defined]  # (the failure names its blob)
             raise
 
-    def _read_group(self, group: "list[tuple[tuple[int, bytes, memoryview], str, PackEntry]]") -> None:
-        """Chunks whose objects lie close together in one pack: one read, then decode each."""
-        if group[0][2] is None:  # nothing to plan: read_chunk finds it (or fails) on its own
+    def _decode_group(self, group: "list[tuple[tuple[int, bytes, memoryview], str, PackEntry]]",
+                      span: "Span | None", data: memoryview | None, *, fresh: bool) -> None:
+        """Decode the chunks of a group whose objects lie back to back in one pack from ``data``,
+        the span buffer holding them where ``span`` placed them (None: each chunk reads its own
+        copy).  ``fresh``: the destinations are new memory, faulted in a chunk at a time just
+        before its decode (populate.py)."""
+        if group[0][2] is None or span is None:  # nothing to plan: read_chunk finds it (or fails) on its own
             self._read_job(group[0][0])
             return
-        pid, start = group[0][1], group[0][2].offset
-        end = group[-1][2].offset + group[-1][2].length
-        try:
-            data = memoryview(self.store.get(pack_key(pid), start, end - start))
-        except (ObjectNotFoundError, FileNotFoundError):
-            data = None  # each chunk finds another copy (or the error) on its own
-        for job, _pid, e in group:
+        pid = group[0][1]
+        ends = [p - ROOM_HEAD for p, _n in span.pieces[1:]] + [span.size]
+        for (job, _pid, e), (pos, _n), end in zip(group, span.pieces, ends):
+            if fresh:
+                populate(job[2])
             first = None
             if data is not None:
                 try:
-                    first = (pid, e, self._check_object(pid, e, data[e.offset - start:e.offset - start + e.length]))
+                    obj = self._check_object(pid, e, data[pos:pos + e.length])
+                    start = pos + e.length - len(obj.payload)
+                    room = Room(data, start, len(obj.payload), pos - ROOM_HEAD, min(end, len(data)))
+                    first = (pid, e, obj, room)
                 except CorruptObjectError:
                     first = None  # a damaged header: read_chunk tries the chunk's other copies
             self._read_job(job, first)
+
+    def _bases(self, group: list) -> tuple[tuple[str, int, int], ...]:
+        """Where the deltas of a group read their bases from, down to each chain's keyframe (or a
+        base decoded in memory): (pack id, offset, length) per object, for the prefetch."""
+        out: list[tuple[str, int, int]] = []
+        for _job, _pid, e in group:
+            cur, links = e.base, 0
+            while cur is not None and links < MAX_CHAIN_DEPTH and self.decoded.get(cur) is None:
+                copies = self.index.entries_for(cur)
+                if not copies:
+                    break   # read_chunk reports it
+                pid, be = copies[0]
+                out.append((pid, be.offset, be.length))
+                cur, links = be.base, links + 1
+        return tuple(out)
 
     def _plan_reads(self, jobs: "list[tuple[int, bytes, memoryview]]") -> list[list]:
         """Group chunks by pack into runs of objects at most READ_GAP apart and READ_SPAN long, so
@@ -329,6 +372,29 @@ class ChunkReader:
         return tasks
 
 
+def _room(e: PackEntry) -> int:
+    """Span buffer bytes for object ``e`` (see ROOM_HEAD), rounded to 64: a span's buffer holds
+    at most its READ_SPAN decoded bytes and ROOM_HEAD + ROOM_TAIL + 64 bytes per object more."""
+    return -(-(ROOM_HEAD + e.length + max(0, e.raw_len - e.length) + ROOM_TAIL) // 64) * 64
+
+
+def _layout(group: list, bases: tuple[tuple[str, int, int], ...] = ()) -> Span:
+    """The span a group's objects are read with, each object placed in a room of its own."""
+    pieces = []
+    pos = 0
+    for _job, _pid, e in group:
+        pieces.append((pos + ROOM_HEAD, e.length))
+        pos += _room(e)
+    first, last = group[0][2], group[-1][2]
+    return Span(group[0][1], first.offset, last.offset + last.length - first.offset, tuple(pieces), pos, bases)
+
+
+def _name_blob(group: list, exc: BaseException) -> None:
+    """A failed read of a group's span names the first blob it was read for (BlobReadError.index)."""
+    if isinstance(exc, DeltackptError) and getattr(exc, "blob_index", None) is None:
+        exc.blob_index = group[0][0][0]  # type: ignore[attr-defined]
+
+
 def _damaged(message: str, pid: str, e: PackEntry) -> CorruptObjectError:
     """A damaged copy's error, naming the copy so that a read can try the chunk's others."""
     exc = CorruptObjectError(message)
@@ -336,11 +402,14 @@ def _damaged(message: str, pid: str, e: PackEntry) -> CorruptObjectError:
     return exc
 
 
-def _into(out: memoryview, obj: objects.EncodedObject, base: bytes | memoryview | None, *,
-          first: bool) -> "Callable[[Codec], memoryview]":
-    """One link decoded in ``out``: the first over ``base`` (None for a keyframe), the next ones
-    applied over what ``out`` holds."""
+def _into(out: memoryview, obj: objects.EncodedObject, base: bytes | memoryview | None, *, first: bool,
+          room: Room | None = None) -> "Callable[[Codec], memoryview]":
+    """One link decoded in ``out``: the first over ``base`` (None for a keyframe; in ``room``, the
+    scratch around its payload, where its codec can), the next ones applied over what ``out`` holds."""
     def run(codec: Codec) -> memoryview:
+        if first and room is not None and base is None and codec.decode_in_room(out, obj.params, room):
+            return out
+
         if first:
             codec.decode_into(out, obj.params, obj.payload, base)
         else:

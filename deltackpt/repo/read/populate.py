@@ -1,0 +1,53 @@
+"""Faulting in fresh destination memory a range at a time, in one system call.
+
+A load decodes into memory the process has never touched; the first write to each 4 KiB page
+costs a page fault, and the kernel's zeroing of the page, one fault at a time (on the project
+machine ~0.5 s of system time for 1.5 GB).  ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14+) maps a
+whole range in one call, about a third cheaper, and it runs on the worker that decodes into that
+range next, so the cores share it.  Elsewhere (older kernels, other systems) it does nothing and
+the decode faults the pages in as before.
+
+Example::
+
+    populate(memoryview(destination))   # before decoding into a fresh buffer
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+from typing import Any
+
+MADV_POPULATE_WRITE = 23
+_PAGE = 4096
+_MIN_BYTES = 64 << 10  # below this the faults cost less than the call
+
+
+def _madvise() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        fn = libc.madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_MADVISE = _madvise()
+_works = _MADVISE is not None
+
+
+def populate(view: memoryview) -> None:
+    """Fault in the whole pages inside the writable buffer ``view`` (a hint: never an error)."""
+    global _works
+    if not _works or len(view) < _MIN_BYTES or view.readonly:
+        return
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(view))
+    start = -(-addr // _PAGE) * _PAGE
+    end = (addr + len(view)) // _PAGE * _PAGE
+    if end > start and _MADVISE(start, end - start, MADV_POPULATE_WRITE) != 0:
+        _works = ctypes.get_errno() not in (22, 38)  # EINVAL/ENOSYS: this kernel lacks it, stop asking

@@ -1,0 +1,218 @@
+"""One read's pack bytes, streamed: the calling thread reads spans of packs in order into a few
+reused buffers and hands each span to the decode pool, while a prefetch thread asks the store to
+fetch the spans after it, and the objects their deltas' bases are read from (a local store: the
+kernel reads them into the page cache in the background; a hint can block while the kernel queues
+the reads, so it gets a thread of its own).
+
+So the cores decode while the disk reads, no decode worker waits in a read or a prefetch call,
+and memory stays bounded whatever the size of the state: ``slots`` span buffers (each as long as
+the longest span read, at most READ_SPAN bytes unless one object is longer), plus what the page
+cache holds for the prefetch window, which is the kernel's, not the process's.  The buffers and
+the prefetch thread are this call's: when it returns, every decode it started has finished, the
+thread is joined and the buffers are released.
+
+Example::
+
+    stream = SpanStream(store, slots=4, window=64 << 20)
+    stream.run(groups, spans, decode, pool)   # decode(group, bytes of its span or None) on the pool
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import queue
+import threading
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import Any, Callable, NamedTuple, Sequence
+
+from ... import threads as worker_threads
+from ...errors import ObjectNotFoundError
+from ...store.base import Store
+from ..layout import pack_key
+
+
+class Span(NamedTuple):
+    """``length`` bytes of pack ``pack_id`` from ``start``, read into a buffer of ``room`` bytes:
+    at its start, or in ``pieces`` ((position in the buffer, bytes) of consecutive pack bytes) so
+    that the decoder finds scratch room around each object (codecs.base.Room)."""
+
+    pack_id: str
+    start: int
+    length: int
+    pieces: tuple[tuple[int, int], ...] = ()
+    room: int = 0
+    bases: tuple[tuple[str, int, int], ...] = ()   # (pack id, start, length) its deltas' bases are read from
+
+    @property
+    def fetched(self) -> int:
+        """The pack bytes reading this span's objects and their bases takes."""
+        return self.length + sum(n for _p, _s, n in self.bases)
+
+    @property
+    def size(self) -> int:
+        """The buffer bytes this span needs."""
+        return max(self.length, self.room)
+
+
+class SpanStream:
+    """Reads spans in order into ``slots`` reused buffers, ``window`` bytes of prefetch ahead.
+
+    ``spans[i]`` is the pack span group ``i`` needs, or None for a group that reads on its own
+    (nothing planned: a chunk served from the decoded cache, or one the index does not hold)."""
+
+    def __init__(self, store: Store, *, slots: int, window: int) -> None:
+        self.store, self.slots, self.window = store, max(1, slots), window
+        self.peak_buffer_bytes = 0   # what the span buffers held at most (a test checks the bound)
+
+    def run(self, groups: Sequence[Any], spans: "Sequence[Span | None]",
+            decode: "Callable[[Any, memoryview | None], None]", pool: Executor | None, *,
+            read_failed: "Callable[[Any, BaseException], None] | None" = None) -> None:
+        """``decode(group, data)`` for every group, on ``pool`` (inline without one), with ``data``
+        the bytes of its span (shorter at a pack's end; None when the pack is gone or the group
+        has no span).  The first failure stops the reading; the call returns once every decode it
+        started has finished, raising the failure of the earliest group that failed (a read
+        error is raised as it is, after ``read_failed(group, error)`` has seen it)."""
+        buffers: list[mmap.mmap] = []
+        free: queue.SimpleQueue[int] = queue.SimpleQueue()
+        failed = threading.Event()
+        futures: list[Future] = []
+        ahead = _Prefetcher(self.store, spans, self.window) if len(spans) > 1 and self.store.prefetches else None
+
+        def decode_and_free(group: Any, data: "memoryview | None", slot: int | None) -> None:
+            try:
+                if not failed.is_set():
+                    decode(group, data)
+            except BaseException:
+                failed.set()
+                raise
+            finally:
+                if slot is not None:
+                    free.put(slot)
+
+        try:
+            for i, (group, span) in enumerate(zip(groups, spans)):
+                if failed.is_set():
+                    break
+                if ahead is not None:
+                    ahead.reading(i)
+                slot, data = None, None
+                if span is not None:
+                    slot = self._slot(buffers, free, span.size)
+                    try:
+                        data = self._read(buffers[slot], span)
+                    except BaseException as exc:
+                        free.put(slot)
+                        if read_failed is not None:
+                            read_failed(group, exc)
+                        raise
+                if pool is None:
+                    decode_and_free(group, data, slot)
+                else:
+                    futures.append(pool.submit(decode_and_free, group, data, slot))
+        finally:
+            if ahead is not None:
+                ahead.close()
+            for f in futures:   # nothing this call started runs after it returns
+                try:
+                    f.result()
+                except BaseException:  # noqa: BLE001 - raised below, in group order
+                    pass
+            for f in futures:
+                f.result()
+            for buf in buffers:
+                try:
+                    buf.close()
+                except BufferError:  # a view still held (by a traceback): freed with it
+                    pass
+
+    def _slot(self, buffers: list[mmap.mmap], free: "queue.SimpleQueue[int]", length: int) -> int:
+        """A free buffer of at least ``length`` bytes: a new one while fewer than ``slots`` exist,
+        else the next one a decode gives back (grown when too short)."""
+        if len(buffers) < self.slots and free.empty():
+            buffers.append(_anonymous(length))
+            self.peak_buffer_bytes = max(self.peak_buffer_bytes, sum(len(b) for b in buffers))
+            return len(buffers) - 1
+        slot = free.get()
+        if len(buffers[slot]) < length:
+            old = buffers[slot]
+            buffers[slot] = _anonymous(length)
+            try:
+                old.close()
+            except BufferError:
+                pass
+            self.peak_buffer_bytes = max(self.peak_buffer_bytes, sum(len(b) for b in buffers))
+        return slot
+
+    def _read(self, buf: mmap.mmap, span: Span) -> "memoryview | None":
+        """The span's bytes in ``buf``: the view ends where the bytes read end (a pack cut short)."""
+        view = memoryview(buf)[:span.size]
+        pieces = span.pieces or ((0, span.length),)
+        try:
+            n = self.store.read_into(pack_key(span.pack_id), span.start, [view[p:p + k] for p, k in pieces])
+        except (ObjectNotFoundError, FileNotFoundError):
+            return None  # each chunk of the group finds another copy (or the error) on its own
+        if n == span.length:
+            return view
+        for p, k in pieces:   # the piece the read stopped in ends the bytes there are
+            if n < k:
+                return view[:p + n]
+            n -= k
+        return view
+
+
+class _Prefetcher:
+    """Hints the spans after the one being read, until ``window`` bytes are hinted and not read
+    yet, on a thread of its own: a hint may block while the kernel queues the reads, and the
+    reader must not wait for it.  :meth:`close` joins the thread."""
+
+    def __init__(self, store: Store, spans: "Sequence[Span | None]", window: int) -> None:
+        self.store, self.spans, self.window = store, spans, window
+        self._ends = list(itertools.accumulate((0 if s is None else s.fetched for s in spans), initial=0))
+        self._read = 0      # spans [0, _read) are being read or done
+        self._next = 1      # the next span to hint (the first is read at once)
+        self._stop = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="deltackpt-read-ahead", daemon=True)
+        self._thread.start()
+
+    def reading(self, i: int) -> None:
+        """The reader starts on span ``i``."""
+        with self._cond:
+            self._read = i + 1
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        worker_threads.leave_signals_to_main()   # at the reader's priority (a drill's: idle), inherited
+        n = len(self.spans)
+        if self.spans[0] is not None:   # the first span is read at once; its deltas' bases after it
+            for pid, start, length in self.spans[0].bases:
+                self.store.prefetch(pack_key(pid), start, length)
+        while True:
+            with self._cond:
+                self._next = max(self._next, self._read)
+                while (not self._stop and self._next < n
+                       and self._ends[self._next] - self._ends[self._read] >= self.window):
+                    self._cond.wait()
+                    self._next = max(self._next, self._read)
+                if self._stop or self._next >= n:
+                    return
+                span = self.spans[self._next]
+                self._next += 1
+            if span is not None:
+                self.store.prefetch(pack_key(span.pack_id), span.start, span.length)
+                for pid, start, length in span.bases:
+                    self.store.prefetch(pack_key(pid), start, length)
+
+
+def _anonymous(length: int) -> mmap.mmap:
+    """Private zero-filled memory of ``length`` bytes in small pages, given back to the system on
+    close (numpy would ask for huge pages, whose first touch costs more here: materialize._fresh;
+    mmap's default for anonymous memory is shared, which the kernel backs with shmem)."""
+    return mmap.mmap(-1, max(length, 1), flags=mmap.MAP_PRIVATE)

@@ -1,0 +1,228 @@
+"""A read streams pack spans (deltackpt/repo/read/stream.py): the calling thread reads ahead of the
+decode pool into a bounded number of reused buffers, with a bounded prefetch window; a damaged
+chunk or a failed read in the middle of the stream still fails typed, naming the version and the
+tensor, and leaves no live state half-written where the call promises all or nothing."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+import deltackpt
+from deltackpt import faults
+from deltackpt.errors import CorruptObjectError, StoreError
+from deltackpt.repo.layout import pack_key
+from deltackpt.repo.read.stream import Span, SpanStream
+from deltackpt.repo.repository import Repository
+from deltackpt.store.base import WrappingStore
+from deltackpt.store.local import LocalStore
+from tests.api.test_live_restore import _corrupt
+
+
+class _Recording(WrappingStore):
+    """A local store that records, in order, every span read into a caller's buffer and every
+    prefetch hint (the real reads and hints happen)."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.events: list[tuple[str, str, int, int]] = []
+        self.lock = threading.Lock()
+
+    def read_into(self, key, start, out):
+        with self.lock:
+            self.events.append(("read", key, start, len(out)))
+        return self.inner.read_into(key, start, out)
+
+    def prefetch(self, key, start, length):
+        with self.lock:
+            self.events.append(("hint", key, start, length))
+        self.inner.prefetch(key, start, length)
+
+
+@pytest.fixture
+def inject(monkeypatch):
+    """Arm the project's fault hook in this process (the same hook DELTACKPT_FAULT arms)."""
+    def arm(spec: str) -> None:
+        monkeypatch.setattr(faults, "_SPEC", spec)
+        monkeypatch.setattr(faults, "ACTIVE", True)
+        monkeypatch.setattr(faults, "_counts", {})
+    return arm
+
+
+def _state(tensors: int, numel: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(tensors)
+    return {f"t{i:02d}": torch.randn(numel, generator=g) * 0.02 for i in range(tensors)}
+
+
+def _spans(path: str) -> list[Span]:
+    """Every stored object of the repository as a span of its own, in pack order."""
+    r = Repository(path)
+    return [Span(*s) for s in sorted((pid, e.offset, e.length) for _cid, pid, e in r.index.items())]
+
+
+def test_the_reader_stays_a_bounded_window_ahead_of_slow_decoders(tmp_path):
+    """With decoders far slower than reads, the reader never holds more than ``slots`` spans that
+    are not decoded yet, its buffers never exceed ``slots`` spans, and it hints at most ``window``
+    bytes (plus one span) beyond the span it reads; every span reaches its decoder intact, once."""
+    path = str(tmp_path / "repo")
+    with deltackpt.Repo(path, create=True, chunk_bytes=64 << 10) as repo:   # 48 x 4 objects of ~64 KiB
+        repo.save(_state(48, 64 << 10))
+    spans = _spans(path)
+    assert len(spans) >= 40
+    store = _Recording(LocalStore(path))
+    slots, window, longest = 3, 4 * max(s[2] for s in spans), max(s[2] for s in spans)
+    started = finished = 0
+    most_ahead = 0
+    seen: dict[int, bytes] = {}
+    lock = threading.Lock()
+    real_read = store.read_into
+
+    def counting_read(key, start, out):
+        nonlocal started, most_ahead
+        with lock:
+            started += 1
+            most_ahead = max(most_ahead, started - finished)
+        return real_read(key, start, out)
+    store.read_into = counting_read
+
+    def decode(i, data):
+        nonlocal finished
+        time.sleep(0.01)
+        seen[i] = bytes(data)
+        with lock:
+            finished += 1
+
+    stream = SpanStream(store, slots=slots, window=window)
+    with ThreadPoolExecutor(2) as pool:
+        stream.run(list(range(len(spans))), spans, decode, pool)
+    assert most_ahead <= slots
+    assert stream.peak_buffer_bytes <= slots * longest
+    raw = LocalStore(path)
+    assert seen == {i: raw.get(pack_key(s.pack_id), s.start, s.length) for i, s in enumerate(spans)}
+    # the prefetch window: bytes hinted beyond the span being read, at each read
+    hinted_end, reads = 0, 0
+    order = {(pack_key(s.pack_id), s.start): i for i, s in enumerate(spans)}
+    hinted: set[int] = set()
+    for kind, key, start, length in store.events:
+        i = order[(key, start)]
+        if kind == "hint":
+            hinted.add(i)
+            hinted_end = max(hinted_end, i)
+            continue
+        reads += 1
+        ahead = sum(spans[j][2] for j in hinted if j > i)
+        assert ahead <= window + longest, (i, ahead)
+    assert reads == len(spans) and hinted == set(range(1, len(spans)))
+
+
+def test_memory_of_a_load_is_its_tensors_plus_a_bounded_window(tmp_path):
+    """The span buffers of a load are a window that does not grow with the state: a 64 MiB load
+    holds at most (threads + SPARE_SPANS) spans of READ_SPAN decoded bytes (at most half its size),
+    and an 8 MiB load only what it reads."""
+    from deltackpt.repo.read import reader
+    from deltackpt.repo.read import stream as stream_mod
+
+    peaks = []
+    real_run = stream_mod.SpanStream.run
+
+    def recording_run(self, *args, **kwargs):
+        try:
+            return real_run(self, *args, **kwargs)
+        finally:
+            peaks.append(self.peak_buffer_bytes)
+    stream_mod.SpanStream.run = recording_run
+    try:
+        for count in (8, 64):
+            path = str(tmp_path / f"repo{count}")
+            state = _state(count, 1 << 18)   # 1 MiB tensors
+            deltackpt.save(state, path)
+            got = deltackpt.load(path, threads=2)
+            assert all(torch.equal(got[k], v) for k, v in state.items())
+    finally:
+        stream_mod.SpanStream.run = real_run
+    per_object = reader.ROOM_HEAD + reader.ROOM_TAIL + 64   # each object in a room of its own
+    assert peaks[0] <= (8 << 20) + 8 * per_object
+    assert peaks[1] <= (2 + reader.SPARE_SPANS) * (reader.READ_SPAN + 64 * per_object) <= (64 << 20) // 2
+
+
+def test_a_damaged_chunk_mid_stream_fails_typed_naming_version_and_tensor(tmp_path):
+    """One damaged object among many spans: the load raises CorruptObjectError naming the version
+    and the tensor, after every decode it started has finished (no read thread is left)."""
+    path = str(tmp_path / "repo")
+    state = _state(24, 1 << 18)
+    v = deltackpt.save(state, path)
+    with deltackpt.Repo(path) as repo:
+        m = repo.core.manifest(v.id)
+        blob = m.blobs[next(t.blob for t in m.tensors if t.name == "t13")]
+        _corrupt(path, repo, blob.chunks[0].chunk_id)
+    with pytest.raises(CorruptObjectError, match=rf"version {v.id[:10]}, tensor t13\b"):
+        deltackpt.load(path, threads=2)
+    assert not [t for t in threading.enumerate() if t.name.startswith("deltackpt-read")]
+
+
+def test_a_read_error_mid_stream_is_typed_and_names_version_and_tensor(tmp_path, inject):
+    """The third span read fails with EIO: load raises a StoreError naming the version and a tensor
+    of that span, not a bare OSError, and no read thread is left."""
+    path = str(tmp_path / "repo")
+    v = deltackpt.save(_state(24, 1 << 18), path)
+    inject("read.packs:3:eio")
+    with pytest.raises(StoreError, match=rf"version {v.id[:10]}, tensor t\d\d.*injected EIO"):
+        deltackpt.load(path, threads=2)
+    assert not [t for t in threading.enumerate() if t.name.startswith("deltackpt-read")]
+
+
+def _mlp(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                               torch.nn.ReLU(), torch.nn.Linear(1024, 512))
+
+
+def _train(model, opt, steps: int) -> None:
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(8, 512)).pow(2).mean().backward()
+        opt.step()
+
+
+def test_a_read_error_mid_stream_leaves_the_live_model_untouched_on_resume(tmp_path, inject):
+    """resume() of an older version into a live model and optimizer, with a read failing half way
+    through the stream: it raises typed and neither the model nor the optimizer changed a bit."""
+    from deltackpt.training import resume
+
+    path = str(tmp_path / "repo")
+    model = _mlp(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _train(model, opt, 2)
+    old = deltackpt.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path, step=2)
+    _train(model, opt, 2)
+    deltackpt.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path, step=4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    moments = {(i, k): t.clone() for i, s in opt.state_dict()["state"].items() for k, t in s.items()}
+    with deltackpt.Repo(path) as repo:
+        spans = len({pid for _c, pid, _e in repo.core.index.items()})
+    inject("read.packs:2:eio")
+    with pytest.raises(StoreError, match=rf"version {old.id[:10]}.*injected EIO"):
+        resume(path, model=model, optimizer=opt, version=old.id, restore_rng=False)
+    assert spans >= 1
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    after = opt.state_dict()["state"]
+    assert all(torch.equal(after[i][k], t) for (i, k), t in moments.items())
+
+
+def test_a_live_restore_reads_through_the_stream_and_lands_bit_identical(tmp_path):
+    """restore() into a live model decodes in place through the same stream, with every core."""
+    path = str(tmp_path / "repo")
+    model = _mlp(1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _train(model, opt, 1)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    deltackpt.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+    other = _mlp(2)
+    deltackpt.restore(other, path, threads=2, strict=False)
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in want.items())
+    assert os.path.isdir(path)
