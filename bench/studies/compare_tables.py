@@ -38,7 +38,7 @@ def _mm(xs, unit=1.0, fmt="{:.3f}"):
 METHOD = (
     "Cold loads: before each one, every file of that system's output (deltackpt: the whole repository; the "
     "others: all their version files) is fsynced and dropped from the page cache with "
-    "`posix_fadvise(POSIX_FADV_DONTNEED)` (bench/coldcache.py; no root needed); the drop is checked in every "
+    "`posix_fadvise(POSIX_FADV_DONTNEED)` (bench/common/coldcache.py; no root needed); the drop is checked in every "
     "row by `mincore` on a fresh mapping of each file (\"cached after drop\", 0 when it worked) and by the "
     "process's `read_bytes` in /proc/self/io (bytes that reached the disk during the load). Bytes read: "
     "deltackpt counts what the repository's store fetched (a fresh handle over deltackpt.store.counting."
@@ -52,7 +52,7 @@ METHOD = (
 
 
 def probe_line(p: dict | None) -> str:
-    """The run's own check that dropping works here (bench.coldcache.probe)."""
+    """The run's own check that dropping works here (bench.common.coldcache.probe)."""
     if not p:
         return ""
     cold = ", ".join(f"{c['io_read'] / MB:.0f} MiB from disk in {c['s']:.3f} s with {c['resident_after_drop'] / MB:.1f} "
