@@ -23,7 +23,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..errors import InvalidArgumentError
-from ..repo.layout import DEFAULT_DELTA_CACHE_BYTES
 from ..repo.repository import Repository
 from ..repo.write.session import WriteSession
 from ..store.base import Store
@@ -43,7 +42,7 @@ class Handle:
     """An open repository and everything its work holds (see the module docstring).
 
     ``delta_cache_bytes``: memory for the delta bases the next save computes its deltas against
-    (0: none).  ``background``: how background saves run (``"thread"``, ``"process"`` or a
+    (0: none; default a tenth of the state last saved).  ``background``: how background saves run (``"thread"``, ``"process"`` or a
     :class:`~deltackpt.snapshot.runtime.BackgroundOptions`).  ``deltify``: re-store older versions
     as reverse deltas after each save (default ``$DELTACKPT_DELTIFY``, on).  The other options
     are :class:`deltackpt.Repo`'s.
@@ -78,8 +77,7 @@ class Handle:
                                delta_base=delta_base)
         self.session = WriteSession(self.core, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
                                     delta_base=delta_base, level=level,
-                                    delta_cache_bytes=DEFAULT_DELTA_CACHE_BYTES if delta_cache_bytes is None
-                                    else delta_cache_bytes,
+                                    delta_cache_bytes=delta_cache_bytes,
                                     deltify=_deltify_default() if deltify is None else deltify,
                                     **({} if payback is None else {"payback": payback}))
         self._runtime: SaveRuntime | None = None
@@ -158,7 +156,10 @@ def opened(location: "str | os.PathLike[str] | Store | Handle", *, create: bool 
     """The handle to work through: ``location`` itself when it is one (left open), else a handle
     opened for the block and closed after it."""
     if isinstance(location, Handle):
-        yield location
+        try:
+            yield location
+        finally:   # what this call decoded served it only: the handle keeps no decoded chunks
+            location.core.chunks.decoded.clear()
         return
     handle = Handle(location, create=create)
     try:

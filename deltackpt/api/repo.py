@@ -59,8 +59,8 @@ class Repo(Handle):
         keyframe_interval: store a chunk whole at least every N versions, bounding delta chains
             (the config's when None; 8 in a new repository).
         delta_cache_bytes: memory for the bytes the next save deltas against (only positions whose
-            last change was a delta keep theirs); past it, or with 0, the base is read back from the
-            repository when a delta needs it.
+            last change was a delta keep theirs; default a tenth of the state last saved); past it,
+            or with 0, the base is read back from the repository when a delta needs it.
         level: zstd compression level of this handle's saves (default 1).
         delta_base: how versions chain, stored in the config by :meth:`init`: ``"child"`` (the
             default of format 2) writes each changed chunk once, whole or as a small forward delta,

@@ -51,11 +51,21 @@ class ChunkMemo:
 
 
 class DeltaCache:
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
+    """The memos of one handle, their bytes within ``max_bytes``: a fixed size, or (``None``)
+    ``fraction`` of the state each save hands in (:meth:`fit`, at the start of a save)."""
+
+    def __init__(self, max_bytes: int | None, fraction: float = 0.1) -> None:
+        self.fixed, self.fraction = max_bytes, fraction
+        self.max_bytes = max_bytes if max_bytes is not None else 0
         self._items: dict[tuple, ChunkMemo] = {}
         self._bytes = 0
         self._lock = threading.Lock()
+
+    def fit(self, state_bytes: int) -> None:
+        """A save of ``state_bytes`` begins: the budget follows the state (unless fixed).  Bytes
+        already held past a smaller budget are dropped as their positions are saved again."""
+        if self.fixed is None:
+            self.max_bytes = int(self.fraction * state_bytes)
 
     @property
     def used_bytes(self) -> int:

@@ -9,7 +9,9 @@ MANIFESTS = "manifests/"
 LATEST_REF = "refs/latest"
 TAGS = "refs/tags/"
 EVENTS = "events/"
-DEFAULT_DELTA_CACHE_BYTES = 4 << 30
+#: a handle's delta cache holds at most this fraction of the state it last saved, unless given a size
+#: (bench/MAINTENANCE.md, "Memory": what the cache buys against what it holds)
+DEFAULT_DELTA_CACHE_FRACTION = 0.1
 DEFAULT_DECODED_CACHE_BYTES = 256 << 20
 DEFAULT_DELTIFY_LAG = 1   # the newest versions deltification leaves as saved (deltify.py)
 

@@ -152,3 +152,27 @@ def test_a_position_that_did_not_pay_back_is_left_unmeasured_for_a_while(tmp_pat
     assert sum(remembered) * 3 < sum(every_time) and not any(none_skipped)
     assert chunks == chunks_every_time == 0
     assert any(remembered[first + 1 + after:])   # measured again later
+
+
+def test_a_handle_keeps_a_tenth_of_the_state_and_no_decoded_chunk_after_a_call(tmp_path):
+    """By default the delta cache holds at most a tenth of the state last saved (a sparse table
+    whose every position would keep its bytes), and what a save, its deltification or a load
+    decoded is dropped when the call returns: the handle holds nothing else of the state."""
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(16384, 64, generator=g)   # 4 MiB: sixteen chunks of 256 KiB
+    with deltackpt.Repo(str(tmp_path / "r"), create=True, chunk_bytes=1 << 18) as repo:
+        for step in range(4):
+            idx = torch.randint(0, 16384, (50,), generator=g)
+            table[idx] += 0.01 * torch.randn(50, 64, generator=g)
+            v = repo.save({"emb": table}, step=step)
+            assert (step == 0 or 0 < repo.session.delta_cache.used_bytes) \
+                and repo.session.delta_cache.used_bytes <= 0.1 * v.logical_bytes
+            assert repo.core.chunks.decoded._bytes == 0
+        repo.load("latest~2")
+        assert repo.core.chunks.decoded._bytes == 0
+    with deltackpt.Repo(str(tmp_path / "r"), delta_cache_bytes=1 << 30) as repo:   # a size given: kept whole
+        for step in range(4, 7):
+            idx = torch.randint(0, 16384, (400,), generator=g)   # every chunk gets some rows
+            table[idx] += 0.01 * torch.randn(400, 64, generator=g)
+            v = repo.save({"emb": table}, step=step)
+        assert repo.session.delta_cache.used_bytes > 0.5 * v.logical_bytes

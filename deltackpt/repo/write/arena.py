@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 ARENA_SEGMENT = 32 << 20  # copies kept by the delta cache are carved from buffers this large
@@ -28,9 +30,25 @@ class CopyArena:
         if n > self.left or n == 0:
             return None
         if self.buf is None or self.pos + n > len(self.buf):
-            self.buf = np.empty(max(n, min(ARENA_SEGMENT, self.left)), dtype=np.uint8)
+            self.buf = _segment(max(n, min(ARENA_SEGMENT, self.left)))
             self.pos = 0
         out = self.buf[self.pos:self.pos + n]
         self.pos += n
         self.left -= n
         return out
+
+
+def _segment(size: int) -> np.ndarray:
+    """A buffer of its own pages (an anonymous mapping, huge pages asked for): unmapped when its
+    last slice goes, so the memory the cache gave up goes back to the system at once instead of
+    staying in malloc's heap (glibc raises its mmap threshold after a large free, and the next
+    segments then come from the heap, whose freed pages a trim does not always return)."""
+    if not hasattr(mmap, "MAP_ANONYMOUS"):   # not a POSIX system: malloc's
+        return np.empty(size, dtype=np.uint8)
+    mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)   # not shared with a fork
+    if hasattr(mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mm.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass   # no transparent huge pages here: small pages
+    return np.frombuffer(mm, dtype=np.uint8)

@@ -203,7 +203,7 @@ class EncoderProcess:
         repo.require_present()   # before the child opens it: a vanished repository is not created again
         w = session.settings
         settings = {"repo_id": repo.config.repo_id, "chunk_bytes": w.chunk_bytes, "keyframe_interval": w.keyframe_interval,
-                    "delta_base": w.delta_base, "level": w.level, "delta_cache_bytes": session.delta_cache.max_bytes,
+                    "delta_base": w.delta_base, "level": w.level, "delta_cache_bytes": session.delta_cache.fixed,
                     "workers": workers, "deltify_lag": session.deltify_lag, "deltify": session.deltify}
         job = _Job(repo.location, settings, segment.id, spans, tensors, tree, kwargs)
         with self.lock:
@@ -309,7 +309,9 @@ def _save(repos: dict[tuple[str, str], WriteSession], segments: dict[int, mmap.m
     session.settings.keyframe_interval = s["keyframe_interval"]
     session.settings.delta_base = s["delta_base"]
     session.settings.level = s["level"]
-    session.delta_cache.max_bytes = s["delta_cache_bytes"]
+    session.delta_cache.fixed = s["delta_cache_bytes"]   # None: a tenth of each state (fit() per save)
+    if s["delta_cache_bytes"] is not None:
+        session.delta_cache.max_bytes = s["delta_cache_bytes"]
     session.deltify_lag = s["deltify_lag"]
     session.deltify = s["deltify"]
     mem = memoryview(segments[job.segment])

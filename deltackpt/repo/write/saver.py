@@ -170,12 +170,15 @@ def _maintain(session: WriteSession) -> None:
     (``STEP_BYTES`` of replaced copies), in the caller's thread, so that nothing of a save runs
     once it has returned.  A failure is left for the next save or gc: nothing is lost, the
     repository is only larger meanwhile."""
-    if not (session.deltify and session.settings.reverse_deltas):
-        return
     try:
-        session.last_maintenance = deltify(session, lag=session.deltify_lag, max_bytes=STEP_BYTES)
+        if session.deltify and session.settings.reverse_deltas:
+            session.last_maintenance = deltify(session, lag=session.deltify_lag, max_bytes=STEP_BYTES)
     except (DeltackptError, OSError) as exc:
         session.last_maintenance = exc
+    finally:
+        # the chunks this save and its deltification decoded (bases read back, periods measured)
+        # served this save only: holding them would keep up to the cache's size in memory
+        session.repo.chunks.decoded.clear()
 
 
 def _store_locked(session: WriteSession, blobs: list[BlobInput], stats: SaveStats, workers: int | None,
@@ -278,6 +281,7 @@ class _Window:
                  progress: Callable[[int, int], None] | None) -> None:
         self.sv, self.blobs, self.stats, self.manifest_blobs, self.progress = sv, blobs, stats, manifest_blobs, progress
         self.total = sum(len(b.data) for b in blobs)
+        sv.session.delta_cache.fit(self.total)
         self.done = 0
         self.chunk_lists: list[list[ChunkRef]] = [[] for _ in blobs]
         self.remaining = [0] * len(blobs)

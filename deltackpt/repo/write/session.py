@@ -22,7 +22,7 @@ from ...codecs.base import check_level
 from ...format import config as config_fmt
 from ...errors import InvalidArgumentError
 from ..delta_cache import DeltaCache
-from ..layout import DEFAULT_DELTA_CACHE_BYTES, DEFAULT_DELTIFY_LAG
+from ..layout import DEFAULT_DELTA_CACHE_FRACTION, DEFAULT_DELTIFY_LAG
 from ..repository import Repository
 from .head import PAYBACK
 
@@ -46,8 +46,9 @@ class WriteSettings:
 class WriteSession:
     """The writer's side of one repository handle (see the module docstring).
 
-    ``delta_cache_bytes``: memory for the next save's delta bases (0: none; a position without a
-    cached base reads it from the repository when that pays).  ``deltify``: whether a save
+    ``delta_cache_bytes``: memory for the next save's delta bases (0: none; None: a tenth of the
+    state last saved, ``DEFAULT_DELTA_CACHE_FRACTION``; a position without a cached base reads it
+    from the repository when that pays).  ``deltify``: whether a save
     re-stores older versions as reverse deltas after it commits (a bounded step, inline).
     ``payback``: a rewrite is done only where the stored bytes it saves are at least this many
     times the bytes it writes (head.PAYBACK).
@@ -55,7 +56,7 @@ class WriteSession:
 
     def __init__(self, repo: Repository, *, chunk_bytes: int | None = None, keyframe_interval: int | None = None,
                  delta_base: str | None = None, level: int | None = None,
-                 delta_cache_bytes: int = DEFAULT_DELTA_CACHE_BYTES, deltify: bool = True,
+                 delta_cache_bytes: int | None = None, deltify: bool = True,
                  payback: float = PAYBACK) -> None:
         cfg = repo.config
         if chunk_bytes is not None:
@@ -70,7 +71,7 @@ class WriteSession:
             keyframe_interval=cfg.keyframe_interval if keyframe_interval is None else keyframe_interval,
             delta_base=cfg.delta_base if delta_base is None else config_fmt.check_delta_base(delta_base, cfg.version),
             level=1 if level is None else level)
-        self.delta_cache = DeltaCache(delta_cache_bytes)
+        self.delta_cache = DeltaCache(delta_cache_bytes, DEFAULT_DELTA_CACHE_FRACTION)
         self.deltify = deltify
         self.payback = check_payback(payback)
         #: the newest versions deltification leaves as saved (a keep_last retention raises it)
