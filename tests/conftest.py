@@ -42,6 +42,7 @@ SECOND_TIER = {
     "tests/store/test_s3_repo.py::test_sigkill_during_upload": "kills during an upload to a moto server",
     "tests/store/test_s3_repo.py::test_committer_whose_refs_lock_was_broken": "a stalled writer on S3",
     "tests/training/test_guard_crash.py": "SIGKILL of a guarded run, then resume",
+    "tests/training/test_guard_sustained.py": "real MiniLM fine-tunes diverging (the bench extra's model)",
     "tests/training/test_training.py::test_sigkill_and_resume": "SIGKILL of a training run, then resume",
     "tests/repo/test_dead_save_leftovers.py": "saves killed mid-write",
     "tests/repo/test_spec_findings.py::test_a_manifest_declaring_an_impossible_blob": "a 1-million-chunk manifest",
