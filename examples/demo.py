@@ -120,11 +120,10 @@ def train_and_checkpoint() -> None:
 
 
 WRITES = """\
-What a save writes: the new version whole (compressed; chunks that did not change are not written
-again), plus the chunks of the previous version it replaced, stored again as deltas against the new
-ones; then the previous version's whole copies of those chunks are deleted.  So a save writes more
-than the repository grows by: while every weight trains it writes more than torch.save would, and
-the repository grows by the deltas alone.
+What a save writes: the chunks that changed, compressed, each whole or as a small delta against
+the previous version; chunks that did not change are not written again.  Older versions are
+re-stored as deltas later only where that saves more bytes than it writes, so a save writes about
+what the repository grows by.
 """
 
 
