@@ -25,7 +25,7 @@ MiB = 1 << 20
 
 def _bench(tmp_path, size: str, delta_cache: str) -> dict:
     out = tmp_path / f"large-{size}.json"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "large_state.py"), "--size", size,
+    proc = subprocess.run([sys.executable, "-m", "bench", "larger_than_memory", "--size", size,
                            "--delta-cache", delta_cache, "--tensors", "4", "--no-anchor", "--dir",
                            str(tmp_path / f"work-{size}"), "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
