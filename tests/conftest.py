@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,10 +23,15 @@ settings.register_profile("nightly", max_examples=2000, deadline=None,
 settings.load_profile(os.environ.get("DELTACKPT_HYPOTHESIS", "ci" if os.environ.get("CI") else "default"))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# a save deltifies older versions after it commits (a bounded step, in its own thread); tests that
+# a save deltifies older versions after it commits (a bounded step, inline); tests that
 # count packs, bytes or objects expect a save's own writes, so the suite (and the processes it
 # starts) turns that off and deltifies on purpose (tests/repo/test_deltify.py turns it on)
 os.environ["DELTACKPT_DELTIFY"] = "off"
+# a shell that starts pytest in the background (`make test &`, nohup) leaves SIGINT ignored, and a
+# child inherits that: the tests that press Ctrl-C on a child would then see nothing happen.  With
+# a Python handler here, a child starts with the default disposition, as it would from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 #: The second tier (marker ``reliability``): `make test` leaves it out to stay within 6 minutes on
