@@ -3,7 +3,9 @@
     python -m tests.training.guard_child REPO MARKER K
 
 Trains the run of ``_guarded.py`` with a NaN loss at step 33; ``K`` steps after the guard rolled
-back it writes MARKER (the rollback as JSON) and goes on training until it is killed.
+back it writes MARKER (the rollback as JSON) and waits there to be killed: the kill lands at the step
+the marker names however slowly the parent, on a loaded machine, sees the marker (training on while
+it looked, the child once committed the next save first and the K=0 case resumed past the rollback).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import math
 import os
 import sys
+import time
 
 from tests.training._guarded import make_run, train
 
@@ -31,6 +34,7 @@ def main(repo: str, marker: str, k: int) -> None:
                            "abandoned": rb.abandoned, "step": step}, f)
             os.replace(marker + ".tmp", marker)
             state["written"] = True
+            time.sleep(3600)
         return None
 
     train(run, 10 ** 9, poison)

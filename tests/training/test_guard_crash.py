@@ -1,6 +1,7 @@
 """The data window a rollback skipped stays skipped after the process is SIGKILLed and the run
-resumes: a real child trains, rolls back on a NaN, is killed while training on, and a new run
-resumed with deltackpt.resume continues past the window, never from a version of the bad stretch."""
+resumes: a real child trains, rolls back on a NaN, trains K steps on and is killed, and a new run
+resumed with deltackpt.resume continues past the window, never from a version of the bad stretch.
+The child waits at its marker to be killed, so the kill lands at a known step."""
 
 from __future__ import annotations
 
