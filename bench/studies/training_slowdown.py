@@ -216,7 +216,7 @@ def measure(a: argparse.Namespace, workdir: str) -> dict:
         entry: dict = {"state_bytes": job.state_bytes(), "every": n, "conditions": {}}
         for cond in a.conditions.split(","):
             torch.set_num_threads(threads_for(cond))
-            print(f"{name}: state {entry['state_bytes'] / 2**20:.0f} MiB, a save every {n} steps, {cond} "
+            print(f"{name}: weights {entry['state_bytes'] / 2**20:.0f} MiB, a save every {n} steps, {cond} "
                   f"({torch.get_num_threads()} torch threads of {os.cpu_count()} cores)", flush=True)
             if a.paired:
                 from bench.studies.training_slowdown_paired import print_table, run_rotations
@@ -229,6 +229,9 @@ def measure(a: argparse.Namespace, workdir: str) -> dict:
             res = whole_runs(job, systems, n, saves, repeats, os.path.join(workdir, f"{name}-{cond}"), burn_s, a.quick)
             print("\n".join(table(res)) + "\n", flush=True)
             entry["conditions"][cond] = {"threads": torch.get_num_threads(), "steps": (saves + 1) * n, "results": res}
+        # measured once the job has trained: an optimizer's moments exist only after its first step,
+        # and they are most of what a checkpoint holds (AdamW: twice the weights)
+        entry["state_bytes"] = job.state_bytes()
         out["jobs"][name] = entry
         del job
     out["loadavg_end"] = os.getloadavg()
