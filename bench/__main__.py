@@ -125,7 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[0] == "--list":
         return _list()
-    name, rest = argv[0], argv[1:]
+    from bench.common.scratch import compile_cache
+    with compile_cache():
+        return _run(argv[0], argv[1:])
+
+
+def _run(name: str, rest: list[str]) -> int:
     if name == "all":
         ap = argparse.ArgumentParser(prog="python -m bench all", description="every study's quick mode")
         ap.add_argument("--quick", action="store_true", required=True, help="required: the full runs take hours")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +33,17 @@ os.environ["DELTACKPT_DELTIFY"] = "off"
 # a Python handler here, a child starts with the default disposition, as it would from a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# transformers' model classes touch torch's compile cache, whose default folder,
+# <temp>/torchinductor_<user>, would outlive the suite: the suite and the processes it starts use
+# a folder of their own, removed at the end (pytest_unconfigure)
+_COMPILE_CACHE = None if "TORCHINDUCTOR_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="deltackpt-tests-inductor-")
+if _COMPILE_CACHE:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _COMPILE_CACHE
+
+
+def pytest_unconfigure(config):
+    if _COMPILE_CACHE:
+        shutil.rmtree(_COMPILE_CACHE, ignore_errors=True)
 
 
 #: The second tier (marker ``reliability``): `make test` leaves it out to stay within 6 minutes on

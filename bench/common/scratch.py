@@ -37,3 +37,21 @@ def scratch(prefix: str, keep: str | None = None, parent: str | None = None) -> 
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def compile_cache() -> Iterator[None]:
+    """Point torch's compile cache at a scratch folder for the block, and remove it after.
+
+    transformers' model classes touch that cache, whose default folder is
+    ``<temp>/torchinductor_<user>``: created, and left behind, by any run that builds one.  The
+    processes the block starts inherit the setting.  A folder the user set is left alone."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        yield
+        return
+    with scratch("deltackpt-bench-inductor-") as path:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+        try:
+            yield
+        finally:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
