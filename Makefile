@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# torch imports its compiler when an optimizer is built, and that makes its cache folder, by default
+# <temp>/torchinductor_<user>, left behind: every recipe here keeps it inside the venv instead
+export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/$(VENV)/torchinductor
 
 .PHONY: demo test test-reliability setup setup-test setup-bench bench bench-quick reliability fuzz lint clean docs package
 
