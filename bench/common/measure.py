@@ -76,6 +76,29 @@ def timed_cpu(fn, *a):
     return time.perf_counter() - t0, cpu_seconds() - c0, r
 
 
+def _wchar() -> int:
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+
+
+def measured(fn):
+    """``(result, cost)`` of ``fn()``: ``cost`` holds wall seconds, CPU seconds split into user
+    and system (this process's threads and its reaped children, getrusage's microsecond clock),
+    and bytes handed to ``write()`` (``/proc/self/io`` wchar).  System time is mostly the kernel
+    taking in written pages; on a VM it varies ~10x for the same bytes with whether the guest's
+    free pages are still backed by the host, so studies report it apart from user time."""
+    import resource
+
+    def usage() -> tuple[float, float]:
+        a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return a.ru_utime + b.ru_utime, a.ru_stime + b.ru_stime
+    (u0, s0), w0, t0 = usage(), _wchar(), time.perf_counter()
+    out = fn()
+    wall = time.perf_counter() - t0
+    u1, s1 = usage()
+    return out, {"wall": wall, "user": u1 - u0, "sys": s1 - s0, "cpu": (u1 - u0) + (s1 - s0), "written": _wchar() - w0}
+
+
 def tensor_bytes(state) -> int:
     """Bytes of the state's tensors, each storage once (GPT-2's tied embedding and output weights
     are one tensor under two names)."""

@@ -27,6 +27,8 @@ MODES = ("lossless", "q8-delta", "q4-delta", "fp16", "bf16")
 _LOSSY = {"q8-delta": (Q8_SCALED_DELTA, Q8_DELTA), "q4-delta": (Q4_SCALED_DELTA, Q4_DELTA),
           "fp16": (CAST_FP16,), "bf16": (CAST_BF16,)}
 _SAMPLE = 64 * 1024
+#: chunks shorter than this are not sampled (sample_delta_fraction says None)
+SAMPLE_MIN = 4096
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,7 @@ def sample_delta_fraction(raw: bytes | memoryview, ctx: ChunkContext, base: Base
     here last time, else xor-delta; None for a chunk too small to sample (under 4 KiB).  Cheap
     enough to ask before every delta encode of a position whose last change was dense; a sparse
     change comes out small (unchanged rows XOR to zeros)."""
-    if len(raw) < 4096:
+    if len(raw) < SAMPLE_MIN:
         return None
     align = max(ctx.row_bytes if ctx.row_bytes and ctx.row_bytes <= _SAMPLE else 1, 16)
     if len(raw) > 2 * _SAMPLE:

@@ -71,6 +71,46 @@ def test_a_fresh_handle_reads_no_base_of_a_position_its_parent_found_dense(tmp_p
     assert stats.chunks_new > 0
 
 
+def test_the_second_version_of_a_dense_run_tries_its_deltas_on_a_sample(tmp_path, monkeypatch):
+    """The first version's positions were never judged dense or sparse: the second save compares a
+    sample of each changed chunk with its base before a delta encode, so a dense run (every weight
+    and moment changing) pays one keyframe encode per chunk instead of a whole delta encode it
+    throws away as well.  Counted at the delta codecs: the bytes they are handed stay a sample's
+    worth, under a tenth of the state (before: every chunk, the whole state); and a sparse change
+    is still written as deltas."""
+    from deltackpt.codecs.scaled_delta import ScaledDelta
+    from deltackpt.codecs.sparse import SparseRows
+    from deltackpt.codecs.sub_delta import SubDelta
+    from deltackpt.codecs.xor_delta import XorDelta
+    handed = {"bytes": 0}
+    for cls in (XorDelta, SubDelta, ScaledDelta, SparseRows):
+        def counted(self, raw, ctx, base=None, _real=cls.encode):
+            handed["bytes"] += len(raw)
+            return _real(self, raw, ctx, base)
+        monkeypatch.setattr(cls, "encode", counted)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with deltackpt.Repo(str(tmp_path / "r"), create=True, deltify=False) as repo:
+        for step in range(2):
+            model(torch.randn(16, 1024)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            if step == 1:
+                handed["bytes"] = 0
+            v = repo.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, step=step)
+        assert 0 < handed["bytes"] < 0.1 * v.logical_bytes, (handed, v.logical_bytes)
+        assert v.written_bytes > 0.6 * v.logical_bytes   # keyframes: every chunk changed densely
+    # a sparse second version (100 rows of 8192 changed) passes its samples and is written as deltas
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(8192, 64, generator=g)
+    with deltackpt.Repo(str(tmp_path / "sparse"), create=True, deltify=False) as repo:
+        repo.save({"emb": table}, step=0)
+        table[torch.randint(0, 8192, (100,), generator=g)] += 0.01
+        v = repo.save({"emb": table}, step=1)
+    assert v.written_bytes < 0.05 * v.logical_bytes, v.written_bytes
+
+
 def test_a_sparse_run_keeps_the_bytes_its_next_deltas_need(tmp_path):
     """An embedding table whose rows change a few at a time: every position's change is a delta,
     so the handle keeps its bytes (up to ``delta_cache_bytes``) and the next save reads nothing

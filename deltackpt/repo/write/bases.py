@@ -128,8 +128,13 @@ class ParentBases:
         if self.star and lossless:
             return self._star_memo(key, i, cid, cur, raw_len)
         pos = self.first[b] + i
+        # the parent's save judged every position it had a base for: what it did not flag dense
+        # changed sparsely (a save that holds the memos knows the same); the first version's
+        # positions were never judged (chunk_encoder.encode_head samples those first)
+        dense = pos in self.dense
         return ChunkMemo(cid, None, depth, cid, anchor_bytes=anchor, chain_bytes=chain_bytes,
-                         dense=pos in self.dense, lasting=pos in self.whole, raw_len=raw_len)
+                         sparse=not dense and self.manifest.parent is not None,
+                         dense=dense, lasting=pos in self.whole, raw_len=raw_len)
 
     def _star_memo(self, key: tuple, i: int, cid: bytes, keyframe: bytes, raw_len: int) -> ChunkMemo:
         """A star's base: the position's keyframe, and how many deltas were written against it

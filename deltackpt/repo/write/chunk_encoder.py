@@ -11,7 +11,7 @@ import numpy as np
 
 from ...codecs.base import ChunkContext
 from ...codecs.floats import max_abs_err
-from ...codecs.pipeline import BaseChunk, encode_chunk
+from ...codecs.pipeline import SAMPLE_MIN, BaseChunk, encode_chunk
 from ...errors import DeltackptError
 from ...format.ids import digest
 from ...format.objects import EncodedObject
@@ -163,8 +163,12 @@ def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: Chun
         memo = sv.with_data(memo)
     base, budget = _head_base(sv, memo, len(data))
     overhead = 12 + 24  # object header and the base id in its parameters
+    # a sample first where the last change was dense, or was never judged (the repository's second
+    # version) in a chunk large enough to sample: a dense change then costs one keyframe encode,
+    # not a full delta encode thrown away as well
+    probe = memo is not None and (memo.dense or (not memo.sparse and len(data) >= SAMPLE_MIN))
     chosen = encode_changed(data, ctx, base, budget, prefer=memo.winner if memo is not None else None,
-                            probe=memo is not None and memo.dense, overhead=overhead)
+                            probe=probe, overhead=overhead)
     choice = chosen.encoding
     params = dict(choice.encoded.params)
     base_id = choice.base.chunk_id if choice.base is not None else None

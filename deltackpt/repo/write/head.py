@@ -60,9 +60,9 @@ class HeadChoice:
 def encode_changed(raw: bytes | memoryview, ctx: ChunkContext, base: BaseChunk | None, max_bytes: int, *, prefer: int | None = None,
                    probe: bool = False, overhead: int = 0) -> HeadChoice:
     """A forward delta of ``raw`` against ``base`` whose stored size (payload + ``overhead``) fits
-    ``max_bytes``, else ``raw`` as a keyframe.  ``probe``: the last change at this position did
-    not fit, so a 64 KiB sample is compared first and a dense change costs one keyframe encode,
-    not a delta encode as well."""
+    ``max_bytes``, else ``raw`` as a keyframe.  ``probe``: the last change at this position was
+    not a delta (it did not fit, or it is unknown), so a 64 KiB sample is compared first and a
+    dense change costs one keyframe encode, not a delta encode as well."""
     if base is not None and max_bytes > overhead and len(base.data) == len(raw):
         if probe:
             frac = sample_delta_fraction(raw, ctx, base, prefer)
