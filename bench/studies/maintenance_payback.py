@@ -9,8 +9,11 @@ is the rule that decides: a rewrite is done only where the stored bytes it saves
 
 For each workload and payback value (plus ``off``: no maintenance at all) this saves every version
 through one handle with deltification on, and measures per save, maintenance included: bytes
-handed to ``write()`` (``/proc/self/io`` wchar) and CPU seconds, as ratios to ``torch.save`` +
-fsync of the same state measured in the same run; then the repository's stored bytes per version,
+handed to ``write()`` (``/proc/self/io`` wchar) and CPU seconds (user and system apart), as ratios
+to ``torch.save`` + fsync of the same state, measured right before each save into a file kept until
+the run ends (both sides keep every version and see the same page cache: on this VM the kernel's
+CPU for the same written bytes varies ~10x with the state of free memory, so an anchor measured
+apart from the saves is no anchor); then the repository's stored bytes per version,
 and a live rollback by one version (the model holds the newest version; bytes the restore reads).
 
     python -m bench maintenance_payback                   # MiniLM full and frozen, recsys, GPT-2 small
@@ -27,13 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
-import time
 from typing import Any
 
 import torch
 
-from bench.common.measure import digests, same
+from bench.common.measure import digests, measured, same
 from bench.common.record import record
 from bench.common.scratch import scratch
 from bench.common.systems import folder_bytes, torch_save_file
@@ -55,50 +58,28 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--chart", action="store_true", help="draw bench/charts/maintenance_payback.png")
 
 
-def _wchar() -> int:
-    with open("/proc/self/io") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
-
-
-def _cpu() -> float:
-    """This process's CPU (every thread, nanosecond clock) plus its reaped children's."""
-    t = os.times()
-    return time.process_time() + t.children_user + t.children_system
-
-
-def _measured(fn) -> tuple[Any, float, float, int]:
-    w0, c0, t0 = _wchar(), _cpu(), time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0, _cpu() - c0, _wchar() - w0
-
-
-def _anchor(states: list[dict], work: str, repeats: int = 3) -> list[dict[str, float]]:
-    """torch.save + fsync of each state: its bytes, and the median CPU and wall of ``repeats``
-    saves (one save's CPU varies 3x here with the state of the page cache)."""
-    out = []
-    for i, s in enumerate(states):
-        path = os.path.join(work, f"anchor-{i}.pt")
-        runs = []
-        for _ in range(repeats):
-            runs.append(_measured(lambda: torch_save_file(s, path, fsync=True)))
-            size = os.path.getsize(path)
-            os.remove(path)
-        out.append({"bytes": size, "cpu": statistics.median(r[2] for r in runs),
-                    "wall": statistics.median(r[1] for r in runs), "written": runs[0][3]})
-    return out
-
-
-def _one(states: list[dict], live: dict | None, payback: str, path: str) -> dict[str, Any]:
+def _one(states: list[dict], live: dict | None, payback: str, path: str, anchors: str) -> dict[str, Any]:
+    """Every state saved through one handle, each right after its anchor: ``torch.save`` + fsync of
+    the same state to a file of its own in ``anchors``, kept until the run ends (every version kept,
+    on both sides), so that both see the same page cache and the same free memory."""
     import deltackpt
     deltify = payback != "off"
     per: list[dict[str, float]] = []
-    with deltackpt.Repo(path, create=True, deltify=deltify, **({"payback": float(payback)} if deltify else {})) as repo:
-        for i, s in enumerate(states):
-            v, wall, cpu, written = _measured(lambda: repo.save(s, step=i))
-            m = repo.session.last_maintenance   # the step this save ran after it committed
-            per.append({"save_written": v.written_bytes, "written": written, "cpu": cpu, "wall": wall,
-                        "maintenance_written": getattr(m, "written_bytes", 0), "maintenance_s": getattr(m, "seconds", 0.0)})
-        stored = folder_bytes(path)
+    anchor: list[dict[str, float]] = []
+    os.makedirs(anchors)
+    try:
+        with deltackpt.Repo(path, create=True, deltify=deltify, **({"payback": float(payback)} if deltify else {})) as repo:
+            for i, s in enumerate(states):
+                f = os.path.join(anchors, f"v{i}.pt")
+                _, a = measured(lambda: torch_save_file(s, f, fsync=True))
+                anchor.append({**a, "bytes": os.path.getsize(f)})
+                v, c = measured(lambda: repo.save(s, step=i))
+                m = repo.session.last_maintenance   # the step this save ran after it committed
+                per.append({**c, "save_written": v.written_bytes,
+                            "maintenance_written": getattr(m, "written_bytes", 0), "maintenance_s": getattr(m, "seconds", 0.0)})
+    finally:
+        shutil.rmtree(anchors)
+    stored = folder_bytes(path)
     rollback = None
     if live is not None and len(states) > 1:
         from bench.studies.compare_rollback import live_rollback
@@ -109,20 +90,28 @@ def _one(states: list[dict], live: dict | None, payback: str, path: str) -> dict
     with deltackpt.Repo(path) as repo:
         for k in range(len(states)):
             ok = ok and same(digests(states[len(states) - 1 - k]), repo.load(f"latest~{k}"))
-    return {"per_save": per, "stored": stored, "rollback": rollback, "ok": ok}
+    return {"per_save": per, "anchor": anchor, "stored": stored, "rollback": rollback, "ok": ok}
 
 
-def _summary(res: dict[str, Any], anchor: list[dict[str, float]]) -> dict[str, float]:
+def _summary(res: dict[str, Any]) -> dict[str, float]:
+    """Ratios over the later saves (the first writes every chunk): bytes per save as the median of
+    per-save ratios; CPU as the ratio of the sums (one save's system time swings too much)."""
+    per, anchor = res["per_save"], res["anchor"]
     later = range(1, len(anchor))
     ts_bytes = statistics.median(anchor[i]["bytes"] for i in later)
-    ts_cpu = statistics.median(anchor[i]["cpu"] for i in later)
-    per = res["per_save"]
+
+    def ratio(key: str) -> float:
+        return sum(per[i][key] for i in later) / max(sum(anchor[i][key] for i in later), 1e-4)
     out = {"written_per_save": statistics.median(per[i]["written"] / anchor[i]["bytes"] for i in later),
            "written_last_save": per[-1]["written"] / anchor[-1]["bytes"],
            "maintenance_written": sum(p["maintenance_written"] for p in per) / ts_bytes / max(1, len(per) - 1),
-           "cpu_per_save": statistics.median(per[i]["cpu"] / max(anchor[i]["cpu"], 1e-4) for i in later),
+           "cpu_per_save": ratio("cpu"), "user_per_save": ratio("user"), "sys_per_save": ratio("sys"),
+           "cpu_s": statistics.median(per[i]["cpu"] for i in later),
+           "user_s": statistics.median(per[i]["user"] for i in later),
            "stored_per_version": res["stored"] / ts_bytes / len(per),
-           "torch_save_bytes": ts_bytes, "torch_save_cpu": ts_cpu}
+           "torch_save_bytes": ts_bytes,
+           "torch_save_cpu_s": statistics.median(anchor[i]["cpu"] for i in later),
+           "torch_save_user_s": statistics.median(anchor[i]["user"] for i in later)}
     if res["rollback"] is not None:
         out["rollback_read"] = res["rollback"]["read"] / ts_bytes
     return out
@@ -149,13 +138,12 @@ def run(args: argparse.Namespace) -> int:
             w = by_name[name]
             live: dict = {}
             states = list(w.make(live=live))
-            anchor = _anchor(states, work)
-            results[name] = {"versions": len(states), "anchor": anchor, "paybacks": {}}
+            results[name] = {"versions": len(states), "paybacks": {}}
             for p in paybacks:
                 if live:   # the live model holds the newest version again before each rollback measure
                     pass
-                res = _one(states, live or None, p, os.path.join(work, f"{name}-{p}"))
-                results[name]["paybacks"][p] = {**res, "summary": _summary(res, anchor)}
+                res = _one(states, live or None, p, os.path.join(work, f"{name}-{p}"), os.path.join(work, f"anchor-{name}-{p}"))
+                results[name]["paybacks"][p] = {**res, "summary": _summary(res)}
                 s = results[name]["paybacks"][p]["summary"]
                 print(json.dumps({"workload": name, "payback": p, "ok": res["ok"],
                                   **{k: round(v, 4) for k, v in s.items() if isinstance(v, float)}}), flush=True)
@@ -170,15 +158,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _table(results: dict[str, Any]) -> None:
-    print("\n| workload | payback | written / save (maintenance incl.) | maintenance written / save | CPU / save vs torch.save+fsync "
+    print("\n| workload | payback | written / save (maintenance incl.) | maintenance written / save "
+          "| CPU / save vs torch.save+fsync (user, system) | CPU s / save (torch.save) "
           "| stored / version | live rollback by one: read |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         for p, pr in r["paybacks"].items():
             s = pr["summary"]
             rb = f"{s['rollback_read']:.3f}" if "rollback_read" in s else "-"
             print(f"| {name} | {p} | {s['written_per_save']:.3f} (last {s['written_last_save']:.3f}) | "
-                  f"{s['maintenance_written']:.3f} | {s['cpu_per_save']:.2f}x | {s['stored_per_version']:.3f} | {rb} |")
+                  f"{s['maintenance_written']:.3f} | {s['cpu_per_save']:.2f}x ({s['user_per_save']:.2f}x, "
+                  f"{s['sys_per_save']:.2f}x) | {s['cpu_s']:.2f} ({s['torch_save_cpu_s']:.2f}) | "
+                  f"{s['stored_per_version']:.3f} | {rb} |")
 
 
 def _chart(results: dict[str, Any], out: str) -> None:
