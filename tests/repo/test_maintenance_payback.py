@@ -216,3 +216,30 @@ def test_a_handle_keeps_a_tenth_of_the_state_and_no_decoded_chunk_after_a_call(t
             table[idx] += 0.01 * torch.randn(400, 64, generator=g)
             v = repo.save({"emb": table}, step=step)
         assert repo.session.delta_cache.used_bytes > 0.5 * v.logical_bytes
+
+
+def test_a_save_plans_its_maintenance_without_going_over_the_whole_history_again(tmp_path, monkeypatch):
+    """The step after each save plans over every kept version; it decoded every version's
+    positions and, for each old chunk, walked every newer version: a save's CPU grew with the
+    square of the history (a 4 MB state at 300 versions: 4 s of planning per save).  Now a handle
+    decodes each version's positions once, and a candidate carries at most 2K + 2 successors (the
+    bases a reverse delta may use: of those, one is a keyframe not built on it)."""
+    from deltackpt.repo.write import deltify_plan
+    decoded = {"n": 0}
+    real = deltify_plan._positions
+
+    def counted(repo, vid):
+        decoded["n"] += 1
+        return real(repo, vid)
+    monkeypatch.setattr(deltify_plan, "_positions", counted)
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(4096, 64, generator=g)
+    saves = 30
+    with deltackpt.Repo(str(tmp_path / "r"), create=True, deltify=True) as repo:
+        for step in range(saves):
+            table[torch.randint(0, 4096, (20,), generator=g)] += 0.01   # sparse: every period is a candidate
+            repo.save({"emb": table}, step=step)
+        k = repo.session.settings.keyframe_interval
+        assert decoded["n"] <= saves, decoded   # each version once (it was once per save per version)
+        candidates, _head = deltify_plan.plan(repo.session.repo, 1)
+    assert candidates and max(len(c.successors) for c in candidates) <= 2 * k + 2

@@ -131,10 +131,11 @@ def _round_locked(session: WriteSession, lag: int, max_bytes: int | None, stop: 
     undo = report.chunks, report.keyframe_bytes, dict(report.encodings)
     # the save's dense hint says a delta was above HEAD_DELTA_BUDGET of the keyframe: skip those
     # when no delta that large would be kept anyway
-    candidates, head = plan(repo, max(1, lag), skip_dense=session.keep_whole_above <= HEAD_DELTA_BUDGET)
-    ledger = PackLedger(repo)
     memo = session.deltify_memo if isinstance(session.deltify_memo, _Memo) else _Memo()
     session.deltify_memo = memo
+    candidates, head = plan(repo, max(1, lag), skip_dense=session.keep_whole_above <= HEAD_DELTA_BUDGET,
+                            positions=memo.positions)
+    ledger = PackLedger(repo)
     hopeful = memo.measured_unpaid(candidates, session.keep_whole_above)
     report.skipped += len(candidates) - len(hopeful)
     periods = group_periods(worth_it(repo, hopeful, ledger))
@@ -266,6 +267,9 @@ class _Memo:
     # there]: a position whose last measured period did not pay back is skipped without decoding or
     # encoding anything (in a dense fine-tune most positions, every save)
     unpaid: dict[tuple, list[float]] = field(default_factory=dict)
+    # version id -> its chunks by position (deltify_plan.positions_of): a manifest never changes,
+    # and decoding every version's positions at each save grew a save's cost with the history
+    positions: dict = field(default_factory=dict)
 
     def measured_unpaid(self, candidates: list[Candidate], keep_if_above: float) -> list[Candidate]:
         """``candidates`` less those at a position whose last measured period did not pay back at

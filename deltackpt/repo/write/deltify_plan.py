@@ -52,18 +52,31 @@ def _positions(repo: Repository, vid: str) -> tuple[dict[tuple, tuple[bytes, int
     return out, dense
 
 
-def plan(repo: Repository, lag: int, *, skip_dense: bool = True) -> tuple[list[Candidate], set[bytes]]:
+def plan(repo: Repository, lag: int, *, skip_dense: bool = True,
+         positions: dict | None = None) -> tuple[list[Candidate], set[bytes]]:
     """Every chunk of the versions older than the ``lag`` newest that is a keyframe or a forward
     delta of the chunk before it at its position, newest version first, with the chunks at its
     position in newer versions; and the chunks the newest versions' chains need (untouched).
     ``skip_dense``: leave out a chunk whose next change its writer found too dense for a delta
-    (right when a rewrite must pay back at least as much as a forward delta's budget)."""
+    (right when a rewrite must pay back at least as much as a forward delta's budget).
+    ``positions``: each version's positions kept from earlier plans by version id (updated here;
+    versions no longer in the history are dropped from it)."""
     history = repo.history_order()  # newest first; past a removed ancestor, by time
     if len(history) <= lag:
         return [], set()
-    positions = [_positions(repo, v) for v in history]
-    by_version = [p for p, _ in positions]
-    dense_in = [d for _, d in positions]
+    known = {} if positions is None else positions
+    for gone in set(known) - set(history):
+        del known[gone]
+    for v in history:
+        if v not in known:
+            known[v] = _positions(repo, v)
+    by_version = [known[v][0] for v in history]
+    dense_in = [known[v][1] for v in history]
+    # a reverse delta's base is the nearest successor that does not decode through the candidate
+    # and keeps chains within K: of the nearest 2K + 2, at least one is a keyframe not built on it
+    # (a writer ends every chain within K), so looking further only costs a pass over all newer
+    # versions per chunk, which made this plan quadratic in the history's length
+    max_succ = 2 * repo.config.keyframe_interval + 2
     head_direct = {c[0] for pos in by_version[:lag] for c in pos.values()}
     head = repo.index.chunk_closure(c for c in head_direct if repo.index.has_chunk(c))
     res = repo.index.resolution
@@ -78,15 +91,16 @@ def plan(repo: Repository, lag: int, *, skip_dense: bool = True) -> tuple[list[C
             if depth is None or not raw_len:
                 continue  # unreadable: verify reports it, nothing to gain here
             succ: list[bytes] = []
-            dense_next = False
             for j in range(i - 1, -1, -1):
                 nxt = by_version[j].get(key)
                 if nxt is not None and nxt[0] != cid and nxt[1] == raw_len and nxt[0] not in succ:
-                    if not succ:
-                        dense_next = key in dense_in[j]
+                    if not succ and skip_dense and key in dense_in[j]:
+                        break   # the change after it was too dense for a delta: never worth rewriting
                     succ.append(nxt[0])
-            if not succ or (dense_next and skip_dense):
-                continue   # nothing newer, or a change no delta shrinks enough: never worth rewriting
+                    if len(succ) >= max_succ:
+                        break
+            if not succ:
+                continue   # nothing newer, or a change no delta shrinks enough
             bases = {e.base for _pid, e in repo.index.entries_for(cid)}
             if depth == 0:
                 if bases - {None}:
