@@ -31,6 +31,7 @@ STUDIES: dict[str, str] = {
     "first_save_stall": "bench.studies.first_save_stall",
     "save_cpu": "bench.studies.save_cpu",
     "maintenance_payback": "bench.studies.maintenance_payback",
+    "history_growth": "bench.studies.history_growth",
     "handle_hygiene": "bench.studies.handle_hygiene",
     "load_speed": "bench.studies.load_speed",
     "guard_recovery": "bench.studies.guard_recovery",
