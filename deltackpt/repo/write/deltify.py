@@ -134,7 +134,7 @@ def _round_locked(session: WriteSession, lag: int, max_bytes: int | None, stop: 
     memo = session.deltify_memo if isinstance(session.deltify_memo, _Memo) else _Memo()
     session.deltify_memo = memo
     candidates, head = plan(repo, max(1, lag), skip_dense=session.keep_whole_above <= HEAD_DELTA_BUDGET,
-                            positions=memo.positions)
+                            positions=memo.positions, settled=memo.settled)
     ledger = PackLedger(repo)
     hopeful = memo.measured_unpaid(candidates, session.keep_whole_above)
     report.skipped += len(candidates) - len(hopeful)
@@ -270,6 +270,7 @@ class _Memo:
     # version id -> its chunks by position (deltify_plan.positions_of): a manifest never changes,
     # and decoding every version's positions at each save grew a save's cost with the history
     positions: dict = field(default_factory=dict)
+    settled: set[bytes] = field(default_factory=set)   # chunks a plan found never worth rewriting
 
     def measured_unpaid(self, candidates: list[Candidate], keep_if_above: float) -> list[Candidate]:
         """``candidates`` less those at a position whose last measured period did not pay back at
