@@ -243,3 +243,41 @@ def test_a_save_plans_its_maintenance_without_going_over_the_whole_history_again
         assert decoded["n"] <= saves, decoded   # each version once (it was once per save per version)
         candidates, _head = deltify_plan.plan(repo.session.repo, 1)
     assert candidates and max(len(c.successors) for c in candidates) <= 2 * k + 2
+
+
+def test_what_a_handle_remembers_between_plans_never_changes_what_a_plan_finds(tmp_path):
+    """The positions and the chunks a handle remembers as settled (followed by a dense change)
+    from one step's plan to the next give the candidates a plan from scratch gives, after every
+    save and after gc, in two runs of tables stored whole again (a value that comes back):
+
+    * ``a`` changes densely, comes back to its first value, then takes the dense value again,
+      stored whole: its first value is settled where it was first saved, not where it came back;
+    * ``b`` changes densely, then takes the value ``t`` holds: once gc drops the dense version,
+      what follows ``b``'s first value is no dense change, and it is a candidate again."""
+    from deltackpt.repo.write import deltify_plan
+    g = torch.Generator().manual_seed(0)
+    x, y, t = (torch.randn(4096, 64, generator=g) for _ in range(3))
+    a = {0: x, 1: y, 2: x, 3: y}
+    b = {0: x + 1, 1: y + 1, 2: t}
+
+    def ids(cands):
+        return sorted((c.chunk_id, c.successors, c.forward_of) for c in cands)
+    found = []
+    with deltackpt.Repo(str(tmp_path / "r"), create=True, deltify=True) as repo:
+        def both() -> None:
+            memo = repo.session.deltify_memo
+            kept, _ = deltify_plan.plan(repo.session.repo, 1, positions=memo.positions, settled=memo.settled)
+            fresh, _ = deltify_plan.plan(repo.session.repo, 1)
+            assert ids(kept) == ids(fresh)
+            found.append({c.chunk_id for c in fresh})
+        ta, tb = x.clone(), (x + 1).clone()
+        for step in range(6):
+            ta = a[step].clone() if step in a else ta + 0.01 * (torch.rand(4096, 1, generator=g) < 0.005)
+            tb = b[step].clone() if step in b else tb + 0.01 * (torch.rand(4096, 1, generator=g) < 0.005)
+            repo.save({"a": ta, "b": tb, "t": t}, step=step)
+            both()
+        assert repo.session.deltify_memo.settled   # the first values, followed by dense changes
+        repo.gc(keep_every=2, grace_seconds=0)   # drops the odd steps but the newest
+        assert [v.step for v in repo.log()] == [5, 4, 2, 0]
+        both()
+    assert found[-1], found   # something is a candidate after gc: b's first value

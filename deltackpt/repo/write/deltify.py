@@ -270,7 +270,7 @@ class _Memo:
     # version id -> its chunks by position (deltify_plan.positions_of): a manifest never changes,
     # and decoding every version's positions at each save grew a save's cost with the history
     positions: dict = field(default_factory=dict)
-    settled: set[bytes] = field(default_factory=set)   # chunks a plan found never worth rewriting
+    settled: dict[bytes, str] = field(default_factory=dict)   # deltify_plan.plan's settled chunks
 
     def measured_unpaid(self, candidates: list[Candidate], keep_if_above: float) -> list[Candidate]:
         """``candidates`` less those at a position whose last measured period did not pay back at

@@ -53,22 +53,22 @@ def _positions(repo: Repository, vid: str) -> tuple[dict[tuple, tuple[bytes, int
 
 
 def plan(repo: Repository, lag: int, *, skip_dense: bool = True, positions: dict | None = None,
-         settled: set[bytes] | None = None) -> tuple[list[Candidate], set[bytes]]:
+         settled: dict[bytes, str] | None = None) -> tuple[list[Candidate], set[bytes]]:
     """Every chunk of the versions older than the ``lag`` newest that is a keyframe or a forward
     delta of the chunk before it at its position, newest version first, with the chunks at its
     position in newer versions; and the chunks the newest versions' chains need (untouched).
     ``skip_dense``: leave out a chunk whose next change its writer found too dense for a delta
     (right when a rewrite must pay back at least as much as a forward delta's budget).
     ``positions``: each version's positions kept from earlier plans by version id (updated here;
-    versions no longer in the history are dropped from it).  ``settled``: chunks earlier plans
-    found never worth rewriting whatever newer versions come (re-stored before, or followed by a
-    dense change), skipped without a look (updated here; emptied when a version is gone, since
-    that changes what follows a chunk)."""
+    versions no longer in the history are dropped from it).  ``settled``: chunk -> the version
+    whose copy of it earlier plans found followed by a dense change (never worth rewriting,
+    whatever newer versions come), skipped without a look while that version is still the newest
+    holding it (updated here; emptied when a version is gone, which changes what follows a chunk)."""
     history = repo.history_order()  # newest first; past a removed ancestor, by time
     if len(history) <= lag:
         return [], set()
     known = {} if positions is None else positions
-    final: set[bytes] = set() if settled is None or not skip_dense else settled
+    final: dict[bytes, str] = {} if settled is None or not skip_dense else settled
     for gone in set(known) - set(history):
         del known[gone]
         final.clear()
@@ -89,7 +89,7 @@ def plan(repo: Repository, lag: int, *, skip_dense: bool = True, positions: dict
     out: list[Candidate] = []
     for i in range(lag, len(by_version)):
         for key, (cid, raw_len, itemsize, row, dtype) in by_version[i].items():
-            if cid in seen or cid in final:
+            if cid in seen or final.get(cid) == history[i]:
                 continue
             seen.add(cid)
             depth = res.depth.get(cid)
@@ -100,7 +100,7 @@ def plan(repo: Repository, lag: int, *, skip_dense: bool = True, positions: dict
                 nxt = by_version[j].get(key)
                 if nxt is not None and nxt[0] != cid and nxt[1] == raw_len and nxt[0] not in succ:
                     if not succ and skip_dense and key in dense_in[j]:
-                        final.add(cid)
+                        final[cid] = history[i]
                         break   # the change after it was too dense for a delta: never worth rewriting
                     succ.append(nxt[0])
                     if len(succ) >= max_succ:
@@ -110,7 +110,6 @@ def plan(repo: Repository, lag: int, *, skip_dense: bool = True, positions: dict
             bases = {e.base for _pid, e in repo.index.entries_for(cid)}
             if depth == 0:
                 if bases - {None}:
-                    final.add(cid)
                     continue  # deltified before; its keyframe stays only inside a pack kept for others
                 out.append(Candidate(cid, raw_len, itemsize, row, dtype, tuple(succ), position=key))
                 continue
