@@ -132,6 +132,21 @@ def drain_background() -> None:
             pass
 
 
+@pytest.fixture
+def inject(monkeypatch):
+    """``inject(spec)`` arms the project's fault hook in this process with ``spec`` (what
+    DELTACKPT_FAULT arms in a child: ``site:nth:action``, deltackpt/faults.py); at teardown, what a
+    failed background save left uncollected is drained."""
+    from deltackpt import faults
+
+    def arm(spec: str) -> None:
+        monkeypatch.setattr(faults, "_SPEC", spec)
+        monkeypatch.setattr(faults, "ACTIVE", True)
+        monkeypatch.setattr(faults, "_counts", {})
+    yield arm
+    drain_background()
+
+
 def run_cli(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the real ``deltackpt`` command in a subprocess."""
     proc = subprocess.run([sys.executable, "-m", "deltackpt.cli.main", *args], capture_output=True, text=True,

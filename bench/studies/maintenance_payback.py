@@ -34,8 +34,6 @@ import shutil
 import statistics
 from typing import Any
 
-import torch
-
 from bench.common.measure import digests, measured, same
 from bench.common.record import record
 from bench.common.scratch import scratch

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import deltackpt
-from deltackpt import faults
 from deltackpt.errors import CorruptObjectError, StoreError
 from deltackpt.repo.layout import pack_key
 from deltackpt.repo.read.stream import Span, SpanStream
@@ -42,16 +41,6 @@ class _Recording(WrappingStore):
         with self.lock:
             self.events.append(("hint", key, start, length))
         self.inner.prefetch(key, start, length)
-
-
-@pytest.fixture
-def inject(monkeypatch):
-    """Arm the project's fault hook in this process (the same hook DELTACKPT_FAULT arms)."""
-    def arm(spec: str) -> None:
-        monkeypatch.setattr(faults, "_SPEC", spec)
-        monkeypatch.setattr(faults, "ACTIVE", True)
-        monkeypatch.setattr(faults, "_counts", {})
-    return arm
 
 
 def _state(tensors: int, numel: int) -> dict[str, torch.Tensor]:

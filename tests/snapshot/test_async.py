@@ -8,28 +8,12 @@ import pytest
 import torch
 
 import deltackpt
-from deltackpt import faults
-from deltackpt.snapshot import at_exit, runtime, staging
+from deltackpt.snapshot import runtime, staging
 
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
-
-
-@pytest.fixture
-def inject(monkeypatch):
-    """Arm the project's fault hook in this process (the same hook DELTACKPT_FAULT arms)."""
-    def arm(spec: str) -> None:
-        monkeypatch.setattr(faults, "_SPEC", spec)
-        monkeypatch.setattr(faults, "ACTIVE", True)
-        monkeypatch.setattr(faults, "_counts", {})
-    yield arm
-    for r in at_exit.runtimes():   # collect what a failed background save left for the next save
-        try:
-            r.drain()
-        except BaseException:  # noqa: BLE001 - the test asserted it already
-            pass
 
 
 def test_returns_before_commit_and_saves_the_snapshot(repo_path):

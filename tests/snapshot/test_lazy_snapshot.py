@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import deltackpt
-from tests.conftest import drain_background
 from deltackpt import faults
 from deltackpt.training import Checkpointer, training_state
 from tests.strategies import assert_bit_identical, clone_state
@@ -22,14 +21,11 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 
 @pytest.fixture
-def slow_copy(monkeypatch):
-    """Make the Nth lazy copy sleep before copying (the same hook DELTACKPT_FAULT arms)."""
+def slow_copy(inject):
+    """Make the Nth lazy copy sleep before copying."""
     def arm(seconds: float = 0.5, nth: int = 1) -> None:
-        monkeypatch.setattr(faults, "_SPEC", f"snapshot.lazy_copy:{nth}:sleep{seconds}")
-        monkeypatch.setattr(faults, "ACTIVE", True)
-        monkeypatch.setattr(faults, "_counts", {})
-    yield arm
-    drain_background()
+        inject(f"snapshot.lazy_copy:{nth}:sleep{seconds}")
+    return arm
 
 
 class _Net(torch.nn.Module):
@@ -248,12 +244,10 @@ def test_lazy_save_through_the_encoder_process(repo_path, slow_copy, monkeypatch
         assert repo.runtime.staging._segments   # staged into a shared segment, pooled again
 
 
-def test_a_failed_lazy_copy_fails_the_save_not_the_training_step(repo_path, monkeypatch):
+def test_a_failed_lazy_copy_fails_the_save_not_the_training_step(repo_path, inject):
     """An error in the lazy copy (injected EIO) is raised by handle.wait() and commits nothing;
     optimizer.step() itself goes on, and the next save works."""
-    monkeypatch.setattr(faults, "_SPEC", "snapshot.lazy_copy:1:eio")
-    monkeypatch.setattr(faults, "ACTIVE", True)
-    monkeypatch.setattr(faults, "_counts", {})
+    inject("snapshot.lazy_copy:1:eio")
     model, (opt,), _, one_step = _setup("adamw")
     one_step()
     deltackpt.save(model.state_dict(), repo_path, step=0)

@@ -7,10 +7,8 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 import deltackpt
-from deltackpt import faults
 from deltackpt.errors import DivergenceError, InvalidArgumentError
 from deltackpt.repo.maintain import events
 from deltackpt.training import Guard, Ratio, Spike, rng, targets
@@ -201,12 +199,10 @@ def test_retention_keeps_the_target_while_the_run_lives(repo_path):
     assert rb.version.id not in {v.id for v in deltackpt.Repo(repo_path).log()}
 
 
-def test_rollback_while_a_background_save_is_pending(repo_path, monkeypatch):
+def test_rollback_while_a_background_save_is_pending(repo_path, inject):
     """blocking=False: the save of step 30 (its manifest write held up 1.5 s) is still running when
     step 33's NaN fires; the guard lets it commit, judges it with the others and takes it."""
-    monkeypatch.setattr(faults, "_SPEC", "manifest.write:10:sleep1.5")   # the 10th save: step 30
-    monkeypatch.setattr(faults, "ACTIVE", True)
-    monkeypatch.setattr(faults, "_counts", {})
+    inject("manifest.write:10:sleep1.5")   # the 10th save: step 30
     run = make_run(repo_path, ckpt={"blocking": False}, every=3)
     pending = []
     nan = _nan_once(NAN_AT)
