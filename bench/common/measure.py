@@ -76,9 +76,11 @@ def timed_cpu(fn, *a):
     return time.perf_counter() - t0, cpu_seconds() - c0, r
 
 
-def _wchar() -> int:
+def proc_io(field: str) -> int:
+    """One counter of this process's /proc/self/io (``"wchar"``: bytes handed to ``write()``,
+    ``"rchar"``: bytes got from ``read()``, page cache hits included)."""
     with open("/proc/self/io") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
 def measured(fn):
@@ -92,11 +94,11 @@ def measured(fn):
     def usage() -> tuple[float, float]:
         a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return a.ru_utime + b.ru_utime, a.ru_stime + b.ru_stime
-    (u0, s0), w0, t0 = usage(), _wchar(), time.perf_counter()
+    (u0, s0), w0, t0 = usage(), proc_io("wchar"), time.perf_counter()
     out = fn()
     wall = time.perf_counter() - t0
     u1, s1 = usage()
-    return out, {"wall": wall, "user": u1 - u0, "sys": s1 - s0, "cpu": (u1 - u0) + (s1 - s0), "written": _wchar() - w0}
+    return out, {"wall": wall, "user": u1 - u0, "sys": s1 - s0, "cpu": (u1 - u0) + (s1 - s0), "written": proc_io("wchar") - w0}
 
 
 def tensor_bytes(state) -> int:

@@ -33,6 +33,7 @@ import textwrap
 import threading
 import time
 
+from bench.common.measure import proc_io
 from bench.common.memory import settled_rss
 from bench.common.record import record
 from bench.common.scratch import scratch
@@ -100,11 +101,6 @@ def _script_that_ends(work: str) -> dict:
     return {"rc": p.returncode, "threads_at_end": line[len("THREADS "):], "came_back": os.path.exists(folder)}
 
 
-def _io(field: str) -> int:
-    with open("/proc/self/io") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-
-
 def _memory(job_name: str, quick: bool, work: str, budget: int | None) -> dict:
     """Resident memory above the live state after saves of a real job through one Repo (with
     ``delta_cache_bytes=budget``, None: the default), and what its later saves cost: CPU seconds
@@ -131,10 +127,10 @@ def _memory(job_name: str, quick: bool, work: str, budget: int | None) -> dict:
         out["after_first_blocking_save"] = above(base)
         for step in range(1, 4):
             job.step()
-            c0, r0 = _time.process_time(), _io("rchar")
+            c0, r0 = _time.process_time(), proc_io("rchar")
             repo.save(job.state(), step=step)
             cpu.append(_time.process_time() - c0)
-            read.append(_io("rchar") - r0)
+            read.append(proc_io("rchar") - r0)
         out["after_blocking_save"] = above(base)
         out["held_by_delta_cache"] = repo.session.delta_cache.used_bytes / state_bytes
         job.step()

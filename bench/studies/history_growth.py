@@ -23,12 +23,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 from typing import Any
 
 import torch
 
-from bench.common.measure import digests, same
+from bench.common.measure import digests, same, timed_cpu
 from bench.common.record import record
 from bench.common.scratch import scratch
 
@@ -71,9 +70,8 @@ def _run(make, versions: int, path: str) -> dict[str, Any]:
     with deltackpt.Repo(path, create=True) as repo:
         for v in range(versions):
             state = step()
-            c0 = time.process_time()
-            repo.save(state, step=v)
-            cpu.append(time.process_time() - c0)
+            _wall, c, _v = timed_cpu(lambda: repo.save(state, step=v))
+            cpu.append(c)
             m = repo.session.last_maintenance
             maint.append(getattr(m, "seconds", 0.0))
         ok = same(digests(state), repo.load())

@@ -267,9 +267,10 @@ class _Memo:
     # there]: a position whose last measured period did not pay back is skipped without decoding or
     # encoding anything (in a dense fine-tune most positions, every save)
     unpaid: dict[tuple, list[float]] = field(default_factory=dict)
-    # version id -> its chunks by position (deltify_plan.positions_of): a manifest never changes,
-    # and decoding every version's positions at each save grew a save's cost with the history
-    positions: dict = field(default_factory=dict)
+    # version id -> its chunks by position and its dense positions (deltify_plan._positions): a
+    # manifest never changes, and decoding every version's positions at each save grew a save's
+    # cost with the history
+    positions: dict[str, tuple[dict, set]] = field(default_factory=dict)
     settled: dict[bytes, str] = field(default_factory=dict)   # deltify_plan.plan's settled chunks
 
     def measured_unpaid(self, candidates: list[Candidate], keep_if_above: float) -> list[Candidate]:
