@@ -136,22 +136,40 @@ def _encode_lossy(raw: bytes | memoryview, ctx: ChunkContext, mode: str, base: B
     return lossy
 
 
-def sample_delta_fraction(raw: bytes | memoryview, ctx: ChunkContext, base: BaseChunk, prefer: int | None = None) -> float | None:
-    """About how large a delta of ``raw`` against ``base`` is, as a fraction of ``len(raw)``,
-    judged on a sample (64 KiB, or a quarter of a smaller chunk) with the dense codec that won
-    here last time, else xor-delta; None for a chunk too small to sample (under 4 KiB).  Cheap
-    enough to ask before every delta encode of a position whose last change was dense; a sparse
-    change comes out small (unchanged rows XOR to zeros)."""
-    if len(raw) < SAMPLE_MIN:
+def probe_slice(n: int, ctx: ChunkContext, size: int = _SAMPLE) -> slice | None:
+    """Where :func:`sample_delta_fraction` looks in a chunk of ``n`` bytes: ``size`` bytes (64 KiB)
+    from its middle, or a quarter of a smaller chunk, on row boundaries; None for a chunk under
+    ``SAMPLE_MIN``."""
+    if n < SAMPLE_MIN:
         return None
-    align = max(ctx.row_bytes if ctx.row_bytes and ctx.row_bytes <= _SAMPLE else 1, 16)
-    if len(raw) > 2 * _SAMPLE:
-        s = _sample(raw, align)
+    align = max(ctx.row_bytes if ctx.row_bytes and ctx.row_bytes <= size else 1, 16)
+    if n > 2 * size:
+        start = (n // 2 // align) * align
+        return slice(start, start + (size // align) * align)
+    start = (n // 2 // align) * align
+    return slice(start, min(n, start + max(align, (n // 4 // align) * align)))
+
+
+def sample_delta_fraction(raw: bytes | memoryview, ctx: ChunkContext, base: BaseChunk | None, prefer: int | None = None,
+                          *, base_sample: bytes | None = None, size: int = _SAMPLE) -> float | None:
+    """About how large a delta of ``raw`` against ``base`` is, as a fraction of ``len(raw)``,
+    judged on a sample (:func:`probe_slice` of ``size``) with the dense codec that won here last time, else
+    xor-delta; None for a chunk too small to sample (under 4 KiB).  Cheap enough to ask before
+    every delta encode of a position whose last change was dense; a sparse change comes out small
+    (unchanged rows XOR to zeros).  ``base_sample``: the base's bytes at that slice, kept from an
+    earlier save, in place of ``base`` (whose bytes then need not be at hand)."""
+    s = probe_slice(len(raw), ctx, size)
+    if s is None:
+        return None
+    if base_sample is not None:
+        old: bytes | memoryview = base_sample
     else:
-        start = (len(raw) // 2 // align) * align
-        s = slice(start, min(len(raw), start + max(align, (len(raw) // 4 // align) * align)))
+        assert base is not None
+        old = base.data[s]
+    if len(old) != s.stop - s.start:
+        return None
     codec = get(prefer if prefer in (XOR_DELTA, SUB_DELTA, SCALED_DELTA) else XOR_DELTA)
-    enc = codec.encode(raw[s], ctx, base.data[s])
+    enc = codec.encode(raw[s], ctx, old)
     return 0.0 if enc is None else len(enc.payload) / (s.stop - s.start)
 
 

@@ -38,6 +38,8 @@ class ChunkMemo:
     dense: bool = False    # "child": the last change here was too large for a delta (try a sample first)
     lasting: bool = False  # "child": the change was so dense its keyframe will likely stay whole (head.stays_whole)
     raw_len: int = 0       # the chunk's length when ``data`` is None
+    sample: bytes | None = None  # "child", dense: the chunk's bytes at its probe slice (pipeline.probe_slice),
+                           # so the next save judges the position again without reading the chunk back
 
     @property
     def size(self) -> int:
@@ -47,7 +49,7 @@ class ChunkMemo:
     @property
     def held_bytes(self) -> int:
         """Memory this memo holds."""
-        return len(self.data) if self.data is not None else 0
+        return (len(self.data) if self.data is not None else 0) + (len(self.sample) if self.sample is not None else 0)
 
 
 class DeltaCache:
@@ -80,7 +82,7 @@ class DeltaCache:
             if old is not None:
                 self._bytes -= old.held_bytes
             if memo.held_bytes and self._bytes + memo.held_bytes > self.max_bytes:
-                memo = replace(memo, data=None, raw_len=memo.size)   # full: the base is read back if needed
+                memo = replace(memo, data=None, raw_len=memo.size, sample=None)   # full: the base is read back if needed
             self._items[key] = memo
             self._bytes += memo.held_bytes
 

@@ -50,10 +50,13 @@ def test_a_dense_fine_tune_is_never_rewritten_and_keeps_nothing_in_memory(tmp_pa
     assert all(v.written_bytes < logical for v in versions)
 
 
-def test_a_fresh_handle_reads_no_base_of_a_position_its_parent_found_dense(tmp_path):
+def test_a_fresh_handle_reads_no_base_of_a_position_its_parent_found_dense(tmp_path, monkeypatch):
     """A process that saves once per call (``deltackpt.save(state, path)``) has no bytes in memory:
     its save reads back the previous chunk only where a delta could pay.  The parent version's
-    manifest says which positions changed densely, so a dense run's later saves read nothing."""
+    manifest says which positions changed densely, so a dense run's later saves read nothing
+    (but the positions due to be judged again, none here: see the next test)."""
+    from deltackpt.repo.write import chunk_encoder
+    monkeypatch.setattr(chunk_encoder, "rejudge_due", lambda cid: False)
     from deltackpt.repo.write import saver
     from deltackpt.repo.write.session import WriteSession
     from deltackpt.torchstate.flatten import flatten
@@ -69,6 +72,78 @@ def test_a_fresh_handle_reads_no_base_of_a_position_its_parent_found_dense(tmp_p
     _vid, stats = saver.write_version(session, blobs, entries, tree)
     assert stats.bases_read == 0, stats.bases_read
     assert stats.chunks_new > 0
+
+
+def _counting_reads(repo: deltackpt.Repo) -> list[bytes]:
+    """The chunk ids ``repo``'s saves read back from the repository from now on (delta bases)."""
+    reads: list[bytes] = []
+    real = repo.core.chunks.read_chunk
+    repo.core.chunks.read_chunk = lambda cid, *a, **k: (reads.append(cid), real(cid, *a, **k))[1]
+    return reads
+
+
+def test_a_position_whose_change_turned_sparse_is_a_delta_again(tmp_path):
+    """A position whose change was too large for a delta is flagged dense and written whole without
+    reading its base.  The flag used to be for good: an Adam moment that fills up as rows are first
+    touched (a SparseAdam table's moments went 1.0 -> 0.3 of a keyframe over ten saves) was
+    written whole at every save.  Now the handle keeps a 16 KiB sample of each dense chunk and
+    judges the position again at the next save on it: while the change stays dense nothing is read
+    back, and once it turns sparse it is written as a delta again."""
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(16384, 64, generator=g)   # 4 MiB: sixteen chunks of 256 KiB
+    with deltackpt.Repo(str(tmp_path / "r"), create=True, chunk_bytes=1 << 18, deltify=False,
+                        delta_cache_bytes=1 << 30) as repo:
+        reads = _counting_reads(repo)
+        repo.save({"emb": table}, step=0)
+        for step in (1, 2):   # every element moves: dense, written whole
+            table += 0.01 * torch.randn(table.shape, generator=g)
+            reads.clear()
+            v = repo.save({"emb": table}, step=step)
+            assert v.written_bytes > 0.8 * v.logical_bytes, (step, v.written_bytes)
+        assert reads == []   # judged dense again on the samples: nothing read back
+        assert 0 < repo.session.delta_cache.used_bytes <= 16 * (16 << 10)   # the samples, and only them
+        table[::128] += 0.01 * torch.randn(table[::128].shape, generator=g)   # 8 rows of each 1024 move
+        v = repo.save({"emb": table}, step=3)
+        assert v.written_bytes < 0.1 * v.logical_bytes, v.written_bytes   # deltas (before: 0.9, whole)
+        assert len(set(reads)) == 16   # the bases those deltas are taken against
+
+
+def test_a_fresh_handle_judges_a_dense_position_again_now_and_then(tmp_path):
+    """A process that saves once per call keeps no sample: it reads back only the dense positions
+    due at this save (``head.rejudge_due``: about one in ``REJUDGE_EVERY``, picked by the stored
+    chunk's id, so any process picks the same), and writes those whose change turned sparse as
+    deltas; the others stay whole and unread."""
+    from deltackpt.codecs.pipeline import SAMPLE_MIN
+    from deltackpt.repo.write import saver
+    from deltackpt.repo.write.bases import dense_bits
+    from deltackpt.repo.write.head import rejudge_due
+    from deltackpt.repo.write.session import WriteSession
+    from deltackpt.torchstate.flatten import flatten
+    from deltackpt.torchstate.planner import plan_blobs
+    path = str(tmp_path / "r")
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(16384, 64, generator=g)   # 4 MiB: 64 chunks of 64 KiB
+    with deltackpt.Repo(path, create=True, chunk_bytes=1 << 16, deltify=False) as repo:
+        repo.save({"emb": table}, step=0)
+        table += 0.01 * torch.randn(table.shape, generator=g)
+        repo.save({"emb": table}, step=1)
+    parent = Repository(path)
+    m = parent.manifest(parent.latest())
+    refs = [c for b in m.blobs for c in b.chunks]
+    dense = dense_bits(m)
+    due = {i for i in dense if rejudge_due(refs[i].chunk_id) and refs[i].raw_len >= SAMPLE_MIN}
+    assert len(dense) == len(refs) == 64 and 0 < len(due) < 32
+    table[::128] += 0.01 * torch.randn(table[::128].shape, generator=g)   # 2 rows of each 256 move
+    tree, leaves = flatten({"emb": table})
+    blobs, entries = plan_blobs(leaves)
+    session = WriteSession(Repository(path), deltify=False)
+    vid, stats = saver.write_version(session, blobs, entries, tree, step=2)
+    assert stats.bases_read == sum(refs[i].raw_len for i in due), (stats.bases_read, len(due))
+    child = Repository(path)
+    child.index.refresh()
+    new = [c for b in child.manifest(vid).blobs for c in b.chunks]
+    as_delta = {i for i, c in enumerate(new) if child.index.entry(c.chunk_id)[1].base is not None}
+    assert as_delta == due
 
 
 def test_the_second_version_of_a_dense_run_tries_its_deltas_on_a_sample(tmp_path, monkeypatch):

@@ -9,12 +9,14 @@ and the chunk's bytes are read and decoded only when a changed chunk actually ne
 encoder thread that encodes it.
 
 Which positions are worth reading: one whose last change was too large for a delta (*dense*: a
-full fine-tune's weights and moments) would only be written whole again, so its bytes are not
-read.  A save records which positions were dense in its manifest (``extra["dense_chunks"]``, a
-bitmap over the manifest's chunks in blob order, and ``extra["whole_chunks"]``, those whose
-keyframe will likely stay whole; spec §6), so the next save, in whatever process, knows without
-reading anything.  Readers never need it: a missing or malformed bitmap
-only costs reads.
+full fine-tune's weights and moments) would most likely be written whole again, so its bytes are
+not read, but at about one save in ``head.REJUDGE_EVERY`` (by the chunk's id), when the position
+is judged again: a change that was dense need not stay so (a handle that saved keeps a small
+sample instead and judges every save).  A save records which positions were dense in its manifest
+(``extra["dense_chunks"]``, a bitmap over the manifest's chunks in blob order, and
+``extra["whole_chunks"]``, those whose keyframe will likely stay whole; spec §10), so the next
+save, in whatever process, knows without reading them.  Readers never need it: a missing or
+malformed bitmap only costs reads.
 
 Example::
 

@@ -11,14 +11,14 @@ import numpy as np
 
 from ...codecs.base import ChunkContext
 from ...codecs.floats import max_abs_err
-from ...codecs.pipeline import SAMPLE_MIN, BaseChunk, encode_chunk
+from ...codecs.pipeline import SAMPLE_MIN, BaseChunk, encode_chunk, probe_slice, sample_delta_fraction
 from ...errors import DeltackptError
 from ...format.ids import digest
 from ...format.objects import EncodedObject
 from ..delta_cache import ChunkMemo, next_star_base
 from ..repository import Repository
 from .session import WriteSession
-from .head import delta_budget, encode_changed, stays_whole, too_dense
+from .head import REJUDGE_SAMPLE, HeadChoice, delta_budget, encode_changed, rejudge_due, sample_fits, stays_whole, too_dense
 from .packer import Packer
 from .presence import ChunkPresence
 
@@ -148,7 +148,7 @@ def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: Chun
     stored whole (or unchanged at its position), else a forward delta when small next to the
     position's keyframe, else a keyframe.  The memo says whether the change was a delta
     (``sparse``: the next save wants these bytes) or dense (head.py: written whole next time
-    without reading any base)."""
+    without reading any base, unless the sample it keeps says the change turned sparse)."""
     unchanged = memo is not None and memo.chunk_id == src and memo.size == len(data)
     if memo is not None and unchanged and sv.known(src):
         r = ChunkResult(src, len(data), None, 0, None, memo.depth, 0.0, False)
@@ -158,17 +158,30 @@ def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: Chun
         size = e.length if e is not None else 0
         return (ChunkResult(src, len(data), None, 0, None, 0, 0.0, False),
                 ChunkMemo(src, data, 0, src, anchor_bytes=size))
-    known_dense = memo is not None and memo.dense and memo.data is None
-    if not known_dense:   # a dense position's bytes are not worth reading back: it is written whole
-        memo = sv.with_data(memo)
-    base, budget = _head_base(sv, memo, len(data))
+    dense_before = memo is not None and memo.dense and memo.data is None
+    # a dense position is judged again: on the sample this handle kept of it (no read), or, without
+    # one, by reading its chunk back at about one save in REJUDGE_EVERY (head.rejudge_due)
+    rejudge = dense_before and memo is not None and len(data) >= SAMPLE_MIN and (
+        memo.sample is not None or rejudge_due(memo.chunk_id))
+    known_dense = dense_before and not rejudge
     overhead = 12 + 24  # object header and the base id in its parameters
-    # a sample first where the last change was dense, or was never judged (the repository's second
-    # version) in a chunk large enough to sample: a dense change then costs one keyframe encode,
-    # not a full delta encode thrown away as well
-    probe = memo is not None and (memo.dense or (not memo.sparse and len(data) >= SAMPLE_MIN))
-    chosen = encode_changed(data, ctx, base, budget, prefer=memo.winner if memo is not None else None,
-                            probe=probe, overhead=overhead)
+    chosen: HeadChoice | None = None
+    sampled = False
+    if rejudge and memo is not None and memo.sample is not None:
+        frac = sample_delta_fraction(data, ctx, None, base_sample=memo.sample, size=REJUDGE_SAMPLE)
+        if not sample_fits(frac, len(data), delta_budget(memo.anchor_bytes, memo.chain_bytes), overhead):
+            chosen = HeadChoice(encode_chunk(data, ctx), True, frac)   # still dense: nothing read
+        sampled = True
+    if chosen is None:
+        if not known_dense:   # a dense position's bytes are not worth reading back: it is written whole
+            memo = sv.with_data(memo)
+        base, budget = _head_base(sv, memo, len(data))
+        # a sample first where the last change was dense, or was never judged (the repository's second
+        # version) in a chunk large enough to sample: a dense change then costs one keyframe encode,
+        # not a full delta encode thrown away as well
+        probe = memo is not None and not sampled and (memo.dense or (not memo.sparse and len(data) >= SAMPLE_MIN))
+        chosen = encode_changed(data, ctx, base, budget, prefer=memo.winner if memo is not None else None,
+                                probe=probe, overhead=overhead)
     choice = chosen.encoding
     params = dict(choice.encoded.params)
     base_id = choice.base.chunk_id if choice.base is not None else None
@@ -186,8 +199,10 @@ def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: Chun
         assert memo is not None
         return r, ChunkMemo(src, data, choice.depth, src, winner=choice.encoding, sparse=True,
                             anchor_bytes=memo.anchor_bytes, chain_bytes=memo.chain_bytes + size)
+    probe_at = probe_slice(len(data), ctx, REJUDGE_SAMPLE) if dense else None
     return r, ChunkMemo(src, data, 0, src, anchor_bytes=size, dense=dense, lasting=lasting,
-                        winner=memo.winner if memo is not None else None, sparse=not dense and memo is not None)
+                        winner=memo.winner if memo is not None else None, sparse=not dense and memo is not None,
+                        sample=bytes(data[probe_at]) if probe_at is not None else None)
 
 
 def _head_base(sv: SaveContext, memo: ChunkMemo | None, n: int) -> tuple[BaseChunk | None, int]:
