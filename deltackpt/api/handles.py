@@ -41,8 +41,9 @@ def _deltify_default() -> bool:
 class Handle:
     """An open repository and everything its work holds (see the module docstring).
 
-    ``delta_cache_bytes``: memory for the delta bases the next save computes its deltas against
-    (0: none; default a tenth of the state last saved).  ``background``: how background saves run (``"thread"``, ``"process"`` or a
+    ``delta_cache_bytes``: memory for the delta bases the next save computes its deltas against,
+    and for the 16 KiB samples it judges dense positions on again (0: none, both are read back
+    when needed; default a tenth of the state last saved).  ``background``: how background saves run (``"thread"``, ``"process"`` or a
     :class:`~deltackpt.snapshot.runtime.BackgroundOptions`).  ``deltify``: re-store older versions
     as reverse deltas after each save (default ``$DELTACKPT_DELTIFY``, on).  The other options
     are :class:`deltackpt.Repo`'s.
