@@ -146,6 +146,39 @@ def test_a_fresh_handle_judges_a_dense_position_again_now_and_then(tmp_path):
     assert as_delta == due
 
 
+def test_a_frozen_layer_is_hashed_where_it_lies_and_never_copied(tmp_path, monkeypatch):
+    """A blocking save copies a caller's live chunk before hashing and encoding it (another thread
+    may change the tensor meanwhile).  A chunk that did not change is stored already, so none of
+    its bytes is encoded: at a position whose last change was not dense, the chunk is hashed in
+    place first and copied only when it changed.  Counted at the copy: a later save of a model
+    whose 4 MiB encoder is frozen copies the changed head alone (before: the whole state)."""
+    from deltackpt.repo.write import chunk_encoder
+    copied = {"bytes": 0}
+    real = chunk_encoder.private_copy
+
+    def counted(raw, into):
+        copied["bytes"] += len(raw)
+        return real(raw, into)
+    monkeypatch.setattr(chunk_encoder, "private_copy", counted)
+    g = torch.Generator().manual_seed(0)
+    state = {"encoder": torch.randn(16384, 64, generator=g), "head": torch.randn(256, 64, generator=g)}
+    with deltackpt.Repo(str(tmp_path / "r"), create=True, chunk_bytes=1 << 18) as repo:
+        repo.save(state, step=0)
+        for step in (1, 2):
+            state["head"] += 0.01 * torch.randn(256, 64, generator=g)
+            copied["bytes"] = 0
+            v = repo.save(state, step=step)
+            assert copied["bytes"] == state["head"].nbytes, (step, copied)
+        assert deltackpt.load(repo, v)["encoder"].equal(state["encoder"])
+    # a position whose last change was dense is copied (first, as before: it most likely changed)
+    with deltackpt.Repo(str(tmp_path / "dense"), create=True, chunk_bytes=1 << 18) as repo:
+        for step in range(3):
+            state["encoder"] += 0.01 * torch.randn(16384, 64, generator=g)
+            copied["bytes"] = 0
+            repo.save(state, step=step)
+        assert copied["bytes"] == state["encoder"].nbytes   # the head, unchanged, is not
+
+
 def test_the_second_version_of_a_dense_run_tries_its_deltas_on_a_sample(tmp_path, monkeypatch):
     """The first version's positions were never judged dense or sparse: the second save compares a
     sample of each changed chunk with its base before a delta encode, so a dense run (every weight

@@ -82,17 +82,27 @@ class SaveContext:
         return replace(memo, data=bytes(memoryview(data).cast("B")))
 
 
+def private_copy(raw: memoryview | bytes, into: np.ndarray) -> memoryview:
+    """``raw`` (a caller's live tensor) copied into the scratch buffer ``into``: what is hashed and
+    encoded then cannot change under the encoder."""
+    np.copyto(into, np.frombuffer(raw, dtype=np.uint8))
+    return into.data
+
+
 def encode_one(sv: SaveContext, raw: memoryview | bytes, ctx: ChunkContext, memo: ChunkMemo | None, mode: str,
                 copy_to: np.ndarray | None = None) -> tuple[ChunkResult, ChunkMemo]:
     """Hash and encode one chunk.  ``copy_to``: a scratch buffer the bytes are copied into first
     (the caller's live tensor: another thread may change it meanwhile, and the id must be the hash
     of exactly the bytes encoded); None when ``raw`` is the save's own (a staged copy).  The memo
     returned may view those bytes: the saver copies what the delta cache keeps."""
-    if copy_to is None:
-        data = raw
-    else:
-        np.copyto(copy_to, np.frombuffer(raw, dtype=np.uint8))
-        data = copy_to.data
+    if (copy_to is not None and sv.head and mode == "lossless" and memo is not None and not memo.dense
+            and memo.size == len(raw) and (memo.data is not None or not memo.sparse)):
+        # a position that did not change densely last time (a frozen layer's never does) is hashed
+        # where it lies and copied only if it changed: an unchanged chunk is stored already, so no
+        # bytes of it are encoded, and the memo keeps what it held
+        if digest(raw) == memo.chunk_id and sv.known(memo.chunk_id):
+            return ChunkResult(memo.chunk_id, len(raw), None, 0, None, memo.depth, 0.0, False), memo
+    data = raw if copy_to is None else private_copy(raw, copy_to)
     src = digest(data)
     settings, known, present = sv.session.settings, sv.known, sv.present
     if sv.head and mode == "lossless":
