@@ -62,13 +62,6 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def _sample(raw: bytes | memoryview, align: int) -> slice:
-    if len(raw) <= 2 * _SAMPLE:
-        return slice(0, len(raw))
-    start = (len(raw) // 2 // align) * align
-    return slice(start, start + (_SAMPLE // align) * align)
-
-
 def encode_chunk(raw: bytes | memoryview, ctx: ChunkContext, *, mode: str = "lossless", base: BaseChunk | None = None,
                  keyframe_interval: int = 8, candidates: tuple[int, ...] | None = None,
                  prefer: int | None = None) -> ChunkEncoding:
@@ -140,13 +133,14 @@ def probe_slice(n: int, ctx: ChunkContext, size: int = _SAMPLE) -> slice | None:
     """Where :func:`sample_delta_fraction` looks in a chunk of ``n`` bytes: ``size`` bytes (64 KiB)
     from its middle, or a quarter of a smaller chunk, on row boundaries; None for a chunk under
     ``SAMPLE_MIN``."""
-    if n < SAMPLE_MIN:
-        return None
+    return None if n < SAMPLE_MIN else _middle(n, ctx, size)
+
+
+def _middle(n: int, ctx: ChunkContext, size: int) -> slice:
     align = max(ctx.row_bytes if ctx.row_bytes and ctx.row_bytes <= size else 1, 16)
-    if n > 2 * size:
-        start = (n // 2 // align) * align
-        return slice(start, start + (size // align) * align)
     start = (n // 2 // align) * align
+    if n > 2 * size:
+        return slice(start, start + (size // align) * align)
     return slice(start, min(n, start + max(align, (n // 4 // align) * align)))
 
 
@@ -174,9 +168,9 @@ def sample_delta_fraction(raw: bytes | memoryview, ctx: ChunkContext, base: Base
 
 
 def _sample_winner(raw: bytes | memoryview, ctx: ChunkContext, base: BaseChunk | None, dense: list[int]) -> list[int]:
-    """The dense codec whose payload is smallest on a sample of the chunk (none when none takes it)."""
-    align = max(ctx.row_bytes if ctx.row_bytes and ctx.row_bytes <= _SAMPLE else 1, 16)
-    s = _sample(raw, align)
+    """The dense codec whose payload is smallest on a sample of the chunk (none when none takes it):
+    the middle 64 KiB, or the whole of a chunk up to twice that."""
+    s = _middle(len(raw), ctx, _SAMPLE) if len(raw) > 2 * _SAMPLE else slice(0, len(raw))
     sizes = {}
     for c in dense:
         e = get(c).encode(raw[s], ctx, base.data[s] if get(c).needs_base and base is not None else None)
