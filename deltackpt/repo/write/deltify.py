@@ -20,7 +20,9 @@ bytes it writes (at most ``1 / (1 + payback)`` of what it replaces: head.PAYBACK
 only when every pack it frees ends at least half redundant (supersede.py rewrites a pack at that
 fraction: each byte a rewrite copies then frees at least one); the rest waits until more of its
 pack is redundant.  What a run found not worth it is remembered in the write session
-(:class:`~.session.WriteSession`), so the steps after each save do not encode it again.
+(:class:`~.session.WriteSession`), so the steps after each save do not encode it again; so are
+the sizes of the deltas it measured, so that a conversion dropped because its pack fell short is
+judged again from its size and encoded only once it is kept.
 
 What it never touches: the ``lag`` newest versions (by default the newest alone, so a repository
 keeps about format 2's bytes; a ``keep_last`` policy raises it to the versions it is about to drop),
@@ -136,6 +138,7 @@ def _round_locked(session: WriteSession, lag: int, max_bytes: int | None, stop: 
     candidates, head = plan(repo, max(1, lag), skip_dense=session.keep_whole_above <= HEAD_DELTA_BUDGET,
                             positions=memo.positions, settled=memo.settled)
     ledger = PackLedger(repo)
+    memo.keep_encoded_of(candidates)
     hopeful = memo.measured_unpaid(candidates, session.keep_whole_above)
     report.skipped += len(candidates) - len(hopeful)
     periods = group_periods(worth_it(repo, hopeful, ledger))
@@ -165,7 +168,7 @@ def _round_locked(session: WriteSession, lag: int, max_bytes: int | None, stop: 
     held = {"new": 0, "old": 0}   # the batch's encoded bytes and the stored bytes they replace
 
     def commit(upto: int) -> None:
-        kept, short = _settle(session, batch, ledger, overlay)
+        kept, short = _settle_encoded(session, batch, ledger, overlay, memo)
         for pid in short:  # remembered only once no later period of this run could add to it
             if last_use.get(pid, -1) <= upto:
                 memo.waiting[pid] = state(pid)
@@ -251,7 +254,7 @@ class _Converted:
 
     @property
     def new_bytes(self) -> int:
-        return sum(len(p) for r in self.results for p in r.parts)
+        return sum(r.size for r in self.results)
 
 
 @dataclass
@@ -272,6 +275,12 @@ class _Memo:
     # cost with the history
     positions: dict[str, tuple[dict, set]] = field(default_factory=dict)
     settled: dict[bytes, str] = field(default_factory=dict)   # deltify_plan.plan's settled chunks
+    # (chunk, base, its context) -> (bytes, encoding) of the chunk's reverse delta against that
+    # base, or None where none is smaller than the chunk: chunks never change, so neither does
+    # the delta.  A conversion dropped because its pack fell short is judged again from these
+    # sizes, and encoded only once it is kept (on a dense fine-tune the same 115 MB was decoded
+    # and encoded at three saves in a row, for nothing).  Only the current candidates' are kept.
+    encoded: dict[tuple, tuple[int, int] | None] = field(default_factory=dict)
 
     def measured_unpaid(self, candidates: list[Candidate], keep_if_above: float) -> list[Candidate]:
         """``candidates`` less those at a position whose last measured period did not pay back at
@@ -289,10 +298,41 @@ class _Memo:
                 out.append(c)
         return out
 
+    def keep_encoded_of(self, candidates: list[Candidate]) -> None:
+        """Forget the delta sizes of chunks that are no longer candidates."""
+        ids = {c.chunk_id for c in candidates}
+        for key in [k for k in self.encoded if k[0] not in ids]:
+            del self.encoded[key]
+
     def note(self, period: list[Candidate], ratio: float) -> None:
         """The ratio a conversion of ``period`` reached (delta bytes / the bytes it replaces)."""
         if period[-1].position is not None:
             self.unpaid[period[-1].position] = [REMEASURE_AFTER, ratio]
+
+
+def _settle_encoded(session: WriteSession, batch: list[_Converted], ledger: PackLedger,
+                    overlay: dict[bytes, tuple[bytes, int]], memo: _Memo) -> tuple[list[_Converted], set[str]]:
+    """:func:`_settle`, then the kept conversions' deltas known by size alone encoded; one whose
+    chunk cannot be read or no longer yields a delta (damaged since) leaves the batch, which is
+    settled again without it."""
+    batch = list(batch)
+    while True:
+        kept, short = _settle(session, batch, ledger, overlay)
+        failed = [conv for conv in kept if not all(r.parts is not None or _encoded_again(session, r, memo)
+                                                    for r in conv.results)]
+        if not failed:
+            return kept, short
+        for conv in failed:
+            batch.remove(conv)
+            for r in conv.results:
+                overlay.pop(r.cid, None)
+
+
+def _encoded_again(session: WriteSession, r: _Result, memo: _Memo) -> bool:
+    if not _encode(session, r) or r.parts is None:
+        memo.encoded.pop(_delta_key(r.cand, r.base), None)
+        return False
+    return True
 
 
 def _settle(session: WriteSession, batch: list[_Converted], ledger: PackLedger,
@@ -349,7 +389,7 @@ def _convert_period(session: WriteSession, period: list[Candidate], overlay: dic
     conv = _Converted([], [])
     for cand in period if len(period) > 1 else ():
         best = res.best.get(cand.chunk_id)
-        got = _reverse_one(session, cand, local, overlay, inside) if best is not None else None
+        got = _reverse_one(session, cand, local, overlay, inside, memo) if best is not None else None
         if got is None or best is None:   # (got is None whenever best is)
             conv = _Converted([], [])
             break
@@ -363,7 +403,7 @@ def _convert_period(session: WriteSession, period: list[Candidate], overlay: dic
         if best is None or best[1].base is not None:
             return None
         conv = _Converted([], [(best[0], best[1].length)])
-        got = _reverse_one(session, keyframe, {}, overlay, frozenset())
+        got = _reverse_one(session, keyframe, {}, overlay, frozenset(), memo)
         if got is None:
             memo.note(period, math.inf)   # no delta smaller than the chunk itself
             return None
@@ -381,11 +421,12 @@ def _convert_period(session: WriteSession, period: list[Candidate], overlay: dic
 
 def _reverse_one(session: WriteSession, cand: Candidate, local: dict[bytes, tuple[bytes, int]],
                  overlay: dict[bytes, tuple[bytes, int]], inside: frozenset[bytes] | set[bytes],
-                 ) -> _Result | None:
+                 memo: _Memo) -> _Result | None:
     """``cand`` as a reverse delta against the nearest newer chunk at its position that does not
     decode through it (``local``: its period's decisions so far, ``overlay``: the run's), within
     depth K for it and for every chain outside ``inside`` (its period, re-stored with it) that
-    reads through it; None when there is none or a chunk is damaged."""
+    reads through it; None when there is none or a chunk is damaged.  Where ``memo`` knows the
+    delta's size, nothing is read or encoded: the result carries the size alone (:func:`_encode`)."""
     repo, k = session.repo, session.settings.keyframe_interval
     res = repo.index.resolution
     view = ChainMap(local, overlay)
@@ -396,16 +437,36 @@ def _reverse_one(session: WriteSession, cand: Candidate, local: dict[bytes, tupl
         depth = view[succ][1] if succ in view else res.depth.get(succ)
         if depth is None or height + depth + 1 > k:
             continue
-        try:
-            old = repo.chunks.read_chunk(cand.chunk_id)
-            new = repo.chunks.read_chunk(succ)
-        except DeltackptError:
-            return None  # damaged: verify names it; a chunk that keeps its copy is no loss
-        parts, encoding = _reverse_delta(old, succ, new, depth, cand)
-        if parts is None:
+        key = _delta_key(cand, succ)
+        if key in memo.encoded:
+            known = memo.encoded[key]
+            if known is None:
+                return None
+            return _Result(cand.chunk_id, cand.raw_len, None, known[1], succ, depth + 1, height, cand, known[0])
+        got = _Result(cand.chunk_id, cand.raw_len, None, 0, succ, depth + 1, height, cand)
+        if not _encode(session, got):
             return None
-        return _Result(cand.chunk_id, cand.raw_len, parts, encoding, succ, depth + 1, height)
+        memo.encoded[key] = None if got.parts is None else (got.size, got.encoding)
+        return got if got.parts is not None else None
     return None
+
+
+def _delta_key(cand: Candidate, base: bytes) -> tuple:
+    return cand.chunk_id, base, cand.dtype, cand.itemsize, cand.row_bytes
+
+
+def _encode(session: WriteSession, r: _Result) -> bool:
+    """Fill in ``r.parts`` (None when no delta is smaller than the chunk); False when a chunk
+    cannot be read (damaged: verify names it; a chunk that keeps its copy is no loss)."""
+    try:
+        old = session.repo.chunks.read_chunk(r.cid)
+        new = session.repo.chunks.read_chunk(r.base)
+    except DeltackptError:
+        return False
+    r.parts, encoding = _reverse_delta(old, r.base, new, r.depth - 1, r.cand)
+    if r.parts is not None:
+        r.encoding, r.size = encoding, sum(len(p) for p in r.parts)
+    return True
 
 
 @dataclass
@@ -418,15 +479,18 @@ class _PackCounts:
 
 @dataclass
 class _Result:
-    """An object for the packer (the fields chunk_encoder.ChunkResult gives it)."""
+    """An object for the packer (the fields chunk_encoder.ChunkResult gives it).  ``parts`` is
+    None while only its size is known (from the memo): it is encoded once its conversion is kept."""
 
     cid: bytes
     raw_len: int
-    parts: list
+    parts: list | None
     encoding: int
     base: bytes
     depth: int
-    height: int = 0   # the longest chain outside its period that reads through it
+    height: int   # the longest chain outside its period that reads through it
+    cand: Candidate
+    size: int = 0
 
 
 def _reverse_delta(old: bytes | memoryview, base_id: bytes, base: bytes | memoryview, base_depth: int, cand: Candidate) -> tuple[list | None, int]:
