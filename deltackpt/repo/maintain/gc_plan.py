@@ -90,7 +90,7 @@ def plan_gc(repo: Repository, policy: Retention, report: GcReport, rebase: bool,
     all_versions = repo.version_ids()
     removed = [v for v in all_versions if v not in kept]
     report.kept, report.removed = kept, removed
-    report.steps = {v: repo.manifest(v).step for v in all_versions}
+    report.steps = {v: repo.head(v).step for v in all_versions}
 
     direct, widths = _kept_chunks(repo, kept)
     packs_on_disk = _pack_files(repo)

@@ -92,7 +92,7 @@ class Retention:
                 keep(vid, f"last {self.keep_last}")
         if self.keep_best:
             metric, count, direction = self.keep_best
-            recorded = [(repo.manifest(v).metrics.get(metric), v) for v in history]
+            recorded = [(repo.head(v).metrics.get(metric), v) for v in history]
             scored = [(float(s), v) for s, v in recorded
                       if isinstance(s, (int, float)) and not isinstance(s, bool) and s == s]
             # stable: of equal scores the newer in history wins
@@ -102,14 +102,14 @@ class Retention:
         if self.keep_every:
             buckets: dict[int, str] = {}
             for vid in reversed(history):  # oldest first: the first version in each bucket
-                step = repo.manifest(vid).step
+                step = repo.head(vid).step
                 if step is not None:
                     buckets.setdefault(step // self.keep_every, vid)
             for vid in buckets.values():
                 keep(vid, f"every {self.keep_every} steps")
         if self.keep_within is not None:
             for vid in history:
-                if now - repo.manifest(vid).time <= self.keep_within:
+                if now - repo.head(vid).time <= self.keep_within:
                     keep(vid, f"within {self.keep_within:g}s")
         if self.keep_tags:
             for name, vid in repo.tags().items():
