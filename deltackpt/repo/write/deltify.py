@@ -68,10 +68,21 @@ STEP_BYTES = 256 << 20
 BATCH_BYTES = 128 << 20
 #: rounds an unbounded run makes at most
 MAX_ROUNDS = 4
+#: the step after a save looks at the versions of this many keyframe periods after the newest
+#: ones (step_window): a period turns candidate within one period of its last save, and then has
+#: several steps to be re-stored; older ones wait for gc or an explicit run.  Looking at every
+#: version made a step's cost grow with the history (an 8 MB state: 40 ms a step at 50 versions,
+#: 540 ms at 300)
+STEP_PERIODS = 4
 #: runs a position whose last measured period did not pay back is left alone before it is
 #: measured again (bench/MAINTENANCE.md: on a dense fine-tune, measuring cost about as much CPU as
 #: the save itself, for nothing)
 REMEASURE_AFTER = 8
+
+
+def step_window(keyframe_interval: int) -> int:
+    """The versions the step after a save looks at, past the newest ones it leaves alone."""
+    return STEP_PERIODS * (keyframe_interval + 1)
 
 
 @dataclass
@@ -94,10 +105,11 @@ class DeltifyReport:
 
 
 def deltify(session: WriteSession, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None,
-            stop: Callable[[], bool] | None = None) -> DeltifyReport:
+            stop: Callable[[], bool] | None = None, window: int | None = None) -> DeltifyReport:
     """Re-store the chunks of versions older than the ``lag`` newest as reverse deltas; past
     ``max_bytes`` of replaced copies (no bound when None) only the packs already begun are
-    finished; ``stop()`` true ends the run early, at a safe point.
+    finished; ``stop()`` true ends the run early, at a safe point; ``window``: only the chunks of
+    the ``window`` versions after the ``lag`` newest are looked at (None: every version).
 
     Example::
 
@@ -105,11 +117,11 @@ def deltify(session: WriteSession, *, lag: int = DEFAULT_LAG, max_bytes: int | N
         report.chunks, report.freed_bytes
     """
     with locks.save_lock(session.store):
-        return deltify_locked(session, lag=lag, max_bytes=max_bytes, stop=stop)
+        return deltify_locked(session, lag=lag, max_bytes=max_bytes, stop=stop, window=window)
 
 
 def deltify_locked(session: WriteSession, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None,
-                   stop: Callable[[], bool] | None = None) -> DeltifyReport:
+                   stop: Callable[[], bool] | None = None, window: int | None = None) -> DeltifyReport:
     """:func:`deltify` for a caller that already keeps gc out (a save lock, or gc's own lock)."""
     t0 = time.perf_counter()
     report = DeltifyReport()
@@ -119,14 +131,14 @@ def deltify_locked(session: WriteSession, *, lag: int = DEFAULT_LAG, max_bytes: 
     # until a round re-stores nothing (bounded runs leave that to the next step).
     for _round in range(1 if max_bytes is not None else MAX_ROUNDS):
         before = report.chunks
-        if not _round_locked(session, lag, max_bytes, stop, report) or report.chunks == before:
+        if not _round_locked(session, lag, max_bytes, stop, report, window) or report.chunks == before:
             break
     report.seconds = time.perf_counter() - t0
     return report
 
 
 def _round_locked(session: WriteSession, lag: int, max_bytes: int | None, stop: Callable[[], bool] | None,
-                  report: DeltifyReport) -> bool:
+                  report: DeltifyReport, window: int | None = None) -> bool:
     """One pass of :func:`deltify_locked`, adding to ``report``; False when ``stop`` ended it."""
     repo = session.repo
     repo.index.refresh()
@@ -136,9 +148,10 @@ def _round_locked(session: WriteSession, lag: int, max_bytes: int | None, stop: 
     memo = session.deltify_memo if isinstance(session.deltify_memo, _Memo) else _Memo()
     session.deltify_memo = memo
     candidates, head = plan(repo, max(1, lag), skip_dense=session.keep_whole_above <= HEAD_DELTA_BUDGET,
-                            positions=memo.positions, settled=memo.settled)
-    ledger = PackLedger(repo)
-    memo.keep_encoded_of(candidates)
+                            positions=memo.positions, settled=memo.settled, window=window)
+    res = repo.index.resolution
+    ledger = PackLedger(repo, {res.best[c.chunk_id][0] for c in candidates if c.chunk_id in res.best})
+    memo.keep_only(candidates, ledger.size)
     hopeful = memo.measured_unpaid(candidates, session.keep_whole_above)
     report.skipped += len(candidates) - len(hopeful)
     periods = group_periods(worth_it(repo, hopeful, ledger))
@@ -148,7 +161,6 @@ def _round_locked(session: WriteSession, lag: int, max_bytes: int | None, stop: 
     overlay: dict[bytes, tuple[bytes, int]] = {}     # chunk -> (new base, new depth), decided this run
     batch: list[_Converted] = []
 
-    res = repo.index.resolution
     period_packs: list[set[str]] = []
     last_use: dict[str, int] = {}   # pack -> the last period with a copy in it
     offered: dict[str, int] = {}    # pack -> stored bytes of the candidates' copies in it
@@ -298,11 +310,15 @@ class _Memo:
                 out.append(c)
         return out
 
-    def keep_encoded_of(self, candidates: list[Candidate]) -> None:
-        """Forget the delta sizes of chunks that are no longer candidates."""
+    def keep_only(self, candidates: list[Candidate], packs: "Mapping[str, int]") -> None:
+        """Forget what concerns chunks that are no longer candidates and packs holding none of
+        them: a handle's memory of deltification stays the size of what a run looks at."""
         ids = {c.chunk_id for c in candidates}
         for key in [k for k in self.encoded if k[0] not in ids]:
             del self.encoded[key]
+        self.too_large = {k for k in self.too_large if k[0] in ids}
+        for pid in [p for p in self.waiting if p not in packs]:
+            del self.waiting[pid]
 
     def note(self, period: list[Candidate], ratio: float) -> None:
         """The ratio a conversion of ``period`` reached (delta bytes / the bytes it replaces)."""

@@ -8,6 +8,7 @@ those whose packs would not end redundant enough even if every candidate in them
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 from ..repository import Repository
 from .bases import dense_bits
@@ -53,7 +54,7 @@ def _positions(repo: Repository, vid: str) -> tuple[dict[tuple, tuple[bytes, int
 
 
 def plan(repo: Repository, lag: int, *, skip_dense: bool = True, positions: dict | None = None,
-         settled: dict[bytes, str] | None = None) -> tuple[list[Candidate], set[bytes]]:
+         settled: dict[bytes, str] | None = None, window: int | None = None) -> tuple[list[Candidate], set[bytes]]:
     """Every chunk of the versions older than the ``lag`` newest that is a keyframe or a forward
     delta of the chunk before it at its position, newest version first, with the chunks at its
     position in newer versions; and the chunks the newest versions' chains need (untouched).
@@ -63,15 +64,27 @@ def plan(repo: Repository, lag: int, *, skip_dense: bool = True, positions: dict
     versions no longer in the history are dropped from it).  ``settled``: chunk -> the version
     whose copy of it earlier plans found followed by a dense change (never worth rewriting,
     whatever newer versions come), skipped without a look while that version is still the newest
-    holding it (updated here; emptied when a version is gone, which changes what follows a chunk)."""
-    history = repo.history_order()  # newest first; past a removed ancestor, by time
-    if len(history) <= lag:
-        return [], set()
+    holding it (updated here; emptied when a version is gone, which changes what follows a chunk).
+    ``window``: look only at the ``window`` versions after the ``lag`` newest (None: every one),
+    so that the step after each save costs the same however long the history (the older ones
+    had their turn while they were in the window; gc and an explicit run look at all of them);
+    ``positions`` and ``settled`` then keep only what concerns those versions."""
+    everything = repo.history_order()  # newest first; past a removed ancestor, by time
+    history = everything if window is None else everything[:lag + window]
     known = {} if positions is None else positions
     final: dict[bytes, str] = {} if settled is None or not skip_dense else settled
-    for gone in set(known) - set(history):
+    present = set(everything)
+    for gone in set(known) - present:
         del known[gone]
         final.clear()
+    if window is not None:
+        looked_at = set(history)
+        for old in set(known) - looked_at:
+            del known[old]
+        for cid in [c for c, v in final.items() if v not in looked_at]:
+            del final[cid]
+    if len(history) <= lag:
+        return [], set()
     for v in history:
         if v not in known:
             known[v] = _positions(repo, v)
@@ -124,11 +137,15 @@ class PackLedger:
     """Per pack: its stored bytes and how many of them no chunk reads (a copy of a chunk that
     reads another copy, or one this run has re-stored)."""
 
-    def __init__(self, repo: Repository) -> None:
+    def __init__(self, repo: Repository, packs: "Iterable[str] | None" = None) -> None:
+        """Of ``packs`` (None: every pack): those holding the candidates are all a run looks at,
+        and summing every pack's entries made each step cost as much as the whole index."""
         res = repo.index.resolution
         self.size: dict[str, int] = {}
         self.dead: dict[str, int] = {}
-        for pid, entries in repo.index.pack_entries.items():
+        every = repo.index.pack_entries
+        for pid in every if packs is None else packs:
+            entries = every.get(pid, ())
             self.size[pid] = sum(e.length for e in entries)
             self.dead[pid] = sum(e.length for e in entries if res.best.get(e.chunk_id, (None,))[0] != pid)
 

@@ -32,7 +32,7 @@ from ..delta_cache import ChunkMemo
 from .chunk_encoder import SaveContext, encode_one
 from .chunking import chunk_bounds
 from .consolidate import consolidate
-from .deltify import STEP_BYTES, deltify
+from .deltify import STEP_BYTES, deltify, step_window
 from .packer import Packer
 from .presence import ChunkPresence
 from .session import WriteSession
@@ -172,7 +172,8 @@ def _maintain(session: WriteSession) -> None:
     repository is only larger meanwhile."""
     try:
         if session.deltify and session.settings.reverse_deltas:
-            session.last_maintenance = deltify(session, lag=session.deltify_lag, max_bytes=STEP_BYTES)
+            session.last_maintenance = deltify(session, lag=session.deltify_lag, max_bytes=STEP_BYTES,
+                                               window=step_window(session.settings.keyframe_interval))
     except (DeltackptError, OSError) as exc:
         session.last_maintenance = exc
     finally:
