@@ -37,6 +37,9 @@ class Resolution:
     depth: dict[bytes, int] = field(default_factory=dict)
     _children: dict[bytes, list[bytes]] | None = None
     _heights: dict[bytes, int] = field(default_factory=dict)
+    # the bases some copy is a delta against that have no chain themselves (usually none): a
+    # chunk indexed later under one of those ids may give other chunks a chain (extended())
+    dangling: frozenset[bytes] = frozenset()
 
     def order(self, copies: list[Copy]) -> list[Copy]:
         """``copies`` of one chunk, the one giving the shortest chain first (ties by pack id and
@@ -129,4 +132,86 @@ def resolve(copies: Mapping[bytes, Iterable[Copy]], usable: Callable[[str], bool
                 if cur is None or copy_key(copy) < copy_key(cur):
                     nxt[cid] = copy
         level = nxt
+    res.dangling = frozenset(b for b in users if b not in res.depth)
     return res
+
+
+def extended(res: Resolution, fresh: Mapping[bytes, list[Copy]]) -> Resolution | None:
+    """``res`` with chunks indexed for the first time added (``fresh``: their copies), as
+    :func:`resolve` over every copy would choose, without walking the others again: a new chunk
+    changes no other chunk's chain, as no copy indexed before reads through it.  None when one
+    does (a copy named it as its base before it was indexed): resolve again.  A new Resolution:
+    threads may be reading the old one."""
+    if not res.dangling.isdisjoint(fresh):
+        return None
+    out = Resolution(dict(res.best), dict(res.depth))
+    _choose(out, dict(fresh))
+    out.dangling = res.dangling | {c[1].base for cps in fresh.values() for c in cps
+                                   if c[1].base is not None and c[1].base not in out.depth}
+    if res._children is not None:   # grown as the choice grew; a list that gains a chunk is a new list
+        children = dict(res._children)
+        for cid in fresh:
+            base = out.best[cid][1].base if cid in out.best else None
+            if base is not None:
+                children[base] = children.get(base, []) + [cid]
+        out._children = children
+    return out
+
+
+def without(res: Resolution, copies: Mapping[bytes, list[Copy]], pack_entries: Mapping[str, list[PackEntry]],
+            unusable: set[str], extra: Iterable[tuple[bytes, Copy]] = ()) -> Resolution | None:
+    """What :func:`resolve` chooses with the packs ``unusable`` left out and ``extra`` copies added,
+    from ``res`` (the choice over every copy), walking only the chunks whose chosen chain passed
+    through a left-out pack or that ``extra`` names: every other chunk keeps its chain, as
+    nothing gets shorter where copies are only taken away.  None when an ``extra`` copy could
+    make a chain shorter than ``res`` has it (or give a chunk with none one): walk everything.
+    Its cost follows the packs left out, not the index."""
+    added: dict[bytes, list[Copy]] = {}
+    for cid, copy in extra:
+        base = copy[1].base
+        floor = 0 if base is None else res.depth.get(base, -2) + 1
+        have = res.depth.get(cid)
+        if have is None or 0 <= floor < have:
+            return None
+        added.setdefault(cid, []).append(copy)
+    kids = res._kids()
+    stack = [e.chunk_id for pid in unusable for e in pack_entries.get(pid, ())
+             if res.best.get(e.chunk_id, (None,))[0] == pid]
+    stack += added
+    again: set[bytes] = set()
+    while stack:
+        cid = stack.pop()
+        if cid not in again:
+            again.add(cid)
+            stack.extend(kids.get(cid, ()))
+    out = Resolution(dict(res.best), dict(res.depth))
+    for cid in again:
+        out.best.pop(cid, None)
+        out.depth.pop(cid, None)
+    _choose(out, {cid: [c for c in copies.get(cid, ()) if c[0] not in unusable] + added.get(cid, [])
+                  for cid in again})
+    return out
+
+
+def _choose(out: Resolution, pending: dict[bytes, list[Copy]]) -> None:
+    """Give the ``pending`` chunks their shortest chains over the chunks ``out`` has chosen,
+    shallowest first, as the breadth-first walk of :func:`resolve` does (ties by copy_key);
+    those with no chain are left out."""
+    while pending:
+        offers: dict[bytes, tuple[int, Copy]] = {}
+        for cid, cps in pending.items():
+            for copy in cps:
+                base = copy[1].base
+                d = 0 if base is None else out.depth.get(base, -2) + 1
+                if d < 0:
+                    continue
+                cur = offers.get(cid)
+                if cur is None or (d, copy_key(copy)) < (cur[0], copy_key(cur[1])):
+                    offers[cid] = (d, copy)
+        if not offers:
+            return
+        low = min(d for d, _ in offers.values())
+        for cid, (d, copy) in offers.items():
+            if d == low:
+                out.depth[cid], out.best[cid] = d, copy
+                del pending[cid]

@@ -20,7 +20,7 @@ from ...format.limits import MAX_INDEX_BYTES
 from ...format.pack import PackEntry
 from ...store.base import Store
 from ..layout import INDEX
-from .copies import Copy, Resolution, resolve
+from .copies import Copy, Resolution, extended, resolve, without
 
 
 class Index:
@@ -107,17 +107,28 @@ class Index:
         raise CorruptObjectError(f"chunk {cid.hex()} is not in the index (missing pack or index file){hint}")
 
     def add_entries(self, pack_id: str, entries: Iterable[PackEntry]) -> None:
-        """Index a pack's entries (a chunk indexed twice in one pack counts once)."""
+        """Index a pack's entries (a chunk indexed twice in one pack counts once).  The copy
+        choice is extended with the chunks indexed for the first time (a save's new pack: every
+        save used to walk the whole index again, a cost that grew with the history); a new copy
+        of a chunk indexed before makes it computed again."""
         with self._lock:
             known = self.pack_entries.setdefault(pack_id, [])
-            fresh = not known
+            fresh_pack = not known
+            new: dict[bytes, list[Copy]] = {}
+            again = False
             for e in entries:
-                copies = self.copies.setdefault(e.chunk_id, [])
-                if not fresh and any(p == pack_id for p, _ in copies):
+                copies = self.copies.get(e.chunk_id)
+                if copies is None:
+                    copies = self.copies[e.chunk_id] = []
+                    new[e.chunk_id] = copies
+                elif e.chunk_id not in new:
+                    again = True
+                if not fresh_pack and any(p == pack_id for p, _ in copies):
                     continue
                 copies.append((pack_id, e))
                 known.append(e)
-            self._resolution = None
+            if self._resolution is not None and (new or again):
+                self._resolution = None if again else extended(self._resolution, new)
 
     def entries_for(self, cid: bytes) -> list[tuple[str, PackEntry]]:
         """Every known copy of a chunk, the one with the shortest real chain first."""
@@ -145,6 +156,8 @@ class Index:
                 gone |= self.file_packs.pop(key, set())
                 self._files.discard(key)
             still = set().union(*self.file_packs.values(), *(set(p) for p in added.values()))
+            # index files merged into one (consolidate.py) name the same packs: the same copies
+            same = not gone - still and all(pid in self.pack_entries for p in added.values() for pid in p)
             for pid in gone - still:
                 for e in self.pack_entries.pop(pid, ()):
                     copies = [c for c in self.copies.get(e.chunk_id, ()) if c[0] != pid]
@@ -157,7 +170,8 @@ class Index:
                     if pid not in self.pack_entries:
                         self.add_entries(pid, entries)
                 self.note_file(key, packs)
-            self._resolution = None
+            if not same:
+                self._resolution = None
 
     def resolve_copies(self, usable: Callable[[str], bool] | None = None,
                        extra: Iterable[tuple[bytes, Copy]] = ()) -> Resolution:
@@ -165,6 +179,14 @@ class Index:
         this process changes the index."""
         with self._lock:
             return resolve(self.copies, usable, extra)
+
+    def resolve_without(self, unusable: set[str], extra: Iterable[tuple[bytes, Copy]] = ()) -> Resolution:
+        """:meth:`resolve_copies` with every pack but ``unusable`` (copies.without: only the chunks
+        whose chain passed through those packs are walked again)."""
+        extra = list(extra)
+        with self._lock:
+            got = without(self.resolution, self.copies, self.pack_entries, unusable, extra)
+            return got if got is not None else resolve(self.copies, lambda pid: pid not in unusable, extra)
 
     def items(self, *, all_copies: bool = False) -> list[tuple[bytes, str, PackEntry]]:
         """(chunk id, pack id, entry) for the copy of each chunk to read, or for every copy."""

@@ -47,12 +47,13 @@ def _plan(repo: Repository, candidates: set[str], protected: set[bytes],
     progress (copies elsewhere that resolve only through each other) is every object that would
     resolve kept."""
     usable = lambda pid: pid not in candidates and pid in on_disk  # noqa: E731
+    unusable = candidates | (set(repo.index.pack_entries) - on_disk)
     keep: dict[str, list[PackEntry]] = {pid: [] for pid in candidates}
     kept: set[tuple[str, int]] = set()
     strict = True
     while True:  # keeping an object can only make more chunks resolve: this settles
         extra = [(e.chunk_id, (_NEW, e)) for entries in keep.values() for e in entries]
-        res = repo.index.resolve_copies(usable, extra)
+        res = repo.index.resolve_without(unusable, extra)
         grew = False
         for pid in sorted(candidates):
             for e in repo.index.pack_entries.get(pid, ()):
@@ -75,7 +76,7 @@ def _plan(repo: Repository, candidates: set[str], protected: set[bytes],
         else:
             break
     # a chunk still unresolved has no copy that resolves at all: keep every one (verify reports it)
-    res = repo.index.resolve_copies(usable, [(e.chunk_id, (_NEW, e)) for entries in keep.values() for e in entries])
+    res = repo.index.resolve_without(unusable, [(e.chunk_id, (_NEW, e)) for entries in keep.values() for e in entries])
     for pid in candidates:
         keep[pid].extend(e for e in repo.index.pack_entries.get(pid, ())
                          if (pid, e.offset) not in kept and e.chunk_id not in res.depth)
