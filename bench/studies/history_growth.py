@@ -3,7 +3,8 @@
 A save's maintenance step plans over every kept version (deltify_plan.py), so its cost is the one
 part of a save that can grow with the history.  This saves ``--versions`` versions of two small
 states and reports, per band of versions, a save's CPU (all threads) and the maintenance step's
-seconds (``repo.session.last_maintenance``):
+seconds (``repo.session.last_maintenance``), the handle's resident memory (VmRSS) and the bytes
+stored and written:
 
 * dense: an 8-layer MLP of 256 x 256 and its AdamW moments (4 MB), one optimizer step between
   versions: every chunk changes, every old keyframe stays whole;
@@ -63,10 +64,21 @@ def _sparse():
     return step
 
 
+def _proc(field: str, name: str) -> int:
+    """A counter of this process: ``/proc/self/<name>``'s line ``field`` (kB for status)."""
+    with open(f"/proc/self/{name}") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
 def _run(make, versions: int, path: str) -> dict[str, Any]:
     import deltackpt
     step = make()
-    cpu, maint = [], []
+    cpu, maint, rss = [], [], []
+    band = max(1, versions // 10)
+    written0 = _proc("wchar", "io")
     with deltackpt.Repo(path, create=True) as repo:
         for v in range(versions):
             state = step()
@@ -74,10 +86,14 @@ def _run(make, versions: int, path: str) -> dict[str, Any]:
             cpu.append(c)
             m = repo.session.last_maintenance
             maint.append(getattr(m, "seconds", 0.0))
+            rss.append(_proc("VmRSS", "status") * 1024)
         ok = same(digests(state), repo.load())
-    band = max(1, versions // 10)
+    written = _proc("wchar", "io") - written0
+    stored = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
     first, last = slice(1, 1 + band), slice(versions - band, versions)
-    return {"cpu": cpu, "maintenance": maint, "ok": ok,
+    return {"cpu": cpu, "maintenance": maint, "ok": ok, "stored": stored, "written": written,
+            # what the process holds more at the end than after the first tenth of the saves
+            "rss_growth": rss[-1] - rss[band],
             "cpu_first": statistics.median(cpu[first]), "cpu_last": statistics.median(cpu[last]),
             "maintenance_first": statistics.median(maint[first]), "maintenance_last": statistics.median(maint[last])}
 
@@ -91,12 +107,14 @@ def run(args: argparse.Namespace) -> int:
             results["runs"][name] = r
             assert r["ok"], name
     print(f"\n{versions} versions, one Repo, every version kept; medians over the first and the last tenth of the saves\n")
-    print("| state | CPU per save, first -> last (ms) | maintenance step, first -> last (ms) | last / first (CPU) |")
-    print("|---|---|---|---|")
+    print("| state | CPU per save, first -> last (ms) | maintenance step, first -> last (ms) | last / first (CPU) "
+          "| resident memory, growth after the first tenth (MiB) | stored (MiB) | written (MiB) |")
+    print("|---|---|---|---|---|---|---|")
     for name, r in results["runs"].items():
         print(f"| {name} | {1e3 * r['cpu_first']:.1f} -> {1e3 * r['cpu_last']:.1f} | "
               f"{1e3 * r['maintenance_first']:.1f} -> {1e3 * r['maintenance_last']:.1f} | "
-              f"{r['cpu_last'] / max(r['cpu_first'], 1e-6):.2f} |")
+              f"{r['cpu_last'] / max(r['cpu_first'], 1e-6):.2f} | {r['rss_growth'] / 2**20:.1f} | "
+              f"{r['stored'] / 2**20:.1f} | {r['written'] / 2**20:.1f} |")
     if args.record and not args.quick:
         record("history_growth", args.record, results)
     return 0
