@@ -180,6 +180,7 @@ def test_a_delta_measured_before_is_not_encoded_again_until_it_is_kept(tmp_path,
     remembers nothing encodes them all again.  Once packs can be freed, each delta kept is encoded
     once more, to be written, and the repository ends as the forgetting handle leaves it."""
     from deltackpt.repo.write import deltify
+    from deltackpt.repo.write.deltify_memo import DeltifyMemo
 
     encoded: list[bytes] = []
     real = deltify._reverse_delta
@@ -201,7 +202,7 @@ def test_a_delta_measured_before_is_not_encoded_again_until_it_is_kept(tmp_path,
                 memo = repo.session.deltify_memo
                 repo.session.deltify_memo = None
                 if memo is not None and not forget:
-                    repo.session.deltify_memo = deltify._Memo(encoded=memo.encoded)
+                    repo.session.deltify_memo = DeltifyMemo(encoded=memo.encoded)
                 encoded.clear()
                 chunks.append(repo.deltify(lag=1).chunks)
                 calls.append(len(encoded))

@@ -268,7 +268,7 @@ def test_a_position_that_did_not_pay_back_is_left_unmeasured_for_a_while(tmp_pat
     measured before from the delta sizes remembered, nothing read for them).  Over 20 saves of a
     sparse run judged at payback 50, that reads a fraction of the chunks measuring every time
     reads, and rewrites the same (nothing)."""
-    from deltackpt.repo.write import deltify
+    from deltackpt.repo.write import deltify_memo
 
     def run(path: str) -> tuple[list[int], list[int], int]:
         g = torch.Generator().manual_seed(0)
@@ -293,8 +293,8 @@ def test_a_position_that_did_not_pay_back_is_left_unmeasured_for_a_while(tmp_pat
         return per_run, skipped, chunks
 
     remembered, skipped, chunks = run(str(tmp_path / "memo"))
-    after = deltify.REMEASURE_AFTER
-    monkeypatch.setattr(deltify, "REMEASURE_AFTER", -1)   # forget at once: measure every run
+    after = deltify_memo.REMEASURE_AFTER
+    monkeypatch.setattr(deltify_memo, "REMEASURE_AFTER", -1)   # forget at once: measure every run
     every_time, none_skipped, chunks_every_time = run(str(tmp_path / "every"))
     first = next(i for i, n in enumerate(remembered) if n)
     assert remembered[first + 1] == 0 and skipped[first + 1] > 0   # the next run decodes nothing

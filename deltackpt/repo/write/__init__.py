@@ -8,7 +8,8 @@ a small forward delta), ``packer`` streams the objects into packs and writes one
 background saves.  ``session`` is a writer's state on one repository (settings, the delta bases kept
 between saves, deltification's memory), owned by the handle that saves.  After committing, a save
 keeps the index files few (``consolidate``) and, in the same thread and within a bound, re-stores
-older versions' keyframes as deltas (``deltify``) and drops the packs that made redundant
+older versions' keyframes as deltas (``deltify``: ``deltify_plan`` finds what it may re-store,
+``deltify_memo`` is what it remembers between runs) and drops the packs that made redundant
 (``supersede``): nothing of a save runs once it has returned.
 
 What it may import: the repository's floor (``..repository``, ``..layout``, ``..locks``,

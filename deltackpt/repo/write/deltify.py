@@ -58,6 +58,7 @@ from ..repository import Repository
 from .session import WriteSession
 from .head import DELTA_CODECS, HEAD_DELTA_BUDGET
 from .packer import Packer
+from .deltify_memo import DeltifyMemo
 from .deltify_plan import Candidate, PackLedger, group_periods, period_key, plan, worth_it
 from .supersede import REWRITE_DEAD_FRACTION, drop_superseded
 
@@ -74,10 +75,6 @@ MAX_ROUNDS = 4
 #: version made a step's cost grow with the history (an 8 MB state: 40 ms a step at 50 versions,
 #: 540 ms at 300)
 STEP_PERIODS = 4
-#: runs a position whose last measured period did not pay back is left alone before it is
-#: measured again (bench/MAINTENANCE.md: on a dense fine-tune, measuring cost about as much CPU as
-#: the save itself, for nothing)
-REMEASURE_AFTER = 8
 
 
 def step_window(keyframe_interval: int) -> int:
@@ -145,7 +142,7 @@ def _round_locked(session: WriteSession, lag: int, max_bytes: int | None, stop: 
     undo = report.chunks, report.keyframe_bytes, dict(report.encodings)
     # the save's dense hint says a delta was above HEAD_DELTA_BUDGET of the keyframe: skip those
     # when no delta that large would be kept anyway
-    memo = session.deltify_memo if isinstance(session.deltify_memo, _Memo) else _Memo()
+    memo = session.deltify_memo if isinstance(session.deltify_memo, DeltifyMemo) else DeltifyMemo()
     session.deltify_memo = memo
     candidates, head = plan(repo, max(1, lag), skip_dense=session.keep_whole_above <= HEAD_DELTA_BUDGET,
                             positions=memo.positions, settled=memo.settled, window=window)
@@ -269,65 +266,8 @@ class _Converted:
         return sum(r.size for r in self.results)
 
 
-@dataclass
-class _Memo:
-    """What earlier runs of this process found not worth doing (kept on the repository handle):
-    periods whose deltas are too large next to what they would replace, for good (chunks never
-    change), and packs too little of which a conversion would free, until more of them is dead or
-    more of it becomes a candidate (a newer version pushes its chunks out of the newest ones)."""
-
-    too_large: set[tuple[bytes, ...]] = field(default_factory=set)       # a period's chunk ids
-    waiting: dict[str, tuple[int, int]] = field(default_factory=dict)  # pack -> (dead, candidate bytes) then
-    # position -> [runs left before it is measured again, the ratio of delta to stored bytes found
-    # there]: a position whose last measured period did not pay back is skipped without decoding or
-    # encoding anything (in a dense fine-tune most positions, every save)
-    unpaid: dict[tuple, list[float]] = field(default_factory=dict)
-    # version id -> its chunks by position and its dense positions (deltify_plan._positions): a
-    # manifest never changes, and decoding every version's positions at each save grew a save's
-    # cost with the history
-    positions: dict[str, tuple[dict, set]] = field(default_factory=dict)
-    settled: dict[bytes, str] = field(default_factory=dict)   # deltify_plan.plan's settled chunks
-    # (chunk, base, its context) -> (bytes, encoding) of the chunk's reverse delta against that
-    # base, or None where none is smaller than the chunk: chunks never change, so neither does
-    # the delta.  A conversion dropped because its pack fell short is judged again from these
-    # sizes, and encoded only once it is kept (on a dense fine-tune the same 115 MB was decoded
-    # and encoded at three saves in a row, for nothing).  Only the current candidates' are kept.
-    encoded: dict[tuple, tuple[int, int] | None] = field(default_factory=dict)
-
-    def measured_unpaid(self, candidates: list[Candidate], keep_if_above: float) -> list[Candidate]:
-        """``candidates`` less those at a position whose last measured period did not pay back at
-        ``keep_if_above``; counts every such position's runs down (at zero it is measured again:
-        how much a step moves changes as training goes on).  Left out before the packs are judged,
-        so that a pack is not counted as freed by conversions that will not happen."""
-        for pos in list(self.unpaid):
-            self.unpaid[pos][0] -= 1
-            if self.unpaid[pos][0] < 0:
-                del self.unpaid[pos]
-        out = []
-        for c in candidates:
-            last = self.unpaid.get(c.position) if c.position is not None else None
-            if last is None or last[1] <= keep_if_above:
-                out.append(c)
-        return out
-
-    def keep_only(self, candidates: list[Candidate], packs: "Mapping[str, int]") -> None:
-        """Forget what concerns chunks that are no longer candidates and packs holding none of
-        them: a handle's memory of deltification stays the size of what a run looks at."""
-        ids = {c.chunk_id for c in candidates}
-        for key in [k for k in self.encoded if k[0] not in ids]:
-            del self.encoded[key]
-        self.too_large = {k for k in self.too_large if k[0] in ids}
-        for pid in [p for p in self.waiting if p not in packs]:
-            del self.waiting[pid]
-
-    def note(self, period: list[Candidate], ratio: float) -> None:
-        """The ratio a conversion of ``period`` reached (delta bytes / the bytes it replaces)."""
-        if period[-1].position is not None:
-            self.unpaid[period[-1].position] = [REMEASURE_AFTER, ratio]
-
-
 def _settle_encoded(session: WriteSession, batch: list[_Converted], ledger: PackLedger,
-                    overlay: dict[bytes, tuple[bytes, int]], memo: _Memo) -> tuple[list[_Converted], set[str]]:
+                    overlay: dict[bytes, tuple[bytes, int]], memo: DeltifyMemo) -> tuple[list[_Converted], set[str]]:
     """:func:`_settle`, then the kept conversions' deltas known by size alone encoded; one whose
     chunk cannot be read or no longer yields a delta (damaged since) leaves the batch, which is
     settled again without it."""
@@ -344,7 +284,7 @@ def _settle_encoded(session: WriteSession, batch: list[_Converted], ledger: Pack
                 overlay.pop(r.cid, None)
 
 
-def _encoded_again(session: WriteSession, r: _Result, memo: _Memo) -> bool:
+def _encoded_again(session: WriteSession, r: _Result, memo: DeltifyMemo) -> bool:
     if not _encode(session, r) or r.parts is None:
         memo.encoded.pop(_delta_key(r.cand, r.base), None)
         return False
@@ -394,7 +334,7 @@ def _still_bounded(session: WriteSession, conv: _Converted, overlay: Mapping[byt
 
 
 def _convert_period(session: WriteSession, period: list[Candidate], overlay: dict[bytes, tuple[bytes, int]],
-                    memo: _Memo) -> _Converted | None:
+                    memo: DeltifyMemo) -> _Converted | None:
     """Re-store a period as reverse deltas, each chunk against the next newer one (its keyframe
     against the chunk that was its first forward delta), when that is at most
     ``session.keep_whole_above`` x what the period stores now; else its keyframe alone against the nearest newer chunk that does
@@ -437,7 +377,7 @@ def _convert_period(session: WriteSession, period: list[Candidate], overlay: dic
 
 def _reverse_one(session: WriteSession, cand: Candidate, local: dict[bytes, tuple[bytes, int]],
                  overlay: dict[bytes, tuple[bytes, int]], inside: frozenset[bytes] | set[bytes],
-                 memo: _Memo) -> _Result | None:
+                 memo: DeltifyMemo) -> _Result | None:
     """``cand`` as a reverse delta against the nearest newer chunk at its position that does not
     decode through it (``local``: its period's decisions so far, ``overlay``: the run's), within
     depth K for it and for every chain outside ``inside`` (its period, re-stored with it) that

@@ -76,7 +76,8 @@ class WriteSession:
         self.payback = check_payback(payback)
         #: the newest versions deltification leaves as saved (a keep_last retention raises it)
         self.deltify_lag = DEFAULT_DELTIFY_LAG
-        #: what deltification found not worth doing, so that later runs skip it (deltify.py)
+        #: what deltification found not worth doing and the sizes it measured, so that later runs
+        #: do not measure them again (deltify_memo.py)
         self.deltify_memo: Any = None
         #: the DeltifyReport (or the error) of the step the last save ran after it committed
         self.last_maintenance: Any = None
