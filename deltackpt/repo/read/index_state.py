@@ -116,12 +116,16 @@ class Index:
             fresh_pack = not known
             new: dict[bytes, list[Copy]] = {}
             again = False
+            every = self.copies
             for e in entries:
-                copies = self.copies.get(e.chunk_id)
-                if copies is None:
-                    copies = self.copies[e.chunk_id] = []
-                    new[e.chunk_id] = copies
-                elif e.chunk_id not in new:
+                cid = e.chunk_id
+                copies = every.get(cid)
+                if copies is None:   # the common case, kept short: an index holds one per stored copy
+                    copies = every[cid] = [(pack_id, e)]
+                    new[cid] = copies
+                    known.append(e)
+                    continue
+                if cid not in new:
                     again = True
                 if not fresh_pack and any(p == pack_id for p, _ in copies):
                     continue
