@@ -33,6 +33,11 @@ def rss_anon() -> int:
     return _status("RssAnon")
 
 
+def vm_rss() -> int:
+    """Resident bytes of this process now (its heap and the file pages it maps)."""
+    return _status("VmRSS")
+
+
 def vm_hwm() -> int:
     """Peak resident bytes of this process so far (of this address space: ru_maxrss would carry a
     parent's peak across execve)."""

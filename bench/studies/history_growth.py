@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from bench.common.measure import digests, same, timed_cpu
+from bench.common.measure import digests, proc_io, same, timed_cpu
+from bench.common.memory import vm_rss
 from bench.common.record import record
 from bench.common.scratch import scratch
 
@@ -64,21 +65,12 @@ def _sparse():
     return step
 
 
-def _proc(field: str, name: str) -> int:
-    """A counter of this process: ``/proc/self/<name>``'s line ``field`` (kB for status)."""
-    with open(f"/proc/self/{name}") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
 def _run(make, versions: int, path: str) -> dict[str, Any]:
     import deltackpt
     step = make()
     cpu, maint, rss = [], [], []
     band = max(1, versions // 10)
-    written0 = _proc("wchar", "io")
+    written0 = proc_io("wchar")
     with deltackpt.Repo(path, create=True) as repo:
         for v in range(versions):
             state = step()
@@ -86,9 +78,9 @@ def _run(make, versions: int, path: str) -> dict[str, Any]:
             cpu.append(c)
             m = repo.session.last_maintenance
             maint.append(getattr(m, "seconds", 0.0))
-            rss.append(_proc("VmRSS", "status") * 1024)
+            rss.append(vm_rss())
         ok = same(digests(state), repo.load())
-    written = _proc("wchar", "io") - written0
+    written = proc_io("wchar") - written0
     stored = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
     first, last = slice(1, 1 + band), slice(versions - band, versions)
     return {"cpu": cpu, "maintenance": maint, "ok": ok, "stored": stored, "written": written,

@@ -72,6 +72,10 @@ class ManifestHead(NamedTuple):
     metrics: dict
 
 
+def _head_of(m: Manifest) -> ManifestHead:
+    return ManifestHead(m.time, m.parent, m.step, m.metrics)
+
+
 def _sort_time(t: float) -> float:
     """A manifest's time as a sort key: NaN (which compares with nothing) sorts oldest."""
     return t if t == t else -math.inf
@@ -175,7 +179,7 @@ class Repository:
             raise UnknownVersionError(f"version {vid} has no manifest in {self.location}") from None
         m = manifest_fmt.decode(data, version_id=vid)
         with self._cache_lock:
-            self._heads[vid] = ManifestHead(m.time, m.parent, m.step, m.metrics)
+            self._heads[vid] = _head_of(m)
             self._manifests[vid] = m
             while len(self._manifests) > MANIFESTS_KEPT:
                 self._manifests.popitem(last=False)
@@ -185,10 +189,7 @@ class Repository:
         """Version ``vid``'s manifest's time, parent, step and metrics, without decoding it again
         once read (a manifest never changes)."""
         h = self._heads.get(vid)
-        if h is None:
-            m = self.manifest(vid)
-            h = ManifestHead(m.time, m.parent, m.step, m.metrics)
-        return h
+        return h if h is not None else _head_of(self.manifest(vid))
 
     def require_present(self) -> None:
         """Raise NotARepositoryError when the repository this handle opened is no longer there (its

@@ -35,6 +35,9 @@ class Index:
         # every indexed copy of every chunk, in index order; which one to read is computed (copies.py)
         self.copies: dict[bytes, list[Copy]] = {}
         self._resolution: Resolution | None = None
+        # chunks indexed for the first time since the copy choice was made: it is extended with
+        # them when next asked for (copies.extended), once for every pack a refresh added
+        self._fresh: dict[bytes, list[Copy]] = {}
         self._files: set[str] = set()
         self.file_packs: dict[str, set[str]] = {}  # index key -> the packs it names
         self.pack_entries: dict[str, list[PackEntry]] = {}  # pack id -> its indexed entries
@@ -75,7 +78,7 @@ class Index:
         """Drop everything loaded from index files (the next refresh reads them all again)."""
         with self._lock:
             self.copies.clear()
-            self._resolution = None
+            self._drop_resolution()
             self._files.clear()
             self.file_packs.clear()
             self.pack_entries.clear()
@@ -83,14 +86,24 @@ class Index:
 
     @property
     def resolution(self) -> Resolution:
-        """Each chunk's shortest real chain and the copy that gives it (recomputed after the index grew)."""
+        """Each chunk's shortest real chain and the copy that gives it: extended with the chunks
+        indexed since, or computed again after a change to the copies of chunks indexed before."""
         res = self._resolution
-        if res is None:
+        if res is None or self._fresh:
             with self._lock:
                 res = self._resolution
+                if res is not None and self._fresh:
+                    res = extended(res, self._fresh)
+                    self._fresh = {}
                 if res is None:
-                    res = self._resolution = resolve(self.copies)
+                    res = resolve(self.copies)
+                    self._fresh = {}
+                self._resolution = res
         return res
+
+    def _drop_resolution(self) -> None:
+        self._resolution = None
+        self._fresh = {}
 
     def has_chunk(self, cid: bytes) -> bool:
         return cid in self.copies
@@ -108,13 +121,13 @@ class Index:
 
     def add_entries(self, pack_id: str, entries: Iterable[PackEntry]) -> None:
         """Index a pack's entries (a chunk indexed twice in one pack counts once).  The copy
-        choice is extended with the chunks indexed for the first time (a save's new pack: every
-        save used to walk the whole index again, a cost that grew with the history); a new copy
-        of a chunk indexed before makes it computed again."""
+        choice will be extended with the chunks indexed for the first time (a save's new pack:
+        every save used to walk the whole index again, a cost that grew with the history); a new
+        copy of a chunk indexed before makes it computed again."""
         with self._lock:
             known = self.pack_entries.setdefault(pack_id, [])
             fresh_pack = not known
-            new: dict[bytes, list[Copy]] = {}
+            new = self._fresh
             again = False
             every = self.copies
             for e in entries:
@@ -131,8 +144,8 @@ class Index:
                     continue
                 copies.append((pack_id, e))
                 known.append(e)
-            if self._resolution is not None and (new or again):
-                self._resolution = None if again else extended(self._resolution, new)
+            if again or self._resolution is None:
+                self._drop_resolution()   # (nothing to extend: the next choice is computed whole)
 
     def entries_for(self, cid: bytes) -> list[tuple[str, PackEntry]]:
         """Every known copy of a chunk, the one with the shortest real chain first."""
@@ -175,7 +188,7 @@ class Index:
                         self.add_entries(pid, entries)
                 self.note_file(key, packs)
             if not same:
-                self._resolution = None
+                self._drop_resolution()
 
     def resolve_copies(self, usable: Callable[[str], bool] | None = None,
                        extra: Iterable[tuple[bytes, Copy]] = ()) -> Resolution:

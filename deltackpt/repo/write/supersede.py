@@ -46,8 +46,8 @@ def _plan(repo: Repository, candidates: set[str], protected: set[bytes],
     object at once would keep whole packs of redundant keyframes).  Only when no round makes
     progress (copies elsewhere that resolve only through each other) is every object that would
     resolve kept."""
-    usable = lambda pid: pid not in candidates and pid in on_disk  # noqa: E731
     unusable = candidates | (set(repo.index.pack_entries) - on_disk)
+    usable = lambda pid: pid not in unusable  # noqa: E731
     keep: dict[str, list[PackEntry]] = {pid: [] for pid in candidates}
     kept: set[tuple[str, int]] = set()
     strict = True
