@@ -148,7 +148,8 @@ def main() -> None:
         for key in store.list("index/"):
             data = store.get(key)
             _write("index", b"\x00" + data)
-            _write("index", b"\x01" + data[len(index_fmt.MAGIC):-8])
+            _write("index", (b"\x02" if data[:8] == index_fmt.MAGIC_V2 else b"\x01") + data[len(index_fmt.MAGIC):-8])
+            _write("index", b"\x03" + data)
         for key in store.list("refs/"):
             _write("refs", store.get(key))
             _write("refs", key.rsplit("/", 1)[-1].encode())

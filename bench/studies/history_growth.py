@@ -4,7 +4,9 @@ A save's maintenance step plans over every kept version (deltify_plan.py), so it
 part of a save that can grow with the history.  This saves ``--versions`` versions of two small
 states and reports, per band of versions, a save's CPU (all threads) and the maintenance step's
 seconds (``repo.session.last_maintenance``), the handle's resident memory (VmRSS) and the bytes
-stored and written:
+stored and written; then the restart: the newest version loaded by a fresh process, files in the
+page cache, against ``torch.load`` of the same state (a long history's index is what a restart
+reads before anything else: format 3 searches it instead of decoding every entry):
 
 * dense: an 8-layer MLP of 256 x 256 and its AdamW moments (4 MB), one optimizer step between
   versions: every chunk changes, every old keyframe stays whole;
@@ -22,8 +24,11 @@ version is checked bit-identical at the end.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 from typing import Any
 
 import torch
@@ -65,6 +70,49 @@ def _sparse():
     return step
 
 
+# a fresh process: modules imported, every file read once (page cache), then the timed load
+_RESTART = """
+import json, os, sys, time
+import torch
+from bench.studies.load_speed import _import_load_modules
+import deltackpt
+_import_load_modules()
+path, pt, first = sys.argv[1:4]
+for folder in (path, pt):
+    for root, _, names in os.walk(folder) if os.path.isdir(folder) else [("", [], [folder])]:
+        for name in names:
+            with open(os.path.join(root, name), "rb") as f:
+                while f.read(64 << 20):
+                    pass
+out = {}
+for system in (("deltackpt", "torch") if first == "deltackpt" else ("torch", "deltackpt")):
+    t = time.perf_counter()
+    deltackpt.load(path) if system == "deltackpt" else torch.load(pt, weights_only=True)
+    out[system] = time.perf_counter() - t
+print(json.dumps(out))
+"""
+
+
+def _restart(path: str, state: dict, rounds: int = 3) -> dict[str, Any]:
+    """Seconds to load the newest version in a fresh process, and ``torch.load``'s of the same
+    state in that process, the order alternating; medians of ``rounds``."""
+    import torch
+    pt = path + ".pt"
+    torch.save(state, pt)
+    try:
+        runs = []
+        for k in range(rounds):
+            got = subprocess.run([sys.executable, "-c", _RESTART, path, pt, ("deltackpt", "torch")[k % 2]],
+                                 capture_output=True, text=True, check=True,
+                                 cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+            runs.append(json.loads(got.stdout.strip().splitlines()[-1]))
+    finally:
+        os.unlink(pt)
+    index = sum(os.path.getsize(os.path.join(path, "index", f)) for f in os.listdir(os.path.join(path, "index")))
+    return {"deltackpt": statistics.median(r["deltackpt"] for r in runs),
+            "torch": statistics.median(r["torch"] for r in runs), "runs": runs, "index_bytes": index}
+
+
 def _run(make, versions: int, path: str) -> dict[str, Any]:
     import deltackpt
     step = make()
@@ -84,6 +132,7 @@ def _run(make, versions: int, path: str) -> dict[str, Any]:
     stored = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
     first, last = slice(1, 1 + band), slice(versions - band, versions)
     return {"cpu": cpu, "maintenance": maint, "ok": ok, "stored": stored, "written": written,
+            "restart": _restart(path, state),
             # what the process holds more at the end than after the first tenth of the saves
             "rss_growth": rss[-1] - rss[band],
             "cpu_first": statistics.median(cpu[first]), "cpu_last": statistics.median(cpu[last]),
@@ -107,6 +156,14 @@ def run(args: argparse.Namespace) -> int:
               f"{1e3 * r['maintenance_first']:.1f} -> {1e3 * r['maintenance_last']:.1f} | "
               f"{r['cpu_last'] / max(r['cpu_first'], 1e-6):.2f} | {r['rss_growth'] / 2**20:.1f} | "
               f"{r['stored'] / 2**20:.1f} | {r['written'] / 2**20:.1f} |")
+    print("\nThe newest version loaded by a fresh process (page cache), medians of 3, against torch.load in "
+          "the same process\n")
+    print("| state | deltackpt.load (ms) | torch.load (ms) | ratio | index files (KiB) |")
+    print("|---|---|---|---|---|")
+    for name, r in results["runs"].items():
+        x = r["restart"]
+        print(f"| {name} | {1e3 * x['deltackpt']:.1f} | {1e3 * x['torch']:.1f} | "
+              f"{x['deltackpt'] / max(x['torch'], 1e-9):.2f}x | {x['index_bytes'] / 1024:.0f} |")
     if args.record and not args.quick:
         record("history_growth", args.record, results)
     return 0

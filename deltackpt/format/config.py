@@ -1,9 +1,11 @@
 """The repository config object: format name and version, checked before anything else is read.
 
-    config = msgpack map {"format": "deltackpt", "version": 1 | 2, "repo_id": hex, "created": float,
+    config = msgpack map {"format": "deltackpt", "version": 1 | 2 | 3, "repo_id": hex, "created": float,
                           "chunk_bytes": int, "keyframe_interval": int, ["delta_base": str]}
 
-``delta_base`` says what writers take lossless deltas against: ``"child"`` (format 2 only, its
+Format 3 differs from format 2 only in its index files (version 2, spec §8).
+
+``delta_base`` says what writers take lossless deltas against: ``"child"`` (formats 2 and 3, their
 default: a save writes a changed chunk whole or as a small forward delta, so the newest version is
 about one read away, and older versions become deltas against newer chunks later, spec §10),
 ``"parent"`` (the chunk at the same place in
@@ -52,7 +54,7 @@ def check_delta_base(value: str, version: int = FORMAT_VERSION) -> str:
     if value not in DELTA_BASES:
         raise InvalidArgumentError(f"delta_base must be one of {DELTA_BASES}, not {value!r}")
     if value == "child" and version < 2:
-        raise InvalidArgumentError("delta_base 'child' needs a format-2 repository; this one is format "
+        raise InvalidArgumentError("delta_base 'child' needs a format-2 or newer repository; this one is format "
                                    f"{version} (its readers would not follow reverse deltas)")
     return value
 

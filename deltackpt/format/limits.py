@@ -1,9 +1,10 @@
 """Hard limits every reader enforces before allocating anything (spec/FORMAT.md, "Limits")."""
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # versions this code reads; it writes FORMAT_VERSION into new repositories and keeps an existing
-# repository's version (a version-1 repository stays readable by version-1 readers)
-READABLE_VERSIONS = (1, 2)
+# repository's version (a version-1 repository stays readable by version-1 readers, a version-2
+# one by version-2 readers: its index files stay version 1)
+READABLE_VERSIONS = (1, 2, 3)
 """The one on-disk format version this code writes and reads."""
 
 MAX_CHUNK_BYTES = 64 * 1024 * 1024

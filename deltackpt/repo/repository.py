@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 from ..errors import (AmbiguousVersionError, DeltackptError,
                       NotARepositoryError, ObjectNotFoundError, StoreError, UnknownVersionError)
 from ..format import config as config_fmt
+from ..format import index as index_fmt
 from ..format import manifest as manifest_fmt
 from ..format import refs
 from ..format.ids import is_hex_prefix
@@ -373,6 +374,11 @@ class Repository:
         return [(vid, m) for _t, vid, m in rows]
 
     # chunk reads ----------------------------------------------------------------------------
+    def encode_index(self, packs: dict[str, tuple[int, list[Any]]]) -> bytes:
+        """An index file naming ``packs`` ({pack id: (pack length, entries)}) in the index version
+        this repository's format calls for (version 1 in formats 1 and 2: their readers read no other)."""
+        return index_fmt.encode(packs, index_fmt.version_for(self.config.version))
+
     def info(self) -> dict[str, Any]:
         return {"location": self.location, "format_version": self.config.version, "repo_id": self.config.repo_id,
                 "chunk_bytes": self.config.chunk_bytes, "keyframe_interval": self.config.keyframe_interval}

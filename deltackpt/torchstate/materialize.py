@@ -83,6 +83,7 @@ def read_into(core: Repository, vid: str, m: Manifest, targets: "list[tuple[int,
     ``live``: the destinations are live tensors; chunks they hold (or are a few deltas from) are
     kept or stepped in place (:mod:`deltackpt.repo.read.live`).  ``threads``: see :func:`read_threads`."""
     if not checked:
+        core.chunks.prepare([m.blobs[b] for b, _ in targets])
         for b, _ in targets:
             _check(core, vid, m, b)
     count = read_threads(threads)
@@ -151,6 +152,7 @@ def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int],
     :func:`deltackpt.restore` does in place, so only what differs is read; the live tensors are
     not written."""
     wanted = sorted(set(blob_ids))
+    core.chunks.prepare([m.blobs[b] for b in wanted])
     for b in wanted:
         _check(core, vid, m, b)
     try:

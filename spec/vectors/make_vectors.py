@@ -224,11 +224,11 @@ def pack_vector(cases: dict[str, list[dict]]) -> dict:
             "entries": entries}
 
 
-def index_vector(pack: dict) -> dict:
+def index_vector(pack: dict, version: int = 1) -> dict:
     from deltackpt.format.pack import parse_pack
     data = bytes.fromhex(pack["pack"])
     body = {pack["pack_id"]: (len(data), parse_pack(data))}
-    idx = index_fmt.encode(body)
+    idx = index_fmt.encode(body, version)
     return {"index": idx.hex(), "key": "index/" + hex_id(idx), "pack_id": pack["pack_id"], "pack_len": len(data),
             "entries": pack["entries"]}
 
@@ -305,7 +305,8 @@ def build_all() -> dict[str, Any]:
     pack = pack_vector(cases)
     man = manifest_vector()
     out: dict[str, Any] = {f"codec-{name}": {"cases": c} for name, c in cases.items()}
-    out.update({"pack": pack, "index": index_vector(pack), "manifest": man, "config": config_vector(), "config-v1": config_vector(1),
+    out.update({"pack": pack, "index": index_vector(pack), "index-v2": index_vector(pack, 2), "manifest": man,
+                "config": config_vector(2), "config-v1": config_vector(1), "config-v3": config_vector(3),
                 "ref": ref_vector(man["version_id"]), "event": event_vector(man["version_id"])})
     for v in out.values():
         v["generator"] = {"zstd": zstandard.ZSTD_VERSION and ".".join(map(str, zstandard.ZSTD_VERSION))}

@@ -25,7 +25,7 @@ def _repo_with_versions(path: str, n: int = 3) -> list:
 def test_init_log_show_du_json(tmp_path):
     """init creates a repository; log, show and du answer in parseable JSON."""
     path = str(tmp_path / "r")
-    assert json.loads(run_cli("init", "--repo", path, "--json").stdout)["format_version"] == 2
+    assert json.loads(run_cli("init", "--repo", path, "--json").stdout)["format_version"] == 3
     versions = _repo_with_versions(path)
     log = json.loads(run_cli("log", "--repo", path, "--json").stdout)
     assert [v["id"] for v in log] == [v.id for v in reversed(versions)]

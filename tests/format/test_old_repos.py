@@ -59,8 +59,14 @@ def repo_v2(tmp_path):
     return _copy_fixture(tmp_path, "repo-v2")
 
 
+@pytest.fixture
+def repo_v3(tmp_path):
+    """The format-3 fixture (tests/fixtures/make_repo_v3.py): repo-v2's saves, version-2 index files."""
+    return _copy_fixture(tmp_path, "repo-v3")
+
+
 EXPECTED = {}
-for _name in ("repo-v1", "repo-v2"):
+for _name in ("repo-v1", "repo-v2", "repo-v3"):
     with open(os.path.join(FIXTURES, f"{_name}.expected.json")) as _f:
         EXPECTED[_name] = json.load(_f)
 
@@ -111,3 +117,47 @@ def test_a_format_1_reader_refuses_a_format_2_repository(repo_v2, monkeypatch):
     monkeypatch.setattr(config_fmt, "READABLE_VERSIONS", (1,))
     with pytest.raises(deltackpt.FormatVersionError, match=r"version 2 .*reads versions 1"):
         deltackpt.Repo(repo_v2)
+
+
+def _index_versions(path: str) -> set[int]:
+    folder = os.path.join(path, "index")
+    out = set()
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name), "rb") as f:
+            out.add(f.read(8)[6])
+    return out
+
+
+def test_repo_v3_is_format_3_with_version_2_index_files_and_verifies(repo_v3):
+    """The format-3 fixture has version-2 index files only; its newest version loads through
+    lookups (no entry built per stored copy); verify passes (and holds every copy)."""
+    assert _index_versions(repo_v3) == {2}
+    repo = deltackpt.Repo(repo_v3)
+    assert repo.core.config.version == 3
+    repo.load("latest")
+    assert not repo.core.index.holds_every_copy
+    assert repo.verify().ok and repo.core.index.holds_every_copy
+
+
+def test_a_save_keeps_each_repository_in_its_own_index_version(repo_v2, repo_v3):
+    """Writing into a format-2 repository writes version-1 index files (its readers read no
+    other) and leaves its config alone; a format-3 one gets version-2 files; gc consolidates
+    each in its own version."""
+    for path, version, index_version in ((repo_v2, 2, 1), (repo_v3, 3, 2)):
+        state = deltackpt.load(path)
+        state["table"] = state["table"] + 1
+        deltackpt.save(state, path, step=99)
+        with deltackpt.Repo(path) as repo:
+            repo.gc()
+            assert repo.core.config.version == version
+        assert _index_versions(path) == {index_version}
+        assert torch.equal(deltackpt.load(path)["table"], state["table"])
+        assert deltackpt.Repo(path).verify().ok
+
+
+def test_a_format_2_reader_refuses_a_format_3_repository(repo_v3, monkeypatch):
+    """A reader of formats 1 and 2 only refuses the v3 fixture on open, naming both versions."""
+    from deltackpt.format import config as config_fmt
+    monkeypatch.setattr(config_fmt, "READABLE_VERSIONS", (1, 2))
+    with pytest.raises(deltackpt.FormatVersionError, match=r"version 3 .*reads versions 1, 2"):
+        deltackpt.Repo(repo_v3)

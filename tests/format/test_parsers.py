@@ -42,8 +42,11 @@ def test_index_magic_and_future_version():
     data = _index()
     with pytest.raises(CorruptObjectError):
         index_fmt.decode(b"XXXXXXXX" + data[8:])
-    with pytest.raises(FormatVersionError):
-        index_fmt.decode(b"DCKIDX\x02\x00" + data[8:])
+    for future in (b"DCKIDX\x03\x00", b"DCKIDX\x01\x01", b"DCKIDX\x02\x01"):
+        with pytest.raises(FormatVersionError):
+            index_fmt.decode(future + data[8:])
+        with pytest.raises(FormatVersionError):
+            index_fmt.decode_any(future + data[8:])
 
 
 def _index_body(body: object) -> bytes:
@@ -116,8 +119,8 @@ def test_parse_best_takes_only_a_final_min_or_max_as_the_direction():
 
 def test_config_future_version():
     """A config with a format version this reader does not know is a FormatVersionError."""
-    data = msgpack.packb({"format": "deltackpt", "version": 3, "repo_id": "ab"})
-    with pytest.raises(FormatVersionError, match="version 3"):
+    data = msgpack.packb({"format": "deltackpt", "version": 4, "repo_id": "ab"})
+    with pytest.raises(FormatVersionError, match="version 4"):
         config_fmt.decode(data, where="repo")
 
 
@@ -134,7 +137,7 @@ def test_config_delta_base_defaults_per_format_version_and_is_checked():
     (and "parent" is not written there, so older configs' bytes are unchanged); "keyframe"
     round-trips; "child" in a format-1 config, or any other value, is refused as corrupt."""
     cfg = config_fmt.Config(repo_id="ab" * 16, created=1.0)
-    assert cfg.version == 2 and config_fmt.decode(cfg.to_bytes(), where="t").delta_base == "child"
+    assert cfg.version == 3 and config_fmt.decode(cfg.to_bytes(), where="t").delta_base == "child"
     assert msgpack.unpackb(cfg.to_bytes())["delta_base"] == "child"
     v1 = config_fmt.Config(repo_id="ab" * 16, created=1.0, version=1, delta_base="parent")
     assert b"delta_base" not in v1.to_bytes()

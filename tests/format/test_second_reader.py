@@ -1,4 +1,4 @@
-"""A second, independent reader of format versions 1 and 2, written only from spec/FORMAT.md.
+"""A second, independent reader of format versions 1 to 3, written only from spec/FORMAT.md.
 
 It imports nothing from deltackpt's format, codecs or repo packages: msgpack, zstandard, xxhash
 and numpy read the bytes, torch only builds tensors to compare with ``deltackpt.load``.  If this
@@ -35,17 +35,51 @@ class SpecReader:
         self.root = root
         self.encodings_seen: set[int] = set()
         config = msgpack.unpackb(self.get("config"), raw=False)                     # "Config and versioning"
-        assert config["format"] == "deltackpt" and config["version"] in (1, 2)
+        assert config["format"] == "deltackpt" and config["version"] in (1, 2, 3)
         copies: dict[bytes, list[tuple[str, list]]] = {}                            # "Index files"
         for name in sorted(os.listdir(os.path.join(root, "index"))):
             data = self.get(f"index/{name}")
-            assert data[:8] == b"DCKIDX\x01\x00"
+            assert data[:8] == (b"DCKIDX\x02\x00" if config["version"] == 3 else b"DCKIDX\x01\x00")
             body, (checksum,) = data[8:-8], struct.unpack("<Q", data[-8:])
             assert xxhash.xxh64_intdigest(body) == checksum
-            for pack_id, (_pack_len, entries) in msgpack.unpackb(body, raw=False, strict_map_key=False).items():
+            packs = (self.index_v2(body[:8], zstandard.ZstdDecompressor().decompress(body[8:])) if data[6] == 2
+                     else msgpack.unpackb(body, raw=False, strict_map_key=False))
+            for pack_id, (_pack_len, entries) in packs.items():
                 for e in entries:
                     copies.setdefault(e[0], []).append((pack_id, e))
         self.index = self.choose(copies)
+
+    @staticmethod
+    def index_v2(head: bytes, body: bytes) -> dict[str, tuple[int, list]]:
+        """Index version 2 (§8): P and N, then (decompressed) a pack table and the entries column
+        by column."""
+        p, n = struct.unpack("<II", head)
+        assert len(body) == 24 * p + 55 * n
+        packs, pos = [], 0
+        for _ in range(p):
+            packs.append((body[pos:pos + 16].hex(), struct.unpack_from("<Q", body, pos + 16)[0]))
+            pos += 24
+        assert [x[0] for x in packs] == sorted({x[0] for x in packs})
+        cols = {}
+        for name, width, fmt in (("chunk_id", 16, None), ("base", 16, None), ("offset", 8, "Q"), ("length", 4, "I"),
+                                 ("raw_len", 4, "I"), ("pack", 4, "I"), ("depth", 2, "H"), ("encoding", 1, "B")):
+            raw = body[pos:pos + width * n]
+            cols[name] = ([raw[i * 16:(i + 1) * 16] for i in range(n)] if fmt is None
+                          else list(struct.unpack(f"<{n}{fmt}", raw)))
+            pos += width * n
+        out: dict[str, tuple[int, list]] = {pid: (plen, []) for pid, plen in packs}
+        keys = []
+        for i in range(n):
+            pid, plen = packs[cols["pack"][i]]
+            depth = cols["depth"][i]
+            base = None if depth == 0 else cols["base"][i]
+            assert depth > 0 or cols["base"][i] == bytes(16)
+            assert 8 <= cols["offset"][i] and cols["offset"][i] + cols["length"][i] <= plen - 20
+            keys.append((cols["chunk_id"][i], pid, cols["offset"][i]))
+            out[pid][1].append([cols["chunk_id"][i], cols["offset"][i], cols["length"][i], cols["encoding"][i],
+                                cols["raw_len"][i], base, depth])
+        assert keys == sorted(set(keys))
+        return out
 
     @staticmethod
     def choose(copies: dict[bytes, list[tuple[str, list]]]) -> dict[bytes, tuple[str, list]]:

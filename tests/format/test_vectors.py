@@ -99,18 +99,28 @@ def test_pack_vector_parses_and_rebuilds():
     assert bytes(builder.finish()).hex() == vec["pack"]
 
 
-def test_index_vector_decodes_and_reencodes():
-    """The recorded index decodes to the pack's entries and re-encodes to the same bytes and key."""
-    vec = load("index")
+@pytest.mark.parametrize("name, version", [("index", 1), ("index-v2", 2)])
+def test_index_vector_decodes_and_reencodes(name, version):
+    """The recorded index files (version 1 and version 2) decode to the pack's entries and
+    re-encode to the same bytes and key; a version-2 file finds each entry by its chunk id."""
+    vec = load(name)
     data = bytes.fromhex(vec["index"])
+    assert data[6] == version
     decoded = index_fmt.decode(data)
     assert list(decoded) == [vec["pack_id"]]
     plen, entries = decoded[vec["pack_id"]]
     assert plen == vec["pack_len"]
-    assert [[e.chunk_id.hex(), e.offset, e.length, e.encoding, e.raw_len, None if e.base is None else e.base.hex(),
-             e.depth] for e in entries] == vec["entries"]
-    assert index_fmt.encode(decoded) == data
+    rows = [[e.chunk_id.hex(), e.offset, e.length, e.encoding, e.raw_len, None if e.base is None else e.base.hex(),
+             e.depth] for e in entries]
+    assert rows == vec["entries"]
+    assert index_fmt.encode(decoded, version) == data
     assert "index/" + hex_id(data) == vec["key"]
+    if version == 2:
+        table = index_fmt.decode_any(data)
+        for e in entries:
+            found = {e.chunk_id: []}
+            table.lookup([e.chunk_id], found)
+            assert found[e.chunk_id] == [(vec["pack_id"], e)]
 
 
 def _jsonish(value):
@@ -145,9 +155,10 @@ def test_manifest_vector_decodes_and_reencodes():
     assert m.to_bytes() == data
 
 
-@pytest.mark.parametrize("name, version, delta_base", [("config", 2, "child"), ("config-v1", 1, "parent")])
+@pytest.mark.parametrize("name, version, delta_base", [("config-v3", 3, "child"), ("config", 2, "child"),
+                                                       ("config-v1", 1, "parent")])
 def test_config_vector_decodes_and_reencodes(name, version, delta_base):
-    """The recorded configs decode to their format version (2, with delta_base written; 1, without it)
+    """The recorded configs decode to their format version (3 and 2, with delta_base written; 1, without it)
     with the recorded fields and re-encode exactly."""
     vec = load(name)
     data = bytes.fromhex(vec["config"])

@@ -55,12 +55,12 @@ def test_unaffected_versions_still_load_after_damage(repo_path):
 
 
 def test_future_format_version_is_refused_clearly(repo_path):
-    """A repository whose config says format version 3 (newer than this code) is refused with FormatVersionError."""
+    """A repository whose config says format version 4 (newer than this code) is refused with FormatVersionError."""
     from deltackpt.format import msgpack_io
     deltackpt.save({"x": torch.zeros(1)}, repo_path)
     with open(os.path.join(repo_path, "config"), "wb") as f:
-        f.write(msgpack_io.pack({"format": "deltackpt", "version": 3, "repo_id": "x"}))
-    with pytest.raises(deltackpt.FormatVersionError, match="version 3"):
+        f.write(msgpack_io.pack({"format": "deltackpt", "version": 4, "repo_id": "x"}))
+    with pytest.raises(deltackpt.FormatVersionError, match="version 4"):
         deltackpt.load(repo_path)
 
 

@@ -156,10 +156,10 @@ def test_an_index_file_of_an_unknown_version_is_a_format_version_error_naming_it
     (key,) = os.listdir(os.path.join(repo_path, "index"))
     path = os.path.join(repo_path, "index", key)
     data = bytearray(open(path, "rb").read())
-    data[6] = 2
+    data[6] = 3
     with open(path, "wb") as f:
         f.write(data)
-    with pytest.raises(deltackpt.FormatVersionError, match=f"index/{key}: index version 2"):
+    with pytest.raises(deltackpt.FormatVersionError, match=f"index/{key}: index version 3"):
         deltackpt.load(repo_path)
     data[6], data[0] = 1, ord("X")  # a damaged file is still skipped and reported, as before
     with open(path, "wb") as f:

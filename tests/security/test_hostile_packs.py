@@ -106,10 +106,10 @@ def test_delta_chain_that_loops(env):
 # --- format versions from the future -----------------------------------------------------------
 
 def test_future_config_version(env):
-    """A config from format version 3 is refused on open with FormatVersionError (upgrade hint)."""
+    """A config from format version 4 is refused on open with FormatVersionError (upgrade hint)."""
     root, _ = env
     cfg = msgpack.unpackb(open(os.path.join(root, "config"), "rb").read())
-    cfg["version"] = 3
+    cfg["version"] = 4
     open(os.path.join(root, "config"), "wb").write(msgpack.packb(cfg))
     with pytest.raises(FormatVersionError, match="upgrade"):
         deltackpt.Repo(root)
@@ -164,7 +164,7 @@ def test_future_index_version(env):
     for key in _keys(root, "index"):
         path = os.path.join(root, key)
         data = bytearray(open(path, "rb").read())
-        data[6] = 2
+        data[6] = 3
         open(path, "wb").write(bytes(data))
     with pytest.raises(FormatVersionError, match="index/"):
         deltackpt.load(root, _latest(root))

@@ -79,6 +79,7 @@ def _batches(blobs: list[Blob]) -> list[list[Blob]]:
 
 def _restore_and_check(fresh: Repository, blobs: list[Blob], pool: ThreadPoolExecutor | None, threads: int = 1) -> None:
     """Read every blob into new memory and hash each chunk of it again."""
+    fresh.chunks.prepare(blobs)
     for batch in _batches(blobs):
         for b in batch:
             fresh.chunks.check_blob(b)

@@ -102,7 +102,7 @@ def _estimate(repo: Repository, policy: Retention, report: GcReport, rebase: boo
     # so the reclaimed bytes are the net change the real run makes, growth included
     new_packs = {hex_id(data): (len(data), entries)
                  for data, entries in _repack(repo, p.rewrite, p.to_rebase, p.widths, level, with_entries=True)}
-    new_index = len(index_fmt.encode({**p.keep_packs, **new_packs}))
+    new_index = len(repo.encode_index({**p.keep_packs, **new_packs}))
     report.reclaimed_bytes = (p.old_bytes - sum(p.packs_on_disk.values())) + _index_bytes(repo) - new_index + \
         sum(p.packs_on_disk[pid] for pid in p.doomed) - sum(size for size, _ in new_packs.values())
     report.packs_deleted = len(p.doomed) - len(p.rewrite)
@@ -143,7 +143,7 @@ def _write_one_index(repo: Repository, packs: dict[str, tuple[int, list[PackEntr
     bytes this saves (the old files' total less the new one's size)."""
     old_index_files = repo.store.list(INDEX)
     old_index_bytes = _index_bytes(repo)
-    index_data = index_fmt.encode(packs)
+    index_data = repo.encode_index(packs)
     index_key = INDEX + hex_id(index_data)
     repo.store.put_atomic(index_key, index_data, site="gc.index")
     for key in old_index_files:

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...errors import DeltackptError
-from ...format import index as index_fmt
 from ...format.ids import from_hex, hex_id
 from ...format.pack import PackEntry
 from .. import locks
@@ -52,7 +51,7 @@ def rebuild_index(repo: Repository) -> RebuildReport:
                 packs[pid] = packfile.read_entries(repo.store, pid)
             except DeltackptError as exc:
                 report.packs_skipped[key] = str(exc)
-        data = index_fmt.encode(packs)
+        data = repo.encode_index(packs)
         report.index_key = INDEX + hex_id(data)
         repo.store.put_atomic(report.index_key, data, site="rebuild.index")
         for key in old_files:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from ...codecs import registry
 from ...codecs.base import Room
@@ -234,6 +234,11 @@ class ChunkReader:
             raise _damaged(f"{what}: decoded bytes do not match the chunk id (data corrupted)", pid, e)
         return result
 
+    def prepare(self, blobs: Iterable[Blob]) -> None:
+        """Look up every chunk of ``blobs`` in the index at once (Index.prepare), before they are
+        checked and read one by one."""
+        self.index.prepare(c.chunk_id for b in blobs for c in b.chunks)
+
     def check_blob(self, blob: Blob) -> None:
         """Refuse a blob whose chunks the index does not back with the same lengths, before anyone
         allocates ``blob.nbytes`` (a hostile manifest may declare a terabyte over tiny chunks).
@@ -270,6 +275,7 @@ class ChunkReader:
         threads ``pool`` runs; the calling thread reads ahead of them into that many span buffers
         and SPARE_SPANS more (:mod:`.stream`)."""
         outs, jobs = _chunk_jobs(targets)
+        self.index.prepare(job[1] for job in jobs)
         if live:
             jobs = self._jobs_to_read(jobs, pool)
         tasks = self._plan_reads(jobs)

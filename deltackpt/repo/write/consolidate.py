@@ -49,7 +49,7 @@ def consolidate(repo: Repository, *, max_files: int = MAX_INDEX_FILES) -> int:
                 have = merged.setdefault(pid, (plen, []))[1]
                 seen = {(e.chunk_id, e.offset) for e in have}
                 have.extend(e for e in entries if (e.chunk_id, e.offset) not in seen)
-        data = index_fmt.encode(merged)
+        data = repo.encode_index(merged)
         new_key = INDEX + hex_id(data)
         store.put_atomic(new_key, data, site="consolidate.index")
         gone = [k for k in chosen if k != new_key]

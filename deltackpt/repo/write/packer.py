@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ...format import index as index_fmt
 from ...format.ids import hex_id
 from ...format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
 from ...format.pack import PackStream
@@ -106,7 +105,7 @@ class Packer:
             self.sealed.pop(0)
         if not self.written:
             return
-        data = index_fmt.encode(self.written)
+        data = self.repo.encode_index(self.written)
         key = INDEX + hex_id(data)
         self.repo.store.put_atomic(key, data, site="index")
         self.index_bytes = len(data)

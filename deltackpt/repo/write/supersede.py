@@ -162,7 +162,7 @@ def _write_replacements(repo: Repository, files: dict[str, dict[str, tuple[int, 
         rest.update(new_packs)
         new_packs = {}  # named once, by the first replacement
         if rest:
-            out = index_fmt.encode(rest)
+            out = repo.encode_index(rest)
             new_key = INDEX + hex_id(out)
             repo.store.put_atomic(new_key, out, site="supersede.index")
             added[new_key] = rest
