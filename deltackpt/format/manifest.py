@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 from ..errors import CorruptObjectError, FormatVersionError, LimitExceededError
 from . import msgpack_io
 from .dtypes import itemsize
@@ -173,9 +175,7 @@ def _expect_map(obj: Any, what: str, keys: set[str]) -> None:
         raise CorruptObjectError(f"{what} lacks {sorted(missing)}")
 
 
-def decode(data: bytes, *, version_id: str | None = None) -> Manifest:
-    """Parse and schema-check a manifest.  With ``version_id``, the content hash is checked too."""
-    what = f"manifest {version_id}" if version_id else "manifest"
+def _checked_bytes(data: bytes, version_id: str | None, what: str) -> None:
     if len(data) > MAX_MANIFEST_BYTES:
         raise LimitExceededError(f"{what}: {len(data)} bytes exceeds the limit")
     # the id is the hash of every byte: checked first, so a flipped version byte reads as damage
@@ -186,18 +186,71 @@ def decode(data: bytes, *, version_id: str | None = None) -> Manifest:
         raise CorruptObjectError(f"{what}: missing manifest magic")
     if data[:8] != MAGIC:
         raise FormatVersionError(f"{what}: manifest version {data[6]} is not supported by this reader (version 1)")
-    refs: list[int] = []
-    # the tree sits one level below the body
-    body = unpack_tree(memoryview(data)[len(MAGIC):], what=what, max_bytes=MAX_MANIFEST_BYTES, refs=refs, start=-1)
-    _expect_map(body, what, {"parent", "time", "tree", "tensors", "blobs"})
-    parent = body["parent"]
+
+
+def _head_fields(parent: Any, t: Any, step: Any, metrics: Any, what: str) -> tuple[str | None, float, int | None, dict]:
     if parent is not None:
         if not isinstance(parent, str):
             raise CorruptObjectError(f"{what}: parent is not a string")
         from_hex(parent)
-    t = body["time"]
     if not isinstance(t, (int, float)) or isinstance(t, bool):
         raise CorruptObjectError(f"{what}: time is not a number")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        raise CorruptObjectError(f"{what}: step is not an integer")
+    metrics = metrics or {}
+    if not isinstance(metrics, dict):
+        raise CorruptObjectError(f"{what}: metrics is not a map")
+    return parent, float(t), step, metrics
+
+
+_HEAD_KEYS = ("parent", "time", "step", "metrics")
+
+
+def decode_head(data: bytes, *, version_id: str | None = None) -> tuple[str | None, float, int | None, dict]:
+    """A manifest's (parent, time, step, metrics), checked as :func:`decode` checks them, without
+    building its tree, tensors and blobs: msgpack skips them in C.  What orders a history and what
+    retention reads; a process that opens a long history reads every version's (300 manifests of
+    320 tensors: 3.3 s decoded whole, ~30 ms so).  The rest of the manifest is checked when the
+    version is read."""
+    what = f"manifest {version_id}" if version_id else "manifest"
+    _checked_bytes(data, version_id, what)
+    body = memoryview(data)[len(MAGIC):]
+    n = len(body)
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(n, 1), max_bin_len=n,
+                                max_str_len=n, max_array_len=n, max_map_len=n, max_ext_len=n)
+    unpacker.feed(body)
+    found: dict[str, Any] = {}
+    try:
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            start = unpacker.tell()
+            unpacker.skip()
+            if key in _HEAD_KEYS or key in ("tree", "tensors", "blobs"):
+                found[key] = body[start:unpacker.tell()] if key in _HEAD_KEYS else None
+        if unpacker.tell() != n:
+            raise CorruptObjectError(f"{what}: bytes after the manifest")
+    except CorruptObjectError:
+        raise
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError,
+            msgpack.OutOfData, RecursionError, OverflowError) as exc:
+        raise CorruptObjectError(f"{what}: undecodable msgpack ({type(exc).__name__}: {exc})") from None
+    missing = {"parent", "time", "tree", "tensors", "blobs"} - found.keys()
+    if missing:
+        raise CorruptObjectError(f"{what} lacks {sorted(missing)}")
+    # each field decoded as the whole manifest's decoder decodes it (exts, depth, limits)
+    values = {k: unpack_tree(found[k], what=what, max_bytes=MAX_MANIFEST_BYTES, refs=[], start=0)
+              for k in _HEAD_KEYS if found.get(k) is not None}
+    return _head_fields(values.get("parent"), values.get("time"), values.get("step"), values.get("metrics"), what)
+
+
+def decode(data: bytes, *, version_id: str | None = None) -> Manifest:
+    """Parse and schema-check a manifest.  With ``version_id``, the content hash is checked too."""
+    what = f"manifest {version_id}" if version_id else "manifest"
+    _checked_bytes(data, version_id, what)
+    refs: list[int] = []
+    # the tree sits one level below the body
+    body = unpack_tree(memoryview(data)[len(MAGIC):], what=what, max_bytes=MAX_MANIFEST_BYTES, refs=refs, start=-1)
+    _expect_map(body, what, {"parent", "time", "tree", "tensors", "blobs"})
     if not isinstance(body["blobs"], list) or not isinstance(body["tensors"], list):
         raise CorruptObjectError(f"{what}: blobs/tensors are not arrays")
     blobs = [Blob.from_obj(b, f"{what} blob {i}") for i, b in enumerate(body["blobs"])]
@@ -205,15 +258,10 @@ def decode(data: bytes, *, version_id: str | None = None) -> Manifest:
     for idx in refs:
         if idx >= len(tensors):
             raise CorruptObjectError(f"{what}: tree refers to tensor {idx} of {len(tensors)}")
-    step = body.get("step")
-    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
-        raise CorruptObjectError(f"{what}: step is not an integer")
-    metrics = body.get("metrics") or {}
-    if not isinstance(metrics, dict):
-        raise CorruptObjectError(f"{what}: metrics is not a map")
+    parent, t, step, metrics = _head_fields(body["parent"], body["time"], body.get("step"), body.get("metrics"), what)
     extra = body.get("extra") or {}
     if not isinstance(extra, dict):
         raise CorruptObjectError(f"{what}: extra is not a map")
     writer = body.get("writer", "")
-    return Manifest(parent, float(t), body["tree"], tensors, blobs, step, metrics, body.get("meta"),
+    return Manifest(parent, t, body["tree"], tensors, blobs, step, metrics, body.get("meta"),
                     writer if isinstance(writer, str) else "", extra)

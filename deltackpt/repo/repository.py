@@ -187,10 +187,20 @@ class Repository:
         return m
 
     def head(self, vid: str) -> ManifestHead:
-        """Version ``vid``'s manifest's time, parent, step and metrics, without decoding it again
-        once read (a manifest never changes)."""
+        """Version ``vid``'s manifest's time, parent, step and metrics, read once (a manifest never
+        changes) and without building its tensors: ordering a long history reads every version's."""
         h = self._heads.get(vid)
-        return h if h is not None else _head_of(self.manifest(vid))
+        if h is not None:
+            return h
+        try:
+            data = self.store.get_bounded(MANIFESTS + vid, MAX_MANIFEST_BYTES)
+        except (ObjectNotFoundError, FileNotFoundError):
+            raise UnknownVersionError(f"version {vid} has no manifest in {self.location}") from None
+        parent, t, step, metrics = manifest_fmt.decode_head(data, version_id=vid)
+        h = ManifestHead(t, parent, step, metrics)
+        with self._cache_lock:
+            self._heads[vid] = h
+        return h
 
     def require_present(self) -> None:
         """Raise NotARepositoryError when the repository this handle opened is no longer there (its

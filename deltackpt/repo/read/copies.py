@@ -136,15 +136,18 @@ def resolve(copies: Mapping[bytes, Iterable[Copy]], usable: Callable[[str], bool
     return res
 
 
-def extended(res: Resolution, fresh: Mapping[bytes, list[Copy]]) -> Resolution | None:
+def extended(res: Resolution, fresh: Mapping[bytes, list[Copy]], *, in_place: bool = False) -> Resolution | None:
     """``res`` with chunks indexed for the first time added (``fresh``: their copies), as
     :func:`resolve` over every copy would choose, without walking the others again: a new chunk
     changes no other chunk's chain, as no copy indexed before reads through it.  None when one
-    does (a copy named it as its base before it was indexed): resolve again.  A new Resolution:
-    threads may be reading the old one."""
+    does (a copy named it as its base before it was indexed): resolve again.  A new Resolution
+    (threads may be reading the old one), or ``res`` itself grown when ``in_place`` (readers then
+    see chunks added, no choice changed)."""
     if not res.dangling.isdisjoint(fresh):
         return None
-    out = Resolution(dict(res.best), dict(res.depth))
+    if in_place:
+        res._children, res._heights = None, {}   # (what reads through what: built again when asked)
+    out = res if in_place else Resolution(dict(res.best), dict(res.depth))
     _choose(out, dict(fresh))
     out.dangling = res.dangling | {c[1].base for cps in fresh.values() for c in cps
                                    if c[1].base is not None and c[1].base not in out.depth}

@@ -75,6 +75,12 @@ class Index:
             self._materialize()
         return self._pack_entries
 
+    def hold_every_copy(self) -> None:
+        """Build every entry of the version-2 files kept as columns now (a writer whose
+        maintenance will need them all, rather than after looking chunks up one by one)."""
+        if self._tables:
+            self._materialize()
+
     def _materialize(self) -> None:
         """Add every entry of the version-2 files kept as columns (once something needs them all).
         The columns stay the readers' until the last entry is in: a reader looks up under the
@@ -122,7 +128,9 @@ class Index:
                 return
             looked.update(fresh)
             res = self._looked_res
-            got = extended(res, fresh) if res is not None else None
+            # grown in place: lookups one chunk at a time (a save's) would copy the choice each time;
+            # a reader holding it sees only chunks added, every earlier choice stays as it was
+            got = extended(res, fresh, in_place=True) if res is not None else None
             self._looked_res = got if got is not None else resolve(looked)
 
     def _lookup(self, cid: bytes) -> tuple[list[Copy], Resolution | None] | None:

@@ -189,6 +189,9 @@ def _store_locked(session: WriteSession, blobs: list[BlobInput], stats: SaveStat
     before the packs are published leaves no pack under a final name (the packer deletes its own)."""
     repo = session.repo
     repo.index.refresh()
+    if session.deltify and session.settings.reverse_deltas:
+        # the step after the save needs every copy: built once here, not after a lookup per chunk
+        repo.index.hold_every_copy()
     present = ChunkPresence(repo)
     sv = SaveContext(session, present, Packer(repo, stats, owner), head=head and session.settings.reverse_deltas)
     manifest_blobs: list[Blob] = []

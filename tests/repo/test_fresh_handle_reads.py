@@ -1,6 +1,8 @@
-"""Version-2 index files (format 3, spec §8) are searched, not decoded whole: a reader looks up the
-chunks it reads and their chains' bases, and chooses among those copies exactly what the choice
-over every copy would; a damaged file is refused whole, naming it, before anything is looked up."""
+"""What a fresh handle reads of a long history.  Version-2 index files (format 3, spec §8) are
+searched, not decoded whole: a reader looks up the chunks it reads and their chains' bases, and
+chooses among those copies exactly what the choice over every copy would; a damaged file is
+refused whole, naming it, before anything is looked up.  Ordering the history reads each
+manifest's head, not its tensors."""
 
 from __future__ import annotations
 
@@ -244,3 +246,21 @@ def test_readers_never_see_a_half_built_index(tmp_path):
             assert lazy.holds_every_copy
     finally:
         sys.setswitchinterval(interval)
+
+
+def test_a_fresh_handle_orders_the_history_without_decoding_whole_manifests(tmp_path, monkeypatch):
+    """Ordering a history (what retention, gc and the step after a save read first) reads each
+    version's head alone; a whole manifest is decoded only for a version read."""
+    from deltackpt.format import manifest as manifest_fmt
+    path = str(tmp_path / "r")
+    for step in range(6):
+        deltackpt.save({"w": torch.full((8,), float(step))}, path, step=step, metrics={"loss": 1.0 / (step + 1)})
+    whole = []
+    real = manifest_fmt.decode
+    monkeypatch.setattr(manifest_fmt, "decode", lambda *a, **k: whole.append(1) or real(*a, **k))
+    core = Repository(path)
+    order = core.history_order()
+    assert len(order) == 6 and not whole
+    assert [core.head(v).step for v in order] == [5, 4, 3, 2, 1, 0]
+    assert core.head(order[0]).metrics == {"loss": 1.0 / 6}
+    assert torch.equal(deltackpt.load(path, order[-1])["w"], torch.zeros(8)) and whole
