@@ -144,6 +144,11 @@ def test_a_damaged_version_2_file_is_refused_whole_naming_it():
         "base at depth 0": spoiled(col["base"] + 16 * depth0, "<B", 1),
         "pack length": spoiled(16, "<Q", (1 << 40) + 1),
     }
+    # a bomb: 10 MiB of zeros in a 339-byte frame whose header claims the tables' size
+    bomb = bytearray(zstandard.ZstdCompressor(level=1).compress(b"\0" * (10 << 20)))
+    assert bomb[4] >> 6 == 2 and not bomb[4] & 0x23   # a 4-byte content size at byte 6
+    struct.pack_into("<I", bomb, 6, len(tables))
+    cases["a frame decoding to more than it declares"] = _sealed(head, tables, frame=bytes(bomb))
     for why, data in cases.items():
         with pytest.raises(CorruptObjectError, match="index/x"):
             IndexTable.decode(data, what="index/x")
