@@ -38,7 +38,8 @@ from bench.common.memory import vm_rss
 from bench.common.record import record
 from bench.common.scratch import scratch
 
-SUMMARY = "a save's CPU and its maintenance step's seconds as every version of a run is kept (dense and sparse states)"
+SUMMARY = ("a save's CPU and its maintenance step's seconds as every version of a run is kept (dense and sparse "
+           "states), then the newest version's restart in a fresh process against torch.load")
 WRITES = "stdout; --record KEY: bench/results/history_growth.json"
 
 
