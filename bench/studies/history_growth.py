@@ -73,18 +73,14 @@ def _sparse():
 
 # a fresh process: modules imported, every file read once (page cache), then the timed load
 _RESTART = """
-import json, os, sys, time
+import json, sys, time
 import torch
+from bench.common import coldcache
 from bench.studies.load_speed import _import_load_modules
 import deltackpt
 _import_load_modules()
 path, pt, first = sys.argv[1:4]
-for folder in (path, pt):
-    for root, _, names in os.walk(folder) if os.path.isdir(folder) else [("", [], [folder])]:
-        for name in names:
-            with open(os.path.join(root, name), "rb") as f:
-                while f.read(64 << 20):
-                    pass
+coldcache.warm(coldcache.files_under(path, pt))
 out = {}
 for system in (("deltackpt", "torch") if first == "deltackpt" else ("torch", "deltackpt")):
     t = time.perf_counter()

@@ -141,9 +141,9 @@ class IndexTable:
     """One version-2 index file, checked whole and kept as columns.  Immutable; threads share it."""
 
     def __init__(self, pack_ids: list[str], pack_lens: list[int], cols: dict[str, np.ndarray],
-                 hi: np.ndarray, lo: np.ndarray, data: bytes, what: str) -> None:
+                 hi: np.ndarray, lo: np.ndarray) -> None:
+        # (the columns are views of the decompressed tables, which they keep alive)
         self.pack_ids, self.pack_lens, self._cols, self._hi, self._lo = pack_ids, pack_lens, cols, hi, lo
-        self._data, self.what = data, what
         #: the packs this file holds at least one entry of
         # (np.unique would import numpy.ma on its first call: 10 ms of a restart)
         used = np.bincount(cols["pack"].astype(np.intp), minlength=len(pack_ids)) if len(hi) else np.zeros(0)
@@ -182,7 +182,7 @@ class IndexTable:
         hi, lo = _id_words(cols["chunk_id"])
         cls._check_entries(cols, hi, lo, pack_lens, p, what)
         pack_ids = [bytes(r).hex() for r in table[:, :ID_BYTES]]
-        return cls(pack_ids, [int(x) for x in pack_lens], cols, hi, lo, data, what)
+        return cls(pack_ids, [int(x) for x in pack_lens], cols, hi, lo)
 
     @staticmethod
     def _check_entries(cols: dict[str, np.ndarray], hi: np.ndarray, lo: np.ndarray, pack_lens: np.ndarray,
@@ -222,10 +222,6 @@ class IndexTable:
                                       int(c["length"][i]), int(c["encoding"][i]), int(c["raw_len"][i]), base, depth))
         return self.pack_ids[int(c["pack"][i])], e
 
-    def _ranges(self, chunk_ids: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-        keys = np.frombuffer(b"".join(chunk_ids), dtype=">u8").reshape(-1, 2).astype(np.uint64)
-        return np.searchsorted(self._hi, keys[:, 0], "left"), np.searchsorted(self._hi, keys[:, 0], "right")
-
     def lookup(self, chunk_ids: list[bytes], into: dict[bytes, list[tuple[str, PackEntry]]],
                known: frozenset[str] | set[str] = frozenset()) -> None:
         """Append to ``into[c]`` (which must exist) every entry of each chunk ``c`` of
@@ -234,7 +230,8 @@ class IndexTable:
         pack, as a chunk indexed twice in one pack counts once (Index.add_entries)."""
         if not chunk_ids or not len(self._hi):
             return
-        left, right = self._ranges(chunk_ids)
+        high = np.frombuffer(b"".join(chunk_ids), dtype=">u8")[::2].astype(np.uint64)
+        left, right = np.searchsorted(self._hi, high, "left"), np.searchsorted(self._hi, high, "right")
         for k in np.flatnonzero(right > left).tolist():
             cid = chunk_ids[k]
             lo = int.from_bytes(cid[8:], "big")
@@ -245,13 +242,6 @@ class IndexTable:
                     if copy[0] in known and any(p == copy[0] for p, _ in copies):
                         continue
                     copies.append(copy)
-
-    def contains(self, chunk_id: bytes) -> bool:
-        if not len(self._hi):
-            return False
-        left, right = self._ranges([chunk_id])
-        lo = int.from_bytes(chunk_id[8:], "big")
-        return any(int(self._lo[i]) == lo for i in range(int(left[0]), int(right[0])))
 
     def packs(self) -> dict[str, tuple[int, list[PackEntry]]]:
         """Every entry, as the version-1 decoder gives them: {pack id: (pack length, entries by

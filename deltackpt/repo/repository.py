@@ -174,11 +174,7 @@ class Repository:
             if m is not None:
                 self._manifests.move_to_end(vid)
                 return m
-        try:
-            data = self.store.get_bounded(MANIFESTS + vid, MAX_MANIFEST_BYTES)
-        except (ObjectNotFoundError, FileNotFoundError):
-            raise UnknownVersionError(f"version {vid} has no manifest in {self.location}") from None
-        m = manifest_fmt.decode(data, version_id=vid)
+        m = manifest_fmt.decode(self._manifest_bytes(vid), version_id=vid)
         with self._cache_lock:
             self._heads[vid] = _head_of(m)
             self._manifests[vid] = m
@@ -186,17 +182,19 @@ class Repository:
                 self._manifests.popitem(last=False)
         return m
 
+    def _manifest_bytes(self, vid: str) -> bytes:
+        try:
+            return self.store.get_bounded(MANIFESTS + vid, MAX_MANIFEST_BYTES)
+        except (ObjectNotFoundError, FileNotFoundError):
+            raise UnknownVersionError(f"version {vid} has no manifest in {self.location}") from None
+
     def head(self, vid: str) -> ManifestHead:
         """Version ``vid``'s manifest's time, parent, step and metrics, read once (a manifest never
         changes) and without building its tensors: ordering a long history reads every version's."""
         h = self._heads.get(vid)
         if h is not None:
             return h
-        try:
-            data = self.store.get_bounded(MANIFESTS + vid, MAX_MANIFEST_BYTES)
-        except (ObjectNotFoundError, FileNotFoundError):
-            raise UnknownVersionError(f"version {vid} has no manifest in {self.location}") from None
-        parent, t, step, metrics = manifest_fmt.decode_head(data, version_id=vid)
+        parent, t, step, metrics = manifest_fmt.decode_head(self._manifest_bytes(vid), version_id=vid)
         h = ManifestHead(t, parent, step, metrics)
         with self._cache_lock:
             self._heads[vid] = h
