@@ -93,7 +93,10 @@ def load(repo: "str | os.PathLike[str] | Handle | Store", version: Revision = "l
     """
     from ..repo.layers import select_tree, selected_tensors
     from ..torchstate.flatten import unflatten
+    import torch
+
     from ..torchstate.materialize import build_tensors, read_blobs, read_threads
+    from ..torchstate.to_device import read_blobs_to_device
 
     if threads is not None:
         read_threads(threads)  # refused before anything is read
@@ -103,8 +106,13 @@ def load(repo: "str | os.PathLike[str] | Handle | Store", version: Revision = "l
         m = core.manifest(vid)
         core.index.refresh()
         chosen = selected_tensors(m, layers, f"version {vid[:10]}")
-        with bar("load", sum(m.blobs[b].nbytes for b in {m.tensors[i].blob for i in chosen})):
-            buffers = read_blobs(core, vid, m, (m.tensors[i].blob for i in chosen), threads=threads)
+        blobs = {m.tensors[i].blob for i in chosen}
+        with bar("load", sum(m.blobs[b].nbytes for b in blobs)):
+            if map_location is not None and torch.device(map_location).type not in ("cpu", "meta"):
+                # decoded through pinned host windows straight into device memory
+                buffers: Any = read_blobs_to_device(core, vid, m, blobs, map_location, threads=threads)
+            else:
+                buffers = read_blobs(core, vid, m, blobs, threads=threads)
         tensors = build_tensors(m, chosen, buffers, map_location)
         tree = m.tree if layers is None else select_tree(m.tree, set(chosen).__contains__, layers)
         state = unflatten(tree, tensors.__getitem__)
@@ -225,15 +233,17 @@ def _read_into_model(core: Repository, vid: str, m: Manifest, target: dict[str, 
     where the destination is writable CPU memory of its own, staged a chunk at a time onto a
     device, else read whole and copied."""
     from ..torchstate.materialize import build_tensors, is_own_blob, read_blobs, read_into
-    from ..torchstate.tensor_bytes import copy_blob_to_device, writable_bytes
+    from ..torchstate.tensor_bytes import writable_bytes
+    from ..torchstate.to_device import copy_blobs_to_device
 
     pending: list[tuple[str, int]] = []
     direct: list[tuple[int, memoryview, tuple[str, int]]] = []
+    on_device: list[tuple[int, Any]] = []
     for k, i in wanted:
         e, dst = m.tensors[i], target[k]
         out = writable_bytes(dst)
         if out is None and dst.device.type != "cpu" and dst.is_contiguous() and is_own_blob(m, e):
-            copy_blob_to_device(core, m.blobs[e.blob], dst)  # staged a chunk at a time
+            on_device.append((e.blob, dst))   # through pinned host windows, all such tensors together
             continue
         if out is not None and is_own_blob(m, e):
             direct.append((e.blob, out.data, (k, i)))
@@ -241,6 +251,8 @@ def _read_into_model(core: Repository, vid: str, m: Manifest, target: dict[str, 
             pending.append((k, i))
     direct, shared = _disjoint(direct)
     pending += shared
+    if on_device:
+        copy_blobs_to_device(core, vid, m, on_device, threads=threads)
     if direct:  # every chunk of every such tensor decoded in one parallel pass, in place
         read_into(core, vid, m, [(b, mv) for b, mv, _ in direct], live=True, threads=threads)
     if pending:
@@ -310,15 +322,20 @@ def _load_subtree(core: Repository, vid: str, m: Manifest, subtree: Any,
     from ..torchstate.flatten import tensor_refs, unflatten
     from ..torchstate.materialize import build_tensors, is_own_blob, read_blobs, read_into
     from ..torchstate.tensor_bytes import writable_bytes
+    from ..torchstate.to_device import copy_blobs_to_device
 
     indices: list[int] = []
     direct: list[tuple[int, memoryview, tuple[torch.Tensor, int]]] = []
+    on_device: list[tuple[int, torch.Tensor, int]] = []
 
     for path, v in tensor_refs(subtree):
         e, dst = m.tensors[v.index], (live or {}).get(path)
         out = None
         if dst is not None and list(dst.shape) == e.shape and str(dst.dtype).removeprefix("torch.") == e.dtype:
             out = writable_bytes(dst)
+            if out is None and dst.device.type != "cpu" and dst.is_contiguous() and is_own_blob(m, e):
+                on_device.append((e.blob, dst, v.index))   # an optimizer state on a GPU stays there
+                continue
         if out is not None and dst is not None and is_own_blob(m, e):   # (out is None without dst)
             direct.append((e.blob, out.data, (dst, v.index)))
         else:
@@ -327,7 +344,10 @@ def _load_subtree(core: Repository, vid: str, m: Manifest, subtree: Any,
     indices += [i for _, i in shared]
     if direct:
         read_into(core, vid, m, [(b, mv) for b, mv, _ in direct], live=True, threads=threads)
+    if on_device:
+        copy_blobs_to_device(core, vid, m, [(b, dst) for b, dst, _ in on_device], threads=threads)
     buffers = read_blobs(core, vid, m, (m.tensors[i].blob for i in indices), threads=threads)
     tensors = build_tensors(m, indices, buffers)
     tensors.update({i: dst for _, _, (dst, i) in direct})
+    tensors.update({i: dst for _, dst, i in on_device})
     return unflatten(subtree, tensors.__getitem__)

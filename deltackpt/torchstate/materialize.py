@@ -65,15 +65,18 @@ def is_own_blob(m: Manifest, e: TensorEntry) -> bool:
         e.numel == 0 or e.stride == contiguous_strides(e.shape))
 
 
-def _names(m: Manifest, b: int) -> str:
+def names_of_blob(m: Manifest, b: int) -> str:
+    """The first few tensor names stored in blob ``b`` (for error messages)."""
     return ", ".join([t.name for t in m.tensors if t.blob == b][:3])
 
 
-def _check(core: Repository, vid: str, m: Manifest, b: int) -> None:
+def check_blob_of(core: Repository, vid: str, m: Manifest, b: int) -> None:
+    """Blob ``b``'s sizes are backed by the index (before anything is allocated or read), else a
+    CorruptObjectError naming the version and tensor."""
     try:
         core.chunks.check_blob(m.blobs[b])  # sizes backed by the index before anything is allocated or read
     except CorruptObjectError as exc:
-        raise CorruptObjectError(f"version {vid[:10]}, tensor {_names(m, b)}: {exc}") from None
+        raise CorruptObjectError(f"version {vid[:10]}, tensor {names_of_blob(m, b)}: {exc}") from None
 
 
 def read_into(core: Repository, vid: str, m: Manifest, targets: "list[tuple[int, memoryview]]", *,
@@ -85,7 +88,7 @@ def read_into(core: Repository, vid: str, m: Manifest, targets: "list[tuple[int,
     if not checked:
         core.chunks.prepare([m.blobs[b] for b, _ in targets])
         for b, _ in targets:
-            _check(core, vid, m, b)
+            check_blob_of(core, vid, m, b)
     count = read_threads(threads)
     try:
         with pool(count) as workers:
@@ -93,7 +96,7 @@ def read_into(core: Repository, vid: str, m: Manifest, targets: "list[tuple[int,
                                         workers=count)
     except DeltackptError as exc:
         n = getattr(exc, "blob_index", None)
-        where = f"tensor {_names(m, targets[n][0])}" if n is not None else "a tensor"
+        where = f"tensor {names_of_blob(m, targets[n][0])}" if n is not None else "a tensor"
         raise type(exc)(f"version {vid[:10]}, {where}: {exc}") from None
 
 
@@ -154,13 +157,13 @@ def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int],
     wanted = sorted(set(blob_ids))
     core.chunks.prepare([m.blobs[b] for b in wanted])
     for b in wanted:
-        _check(core, vid, m, b)
+        check_blob_of(core, vid, m, b)
     try:
         out = _buffers({b: m.blobs[b].nbytes for b in wanted})
     except (MemoryError, ValueError):
         total = sum(m.blobs[b].nbytes for b in wanted)
         raise OutOfMemoryError(f"version {vid[:10]}: cannot allocate {total} bytes for "
-                               f"{len(wanted)} tensors (e.g. {_names(m, wanted[-1])}); load fewer layers or "
+                               f"{len(wanted)} tensors (e.g. {names_of_blob(m, wanted[-1])}); load fewer layers or "
                                "restore into an existing model") from None
     given = seeds or {}
     seeded = {b for b, src in given.items() if b in out and len(src) == len(out[b])}
@@ -173,9 +176,10 @@ def read_blobs(core: Repository, vid: str, m: Manifest, blob_ids: Iterable[int],
     return out
 
 
-def build_tensors(m: Manifest, indices: Iterable[int], buffers: dict[int, np.ndarray],
+def build_tensors(m: Manifest, indices: Iterable[int], buffers: "dict[int, np.ndarray] | dict[int, torch.Tensor]",
                   device: torch.device | str | None = None) -> dict[int, torch.Tensor]:
-    """Tensors for ``indices``; tensors sharing a blob share one storage (moved to ``device`` once)."""
+    """Tensors for ``indices`` over the blobs' bytes (host arrays, or flat uint8 tensors on a
+    device); tensors sharing a blob share one storage (moved to ``device`` once)."""
     storages: dict[int, torch.Tensor] = {}
     out: dict[int, torch.Tensor] = {}
     for i in indices:
@@ -187,7 +191,7 @@ def build_tensors(m: Manifest, indices: Iterable[int], buffers: dict[int, np.nda
             out[i] = t.to(device) if device is not None and torch.device(device) != t.device else t
             continue
         if e.blob not in storages:
-            base = torch.from_numpy(buf)
+            base = buf if isinstance(buf, torch.Tensor) else torch.from_numpy(buf)
             if device is not None and torch.device(device) != base.device:
                 base = base.to(device)
             storages[e.blob] = base

@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-
-if TYPE_CHECKING:
-    from ..format.manifest import Blob
-    from ..repo.repository import Repository
-
 
 _SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -83,11 +77,13 @@ def storage_view(t: torch.Tensor) -> "np.ndarray | StagedSource":
     return torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
 
 
-def from_bytes(buf: np.ndarray, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
-    """A tensor over the uint8 array ``buf`` (no copy) with the given dtype and shape."""
+def from_bytes(buf: "np.ndarray | torch.Tensor", dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    """A tensor over the flat uint8 array or tensor ``buf`` (no copy, on ``buf``'s device) with
+    the given dtype and shape."""
+    base = buf if isinstance(buf, torch.Tensor) else torch.from_numpy(buf)
     if len(buf) == 0:
-        return torch.empty(shape, dtype=dtype)
-    return torch.from_numpy(buf).view(dtype).reshape(shape)
+        return torch.empty(shape, dtype=dtype, device=base.device)
+    return base.view(dtype).reshape(shape)
 
 
 def writable_bytes(t: torch.Tensor) -> np.ndarray | None:
@@ -95,21 +91,3 @@ def writable_bytes(t: torch.Tensor) -> np.ndarray | None:
     if t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
         return None
     return t.detach().reshape(-1).view(torch.uint8).numpy()
-
-
-def copy_blob_to_device(core: Repository, blob: Blob, dst: torch.Tensor, *, pin: bool | None = None) -> None:
-    """Decode a blob chunk by chunk into a reused (pinned) host buffer and copy each chunk into
-    the contiguous device tensor ``dst``: restoring a GPU state needs one chunk of host memory,
-    not a host copy of the tensor.  ``core`` is the repository (anything with ``read_chunk``)."""
-    flat = bits_of(dst.detach()).reshape(-1).view(torch.uint8)
-    if flat.numel() != blob.nbytes:
-        raise ValueError(f"destination holds {flat.numel()} bytes, blob {blob.nbytes}")
-    biggest = max((c.raw_len for c in blob.chunks), default=0)
-    stage = torch.empty(biggest, dtype=torch.uint8,
-                        pin_memory=torch.cuda.is_available() if pin is None else pin)
-    host = stage.numpy()
-    pos = 0
-    for c in blob.chunks:
-        core.chunks.read_chunk(c.chunk_id, host[:c.raw_len].data)
-        flat[pos:pos + c.raw_len].copy_(stage[:c.raw_len])  # synchronous: the buffer is reused next
-        pos += c.raw_len

@@ -1,6 +1,6 @@
 """States larger than memory: a save's extra memory is bounded by the delta cache plus a fixed
 window of chunks, not by the state's size; restore decodes into existing (memory-mapped)
-parameters; device tensors go through a staging buffer a chunk at a time."""
+parameters; device tensors go through staging buffers (tests/api/test_device_restore.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ import pytest
 import torch
 
 import deltackpt
+from deltackpt.repo.read.reader import READ_SPAN, SPARE_SPANS
+from deltackpt.torchstate.materialize import read_threads
 from deltackpt.torchstate.planner import plan_blobs
 from deltackpt.torchstate.flatten import flatten
-from deltackpt.torchstate.tensor_bytes import StagedSource, copy_blob_to_device
+from deltackpt.torchstate.tensor_bytes import StagedSource
 from deltackpt.repo.write import saver
 from tests.conftest import ROOT
 
@@ -29,7 +31,8 @@ def _bench(tmp_path, size: str, delta_cache: str) -> dict:
                            "--delta-cache", delta_cache, "--tensors", "4", "--no-anchor", "--dir",
                            str(tmp_path / f"work-{size}"), "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              filter(None, [ROOT, os.environ.get("PYTHONPATH")]))})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -43,7 +46,9 @@ def test_save_memory_is_bounded_not_proportional_to_state(tmp_path):
     assert small["restored_bit_identical"] and big["restored_bit_identical"]
     assert small["save_peak_extra_anon_MiB"] < 96
     assert big["save_peak_extra_anon_MiB"] < 32 + 96  # 4x the state, bound unchanged but the cache
-    assert big["restore_peak_extra_anon_MiB"] < 48
+    # a restore reads through a few span buffers per decode thread: the bound grows with the cores
+    # (48 MiB allowed on 2 cores as before; 84 MiB were taken on 16), not with the state
+    assert big["restore_peak_extra_anon_MiB"] < 32 + (read_threads() + SPARE_SPANS) * READ_SPAN / MiB
     assert big["incremental_written_bytes"] < big["first_written_bytes"] / 20
 
 
@@ -59,22 +64,6 @@ def test_staged_source_saves_the_same_chunks_as_a_host_view(tmp_path):
     staged, stats = saver.store_blobs(session, blobs)
     assert [c.chunk_id for c in staged[0].chunks] == [c.chunk_id for c in direct[0].chunks]
     assert len(staged[0].chunks) > 4 and stats.chunks_new == 0
-
-
-def test_copy_blob_to_device_fills_the_destination_chunk_by_chunk(tmp_path):
-    """copy_blob_to_device (the GPU restore path, here with a CPU destination) writes the saved
-    bytes into the destination tensor exactly, through a one-chunk staging buffer."""
-    t = torch.randn(200, 333).to(torch.bfloat16)
-    path = str(tmp_path / "r")
-    deltackpt.Repo(path, create=True, chunk_bytes=16 << 10)
-    v = deltackpt.save({"w": t}, path)
-    core = deltackpt.Repo(path).core
-    m = core.manifest(v.id)
-    dst = torch.zeros_like(t)
-    copy_blob_to_device(core, m.blobs[m.tensors[0].blob], dst, pin=False)
-    assert torch.equal(dst.view(torch.int16), t.view(torch.int16))
-    with pytest.raises(ValueError):
-        copy_blob_to_device(core, m.blobs[0], torch.zeros(3), pin=False)
 
 
 def test_restore_into_memory_mapped_parameters(tmp_path):
