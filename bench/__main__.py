@@ -43,6 +43,7 @@ STUDIES: dict[str, str] = {
     "write_policy": "bench.studies.write_policy",
     "larger_than_memory": "bench.studies.larger_than_memory",
     "trainer_checkpoints": "bench.studies.trainer_checkpoints",
+    "cuda_checkpoint": "bench.studies.cuda_checkpoint",
 }
 
 
