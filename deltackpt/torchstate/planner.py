@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import fnmatch
-from typing import Callable, Iterable, Mapping, overload
+from typing import Mapping
 
 from ..codecs.pipeline import check_mode
 from ..errors import CodecError
 from ..format.dtypes import is_float
-from ..format.manifest import Manifest, TensorEntry
+from ..format.manifest import TensorEntry
 from ..repo.layers import layer_matcher, selected_tensors  # noqa: F401  (their old home)
 from ..repo.write.saver import BlobInput
 from .dtypes import name_of

@@ -23,7 +23,7 @@ import itertools
 import mmap
 import queue
 import threading
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from typing import Any, Callable, NamedTuple, Sequence
 
 from ... import threads as worker_threads
