@@ -17,6 +17,9 @@ def s3_server():
 
 @pytest.fixture
 def s3_url(s3_server):
-    """``s3://<fresh bucket>/run1``: an empty repository location on the real server."""
+    """``s3://<fresh bucket>/run1``: an empty repository location on the real server, emptied
+    after the test: the server runs in this process and spools large objects to temp files,
+    which the suite's check for files left open would otherwise blame on the test."""
     s3_server.clear_fs_cache()
-    return f"s3://{s3_server.bucket()}/run1"
+    yield f"s3://{s3_server.bucket()}/run1"
+    s3_server.reset()

@@ -41,6 +41,13 @@ class S3Server:
         import s3fs
         s3fs.S3FileSystem.clear_instance_cache()
 
+    def reset(self) -> None:
+        """Drop every bucket and close the temp files holding their objects (moto's reset call)."""
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"),
+                               timeout=30).close()
+
     def stop(self) -> None:
         self.server.stop()
         for k, v in self._saved.items():
