@@ -4,7 +4,7 @@ a live model's parameters (and its optimizer's state), reading only the chunks t
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Iterable, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, TypeVar, overload
 
 import numpy as np
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..format.manifest import Manifest
     from .types import Revision, Stateful
 
-_Dest = TypeVar("_Dest")
+_Item = TypeVar("_Item")
 
 
 def _model_prefix(m: Manifest, model_keys: set[str]) -> str:
@@ -91,10 +91,10 @@ def load(repo: "str | os.PathLike[str] | Handle | Store", version: Revision = "l
         head = deltackpt.load("ckpt", layers=["head"])["model"]     # reads only the head's chunks
         ```
     """
-    from ..repo.layers import select_tree, selected_tensors
-    from ..torchstate.flatten import unflatten
     import torch
 
+    from ..repo.layers import select_tree, selected_tensors
+    from ..torchstate.flatten import unflatten
     from ..torchstate.materialize import build_tensors, read_blobs, read_threads
     from ..torchstate.to_device import read_blobs_to_device
 
@@ -230,29 +230,30 @@ def _matching_tensors(m: Manifest, vid: str, target: dict[str, Any], prefix: str
 def _read_into_model(core: Repository, vid: str, m: Manifest, target: dict[str, Any], wanted: list[tuple[str, int]],
                      threads: int | None) -> None:
     """Write each wanted tensor of version ``vid`` into the model's own tensor: decoded in place
-    where the destination is writable CPU memory of its own, staged a chunk at a time onto a
-    device, else read whole and copied."""
+    where the destination is writable CPU memory of its own, through pinned host windows onto a
+    device (:mod:`deltackpt.torchstate.to_device`), else read whole and copied."""
     from ..torchstate.materialize import build_tensors, is_own_blob, read_blobs, read_into
     from ..torchstate.tensor_bytes import writable_bytes
     from ..torchstate.to_device import copy_blobs_to_device
 
     pending: list[tuple[str, int]] = []
     direct: list[tuple[int, memoryview, tuple[str, int]]] = []
-    on_device: list[tuple[int, Any]] = []
+    on_device: list[tuple[int, Any, tuple[str, int]]] = []
     for k, i in wanted:
         e, dst = m.tensors[i], target[k]
         out = writable_bytes(dst)
         if out is None and dst.device.type != "cpu" and dst.is_contiguous() and is_own_blob(m, e):
-            on_device.append((e.blob, dst))   # through pinned host windows, all such tensors together
+            on_device.append((e.blob, dst, (k, i)))   # through pinned host windows, all together
             continue
         if out is not None and is_own_blob(m, e):
             direct.append((e.blob, out.data, (k, i)))
         else:
             pending.append((k, i))
-    direct, shared = _disjoint(direct)
-    pending += shared
+    direct, shared, _ = _disjoint(direct, _host_span)
+    on_device, shared_on_device, _ = _disjoint(on_device, _device_span)
+    pending += [d[2] for d in shared + shared_on_device]
     if on_device:
-        copy_blobs_to_device(core, vid, m, on_device, threads=threads)
+        copy_blobs_to_device(core, vid, m, [(b, dst) for b, dst, _ in on_device], threads=threads)
     if direct:  # every chunk of every such tensor decoded in one parallel pass, in place
         read_into(core, vid, m, [(b, mv) for b, mv, _ in direct], live=True, threads=threads)
     if pending:
@@ -276,23 +277,32 @@ def _check_tensors(m: Manifest, vid: str, target: dict[str, Any], wanted: list[t
                                      f"{str(dst.dtype).removeprefix('torch.')}{list(dst.shape)}; nothing was restored")
 
 
-def _disjoint(direct: list[tuple[int, memoryview, _Dest]]) -> tuple[list[tuple[int, memoryview, _Dest]], list[_Dest]]:
-    """Split in-place destinations into ones that share no byte (a live restore reads each
-    destination as its chunk's base) and the rest, to be read and copied in: tied weights saved
-    as one blob keep one destination, any other overlap goes the copying way."""
-    spans = sorted(direct, key=lambda d: np.frombuffer(d[1], dtype=np.uint8).ctypes.data)
-    keep: list[tuple[int, memoryview, _Dest]] = []
-    rest: list[_Dest] = []
-    end = -1
-    for d in spans:
-        start = np.frombuffer(d[1], dtype=np.uint8).ctypes.data
+def _disjoint(items: list[_Item], span: "Callable[[_Item], tuple[int, int, int]]",
+              ) -> tuple[list[_Item], list[_Item], list[_Item]]:
+    """Split in-place destinations (``span``: start address, bytes, blob) into ones that share no
+    byte (a live restore reads each destination as its chunk's base; device windows are written
+    by several threads in any order), the rest, to be read and copied in, and the duplicates:
+    tied weights saved as one blob are written through one destination, which the others are."""
+    keep: list[_Item] = []
+    rest: list[_Item] = []
+    same: list[_Item] = []
+    end, last = -1, None
+    for d in sorted(items, key=lambda d: span(d)[0]):
+        start, n, blob = span(d)
         if start >= end:
             keep.append(d)
-            end = start + len(d[1])
-        elif not (keep and start == np.frombuffer(keep[-1][1], dtype=np.uint8).ctypes.data
-                  and len(d[1]) == len(keep[-1][1]) and d[0] == keep[-1][0]):
-            rest.append(d[2])
-    return keep, rest
+            end, last = start + n, (start, n, blob)
+        else:
+            (same if last == (start, n, blob) else rest).append(d)
+    return keep, rest, same
+
+
+def _host_span(d: tuple[int, memoryview, Any]) -> tuple[int, int, int]:
+    return np.frombuffer(d[1], dtype=np.uint8).ctypes.data, len(d[1]), d[0]
+
+
+def _device_span(d: tuple[int, Any, Any]) -> tuple[int, int, int]:
+    return d[1].data_ptr(), d[1].numel() * d[1].element_size(), d[0]
 
 
 def _live_state(optimizer: "Stateful", saved: Any) -> "dict[tuple[Any, ...], torch.Tensor]":
@@ -340,14 +350,15 @@ def _load_subtree(core: Repository, vid: str, m: Manifest, subtree: Any,
             direct.append((e.blob, out.data, (dst, v.index)))
         else:
             indices.append(v.index)
-    direct, shared = _disjoint(direct)
-    indices += [i for _, i in shared]
+    direct, shared, same = _disjoint(direct, _host_span)
+    on_device, shared_on_device, same_on_device = _disjoint(on_device, _device_span)
+    indices += [d[2][1] for d in shared] + [d[2] for d in shared_on_device]
     if direct:
         read_into(core, vid, m, [(b, mv) for b, mv, _ in direct], live=True, threads=threads)
     if on_device:
         copy_blobs_to_device(core, vid, m, [(b, dst) for b, dst, _ in on_device], threads=threads)
     buffers = read_blobs(core, vid, m, (m.tensors[i].blob for i in indices), threads=threads)
     tensors = build_tensors(m, indices, buffers)
-    tensors.update({i: dst for _, _, (dst, i) in direct})
-    tensors.update({i: dst for _, dst, i in on_device})
+    tensors.update({i: dst for _, _, (dst, i) in direct + same})   # a duplicate is its kept one's memory
+    tensors.update({i: dst for _, dst, i in on_device + same_on_device})
     return unflatten(subtree, tensors.__getitem__)

@@ -286,6 +286,24 @@ def test_tied_weights_are_stepped_once(repo_path, topology):
     assert (_stepped(topology), _stats().unchanged, _stats().full) == (1, 0, 0)
 
 
+def test_an_optimizer_state_shared_by_two_parameters_is_restored_through_one(repo_path):
+    """Two parameters whose momentum buffers are one tensor: the buffer is decoded in place once
+    and both parameters' states are that tensor again (this raised KeyError before stop 39)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    first, second = model[0].weight, model[1].weight
+    opt.state[second]["momentum_buffer"] = buffer = opt.state[first]["momentum_buffer"]
+    deltackpt.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, repo_path)
+    saved = buffer.clone()
+    buffer.add_(1)
+    deltackpt.restore(model, repo_path, optimizer=opt)
+    assert opt.state[first]["momentum_buffer"] is buffer and opt.state[second]["momentum_buffer"] is buffer
+    assert torch.equal(buffer, saved)
+
+
 def test_read_threads_default_to_every_core_and_can_be_set(monkeypatch):
     """The read pool uses every core this process may run on, $DELTACKPT_READ_THREADS or threads=."""
     monkeypatch.delenv(materialize.THREADS_ENV, raising=False)
