@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, TypeVar, ove
 
 import numpy as np
 
-from ..errors import StateMismatchError
+from ..errors import InvalidArgumentError, StateMismatchError
 from ..progress import bar
 from ..repo.repository import Repository
 from ..repo.versions import Version
@@ -81,6 +81,8 @@ def load(repo: "str | os.PathLike[str] | Handle | Store", version: Revision = "l
 
     Raises:
         UnknownVersionError: no such version (the message suggests the closest names).
+        InvalidArgumentError: ``map_location`` is not a device this process has (refused before
+            anything is read).
         StateMismatchError: a layer that selects no tensor (the message lists the version's layers).
         CorruptObjectError: a damaged chunk or manifest, named with its version and tensor.
 
@@ -91,8 +93,6 @@ def load(repo: "str | os.PathLike[str] | Handle | Store", version: Revision = "l
         head = deltackpt.load("ckpt", layers=["head"])["model"]     # reads only the head's chunks
         ```
     """
-    import torch
-
     from ..repo.layers import select_tree, selected_tensors
     from ..torchstate.flatten import unflatten
     from ..torchstate.materialize import build_tensors, read_blobs, read_threads
@@ -100,6 +100,7 @@ def load(repo: "str | os.PathLike[str] | Handle | Store", version: Revision = "l
 
     if threads is not None:
         read_threads(threads)  # refused before anything is read
+    device = _device(map_location)
     with opened(repo) as handle:
         core = handle.core
         vid = core.resolve(version)
@@ -108,15 +109,33 @@ def load(repo: "str | os.PathLike[str] | Handle | Store", version: Revision = "l
         chosen = selected_tensors(m, layers, f"version {vid[:10]}")
         blobs = {m.tensors[i].blob for i in chosen}
         with bar("load", sum(m.blobs[b].nbytes for b in blobs)):
-            if map_location is not None and torch.device(map_location).type not in ("cpu", "meta"):
+            if device is not None and device.type not in ("cpu", "meta"):
                 # decoded through pinned host windows straight into device memory
-                buffers: Any = read_blobs_to_device(core, vid, m, blobs, map_location, threads=threads)
+                buffers: Any = read_blobs_to_device(core, vid, m, blobs, device, threads=threads)
             else:
                 buffers = read_blobs(core, vid, m, blobs, threads=threads)
         tensors = build_tensors(m, chosen, buffers, map_location)
         tree = m.tree if layers is None else select_tree(m.tree, set(chosen).__contains__, layers)
         state = unflatten(tree, tensors.__getitem__)
         return (state, core.version(vid)) if return_version else state
+
+
+def _device(map_location: "str | torch.device | None") -> "torch.device | None":
+    """``map_location`` as a device this process has, refused before anything is read."""
+    import torch
+
+    if map_location is None:
+        return None
+    try:
+        device = torch.device(map_location)
+        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            raise RuntimeError(f"this process sees {torch.cuda.device_count()} CUDA devices")
+        if device.type not in ("cpu", "meta"):
+            torch.empty(0, device=device)   # the device exists here and torch was built for it
+    except (RuntimeError, AssertionError, TypeError, ValueError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InvalidArgumentError(f"map_location={map_location!r:.40} is not a device here: {reason:.120}") from None
+    return device
 
 
 def restore(model: "torch.nn.Module", repo: "str | os.PathLike[str] | Handle | Store", version: Revision = "latest",

@@ -157,3 +157,15 @@ def test_cuda_restore_writes_the_optimizer_state_where_it_lives(tmp_path):
     assert where and {k: now[k].data_ptr() for k in where} == where
     for k, v in saved.items():
         assert torch.equal(now[k], v), k
+
+
+@pytest.mark.parametrize("where", ["gpu", "cuda:99", 5.5])
+def test_a_device_this_process_lacks_is_refused_before_anything_is_read(saved, where):
+    """One typed line naming the argument, before the repository is opened (its packs are gone
+    here: a read would fail differently)."""
+    from deltackpt.errors import InvalidArgumentError
+    path, *_ = saved
+    import shutil
+    shutil.rmtree(os.path.join(path, "packs"))
+    with pytest.raises(InvalidArgumentError, match=r"map_location=.* is not a device here"):
+        deltackpt.load(path, map_location=where)
