@@ -308,6 +308,13 @@ def _window_sweep(run: _Run, repo_path: str, sizes: list[int]) -> list[dict]:
     return out
 
 
+#: what each restore is compared with: a load with a load, a restore into the live model with a
+#: load plus load_state_dict
+_ANCHOR = {"torch.load": "torch.load", "deltackpt.load": "torch.load",
+           "torch.load+load_state_dict": "torch.load+load_state_dict",
+           "deltackpt.restore": "torch.load+load_state_dict"}
+
+
 def _summary(result: dict) -> str:
     saves, loads = result["saves"], result["restores"]
     later = saves[1:] or saves
@@ -341,9 +348,8 @@ def _summary(result: dict) -> str:
         rows = {k: [r for r in loads if r["cache"] == cache and r["kind"] == k] for k in
                 ("torch.load", "deltackpt.load", "torch.load+load_state_dict", "deltackpt.restore")}
         for k, rs in rows.items():
-            anchor_kind = "torch.load" if "load" in k and "state_dict" not in k else "torch.load+load_state_dict"
             s = statistics.median(r["seconds"] for r in rs)
-            a = statistics.median(r["seconds"] for r in rows[anchor_kind])
+            a = statistics.median(r["seconds"] for r in rows[_ANCHOR[k]])
             lines.append(f"| {k} | {cache} | {s:.3f} | {s / a:.2f}x | {max(r['peak_host_MiB'] for r in rs):.0f} | "
                          f"{max(r['gpu_peak_extra_MiB'] for r in rs):.0f} | {all(r['bit_identical'] for r in rs)} |")
     lines.append("deltackpt.load onto the device, warm, by window per thread: " + ", ".join(

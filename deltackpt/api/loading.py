@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .types import Revision, Stateful
 
 _Item = TypeVar("_Item")
+_Tag = TypeVar("_Tag")
 
 
 def _model_prefix(m: Manifest, model_keys: set[str]) -> str:
@@ -248,38 +249,50 @@ def _matching_tensors(m: Manifest, vid: str, target: dict[str, Any], prefix: str
 
 def _read_into_model(core: Repository, vid: str, m: Manifest, target: dict[str, Any], wanted: list[tuple[str, int]],
                      threads: int | None) -> None:
-    """Write each wanted tensor of version ``vid`` into the model's own tensor: decoded in place
-    where the destination is writable CPU memory of its own, through pinned host windows onto a
-    device (:mod:`deltackpt.torchstate.to_device`), else read whole and copied."""
-    from ..torchstate.materialize import build_tensors, is_own_blob, read_blobs, read_into
-    from ..torchstate.tensor_bytes import writable_bytes
-    from ..torchstate.to_device import copy_blobs_to_device
+    """Write each wanted tensor of version ``vid`` into the model's own tensor: in place where it
+    can be (:func:`_write_in_place`), else read whole and copied."""
+    from ..torchstate.materialize import build_tensors, read_blobs
 
-    pending: list[tuple[str, int]] = []
-    direct: list[tuple[int, memoryview, tuple[str, int]]] = []
-    on_device: list[tuple[int, Any, tuple[str, int]]] = []
-    for k, i in wanted:
-        e, dst = m.tensors[i], target[k]
-        out = writable_bytes(dst)
-        if out is None and dst.device.type != "cpu" and dst.is_contiguous() and is_own_blob(m, e):
-            on_device.append((e.blob, dst, (k, i)))   # through pinned host windows, all together
-            continue
-        if out is not None and is_own_blob(m, e):
-            direct.append((e.blob, out.data, (k, i)))
-        else:
-            pending.append((k, i))
-    direct, shared, _ = _disjoint(direct, _host_span)
-    on_device, shared_on_device, _ = _disjoint(on_device, _device_span)
-    pending += [d[2] for d in shared + shared_on_device]
-    if on_device:
-        copy_blobs_to_device(core, vid, m, [(b, dst) for b, dst, _ in on_device], threads=threads)
-    if direct:  # every chunk of every such tensor decoded in one parallel pass, in place
-        read_into(core, vid, m, [(b, mv) for b, mv, _ in direct], live=True, threads=threads)
+    _, pending = _write_in_place(core, vid, m, [(i, target[k], (k, i)) for k, i in wanted], threads)
     if pending:
         buffers = read_blobs(core, vid, m, (m.tensors[i].blob for _, i in pending), threads=threads)
         built = build_tensors(m, [i for _, i in pending], buffers)
         for k, i in pending:
             target[k].copy_(built[i])
+
+
+def _write_in_place(core: Repository, vid: str, m: Manifest, dests: "list[tuple[int, Any, _Tag]]",
+                    threads: int | None) -> tuple[list[_Tag], list[_Tag]]:
+    """Decode each (tensor index, destination, tag) of version ``vid`` straight into its
+    destination where it can: writable CPU memory of its own (every chunk in one parallel pass,
+    chunks it already holds kept or stepped in place), or a contiguous device tensor (through
+    pinned host windows, :mod:`deltackpt.torchstate.to_device`).  Returns the tags written (a
+    duplicate of a written destination counts) and the rest, to be read and copied in."""
+    from ..torchstate.materialize import is_own_blob, read_into
+    from ..torchstate.tensor_bytes import writable_bytes
+    from ..torchstate.to_device import copy_blobs_to_device
+
+    host: list[tuple[int, memoryview, _Tag]] = []
+    device: list[tuple[int, Any, _Tag]] = []
+    rest: list[_Tag] = []
+    for i, dst, tag in dests:
+        e = m.tensors[i]
+        own = is_own_blob(m, e)
+        out = writable_bytes(dst) if own else None
+        if out is not None:
+            host.append((e.blob, out.data, tag))
+        elif own and dst.device.type != "cpu" and dst.is_contiguous():
+            device.append((e.blob, dst, tag))
+        else:
+            rest.append(tag)
+    host, host_rest, host_same = _disjoint(host, _host_span)
+    device, device_rest, device_same = _disjoint(device, _device_span)
+    if device:
+        copy_blobs_to_device(core, vid, m, [(b, dst) for b, dst, _ in device], threads=threads)
+    if host:
+        read_into(core, vid, m, [(b, mv) for b, mv, _ in host], live=True, threads=threads)
+    written = [d[2] for d in host + host_same] + [d[2] for d in device + device_same]
+    return written, [d[2] for d in host_rest] + [d[2] for d in device_rest] + rest
 
 
 def _check_tensors(m: Manifest, vid: str, target: dict[str, Any], wanted: list[tuple[str, int]]) -> None:
@@ -349,35 +362,19 @@ def _load_subtree(core: Repository, vid: str, m: Manifest, subtree: Any,
     """The saved ``subtree`` with its tensors read; a tensor whose path in ``live`` names a tensor
     of the same shape and dtype is decoded into that one, in place, and stands for itself."""
     from ..torchstate.flatten import tensor_refs, unflatten
-    from ..torchstate.materialize import build_tensors, is_own_blob, read_blobs, read_into
-    from ..torchstate.tensor_bytes import writable_bytes
-    from ..torchstate.to_device import copy_blobs_to_device
+    from ..torchstate.materialize import build_tensors, read_blobs
 
     indices: list[int] = []
-    direct: list[tuple[int, memoryview, tuple[torch.Tensor, int]]] = []
-    on_device: list[tuple[int, torch.Tensor, int]] = []
-
+    dests: list[tuple[int, torch.Tensor, tuple[torch.Tensor, int]]] = []
     for path, v in tensor_refs(subtree):
         e, dst = m.tensors[v.index], (live or {}).get(path)
-        out = None
         if dst is not None and list(dst.shape) == e.shape and str(dst.dtype).removeprefix("torch.") == e.dtype:
-            out = writable_bytes(dst)
-            if out is None and dst.device.type != "cpu" and dst.is_contiguous() and is_own_blob(m, e):
-                on_device.append((e.blob, dst, v.index))   # an optimizer state on a GPU stays there
-                continue
-        if out is not None and dst is not None and is_own_blob(m, e):   # (out is None without dst)
-            direct.append((e.blob, out.data, (dst, v.index)))
+            dests.append((v.index, dst, (dst, v.index)))
         else:
             indices.append(v.index)
-    direct, shared, same = _disjoint(direct, _host_span)
-    on_device, shared_on_device, same_on_device = _disjoint(on_device, _device_span)
-    indices += [d[2][1] for d in shared] + [d[2] for d in shared_on_device]
-    if direct:
-        read_into(core, vid, m, [(b, mv) for b, mv, _ in direct], live=True, threads=threads)
-    if on_device:
-        copy_blobs_to_device(core, vid, m, [(b, dst) for b, dst, _ in on_device], threads=threads)
+    written, rest = _write_in_place(core, vid, m, dests, threads)
+    indices += [i for _, i in rest]
     buffers = read_blobs(core, vid, m, (m.tensors[i].blob for i in indices), threads=threads)
     tensors = build_tensors(m, indices, buffers)
-    tensors.update({i: dst for _, _, (dst, i) in direct + same})   # a duplicate is its kept one's memory
-    tensors.update({i: dst for _, dst, i in on_device + same_on_device})
+    tensors.update({i: dst for dst, i in written})   # a duplicate is its written one's memory
     return unflatten(subtree, tensors.__getitem__)

@@ -53,7 +53,8 @@ def _windows(pieces: Iterator[_Piece], window: int) -> list[list[_Piece]]:
 
 
 def copy_blobs_to_device(core: Repository, vid: str, m: Manifest, targets: "list[tuple[int, torch.Tensor]]", *,
-                         threads: int | None = None, pin: bool | None = None, window: int | None = None) -> None:
+                         threads: int | None = None, pin: bool | None = None, window: int | None = None,
+                         checked: bool = False) -> None:
     """Decode blobs (by index) of version ``vid`` into contiguous tensors, on a GPU or anywhere.
 
     The chunks are cut into windows of about ``window`` bytes (default :data:`WINDOW_BYTES`):
@@ -62,8 +63,8 @@ def copy_blobs_to_device(core: Repository, vid: str, m: Manifest, targets: "list
     thread decodes a window into one of its two host buffers (pinned when CUDA is available) and
     copies it to its destinations on a stream of its own, then decodes its next window into the
     other buffer.  Returns once every byte is in place (the caller's stream is ordered after the
-    copies).  Sizes are checked against the index before anything is written; a failure names the
-    version and tensor, once every thread has stopped.
+    copies).  Sizes are checked against the index before anything is written (``checked``: the
+    caller did); a failure names the version and tensor, once every thread has stopped.
 
     Example::
 
@@ -78,9 +79,10 @@ def copy_blobs_to_device(core: Repository, vid: str, m: Manifest, targets: "list
         if flat.numel() != m.blobs[b].nbytes:
             raise ValueError(f"destination holds {flat.numel()} bytes, blob {m.blobs[b].nbytes}")
         flats.append(flat)
-    core.chunks.prepare([m.blobs[b] for b, _ in targets])
-    for b, _ in targets:
-        check_blob_of(core, vid, m, b)
+    if not checked:
+        core.chunks.prepare([m.blobs[b] for b, _ in targets])
+        for b, _ in targets:
+            check_blob_of(core, vid, m, b)
     size = WINDOW_BYTES if window is None else window
     pieces = (p for n, (b, _) in enumerate(targets) for p in _pieces(n, m.blobs[b], flats[n], size))
     windows = _windows(pieces, size)
@@ -172,5 +174,5 @@ def read_blobs_to_device(core: Repository, vid: str, m: Manifest, blob_ids: Iter
         raise OutOfMemoryError(f"version {vid[:10]}: cannot allocate {total} bytes on {device} for {len(wanted)} "
                                f"tensors (e.g. {names_of_blob(m, wanted[-1])}); load fewer layers or "
                                "restore into an existing model") from None
-    copy_blobs_to_device(core, vid, m, list(out.items()), threads=threads)
+    copy_blobs_to_device(core, vid, m, list(out.items()), threads=threads, checked=True)
     return out
