@@ -19,6 +19,7 @@ and a live rollback by one version (the model holds the newest version; bytes th
     python -m bench maintenance_payback                   # MiniLM full and frozen, recsys, GPT-2 small
     python -m bench maintenance_payback --workloads recsys,minilm-frozen --paybacks off,0.05,1
     python -m bench maintenance_payback --workloads minilm-full --versions 10 --paybacks off,0.05,1
+    python -m bench maintenance_payback --workloads minilm-full --every 2 --versions 8 --paybacks 1   # frequent saves
     python -m bench maintenance_payback --quick           # CI: tiny states, every version restores
 
 Writes bench/results/maintenance_payback.json (``--record KEY``) and prints a table; the chart of
@@ -52,6 +53,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--cache", default=os.environ.get("DELTACKPT_BENCH_CACHE"), help="the GPT-2 run's trained versions")
     ap.add_argument("--versions", type=int, default=None,
                     help="versions of minilm-full, minilm-frozen and recsys (default: the workloads' own, 4-6)")
+    ap.add_argument("--every", type=int, default=None,
+                    help="training steps between the MiniLM versions (default 20; a small value such as 2 is "
+                         "frequent checkpointing, where each save's change is small)")
     ap.add_argument("--record", help="store the results under this key")
     ap.add_argument("--chart", action="store_true", help="draw bench/charts/maintenance_payback.png")
 
@@ -122,14 +126,15 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         paybacks = ["off", "0.05", "1"]
     by_name = {w.name: w for w in workloads(args.quick, cache=args.cache)}
-    if args.versions and not args.quick:   # a longer run: the steady state past the first measurements
+    if (args.versions or args.every) and not args.quick:   # a longer run, or another interval
         from bench.common import workloads as wl
-        n = args.versions
-        longer = {"minilm-full": lambda live=None: wl.minilm(n, every=20, live=live),
-                  "minilm-frozen": lambda live=None: wl.minilm(n, every=20, frozen=True, live=live),
-                  "recsys": lambda live=None: wl.recsys(n, every=40, live=live)}
+        every = args.every or 20
+        longer = {"minilm-full": lambda n, live=None: wl.minilm(n, every=every, live=live),
+                  "minilm-frozen": lambda n, live=None: wl.minilm(n, every=every, frozen=True, live=live),
+                  "recsys": lambda n, live=None: wl.recsys(n, every=40, live=live)}
         for name, make in longer.items():
-            by_name[name] = wl.Workload(name, make, by_name[name].layer, n)
+            n = args.versions or by_name[name].versions
+            by_name[name] = wl.Workload(name, lambda live=None, make=make, n=n: make(n, live=live), by_name[name].layer, n)
     results: dict[str, Any] = {}
     with scratch("deltackpt-bench-payback-", parent=args.tmp) as work:
         for name in chosen:

@@ -145,13 +145,14 @@ def _middle(n: int, ctx: ChunkContext, size: int) -> slice:
 
 
 def sample_delta_fraction(raw: bytes | memoryview, ctx: ChunkContext, base: BaseChunk | None, prefer: int | None = None,
-                          *, base_sample: bytes | None = None, size: int = _SAMPLE) -> float | None:
+                          *, base_sample: bytes | None = None, size: int = _SAMPLE, sparse: bool = False) -> float | None:
     """About how large a delta of ``raw`` against ``base`` is, as a fraction of ``len(raw)``,
     judged on a sample (:func:`probe_slice` of ``size``) with the dense codec that won here last time, else
     xor-delta; None for a chunk too small to sample (under 4 KiB).  Cheap enough to ask before
     every delta encode of a position whose last change was dense; a sparse change comes out small
     (unchanged rows XOR to zeros).  ``base_sample``: the base's bytes at that slice, kept from an
-    earlier save, in place of ``base`` (whose bytes then need not be at hand)."""
+    earlier save, in place of ``base`` (whose bytes then need not be at hand).  ``sparse``: judge
+    a sparse-rows delta instead (1.0 when more of the sample's rows changed than one takes)."""
     s = probe_slice(len(raw), ctx, size)
     if s is None:
         return None
@@ -162,6 +163,9 @@ def sample_delta_fraction(raw: bytes | memoryview, ctx: ChunkContext, base: Base
         old = base.data[s]
     if len(old) != s.stop - s.start:
         return None
+    if sparse:
+        enc = get(SPARSE).encode(raw[s], ctx, old)
+        return 1.0 if enc is None else len(enc.payload) / (s.stop - s.start)
     codec = get(prefer if prefer in (XOR_DELTA, SUB_DELTA, SCALED_DELTA) else XOR_DELTA)
     enc = codec.encode(raw[s], ctx, old)
     return 0.0 if enc is None else len(enc.payload) / (s.stop - s.start)

@@ -387,3 +387,43 @@ def test_verify_racing_a_deltify_that_drops_packs_reports_no_damage(tmp_path):
     report = run_verify(Repository(store))
     assert store.fired and before - set(os.listdir(os.path.join(path, "index")))  # packs were dropped
     assert report.ok, report.to_json()
+
+
+def test_a_small_change_to_every_element_is_saved_whole_and_reversed_later(tmp_path):
+    """At the head a save writes sparse-rows deltas only (head.HEAD_CODECS): a tensor whose every
+    element moves a little (what a save every step or two sees) is stored whole at each save, so
+    the newest version decodes one object per chunk, not a keyframe and a chain of dense deltas
+    each decoded in full.  Deltification then re-stores the older versions as dense reverse deltas
+    (the save flags such positions dense for itself, but not as staying whole), so storage keeps
+    about what forward deltas cost.  A change to a few rows is still a forward delta."""
+    from deltackpt.codecs.registry import SPARSE
+    path = str(tmp_path / "r")
+    g = torch.Generator().manual_seed(0)
+    state = {"dense": torch.randn(8192, 64, generator=g), "rows": torch.randn(8192, 64, generator=g)}
+    with deltackpt.Repo(path, create=True, deltify=False) as repo:
+        for step in range(4):
+            if step:
+                state["dense"].mul_(1 + 1e-5 * torch.randn(8192, 64, generator=g))
+                state["rows"][torch.randint(0, 8192, (40,), generator=g)] += 0.1
+            repo.save(state, step=step)
+    repo = Repository(path)
+    versions = repo.history_order()   # newest first
+
+    def chunks(vid: str, key: str) -> list[bytes]:
+        m = repo.manifest(vid)
+        blob = next(t.blob for t in m.tensors if tuple(t.key) == (key,))
+        return [c.chunk_id for c in m.blobs[blob].chunks]
+
+    for vid in versions[:-1]:
+        assert all(repo.index.entry(c)[1].base is None for c in chunks(vid, "dense")), "a dense forward delta at the head"
+        assert all(repo.index.entry(c)[1].encoding == SPARSE for c in chunks(vid, "rows"))
+    stored = sum(e.length for es in repo.index.pack_entries.values() for e in es)
+    report = deltackpt.Repo(path).deltify(lag=1)
+    assert report.chunks > 0
+    repo = Repository(path)
+    older = [c for vid in versions[1:] for c in chunks(vid, "dense")]
+    assert all(repo.index.entry(c)[1].base is not None for c in older), "older versions were not reversed"
+    assert sum(e.length for es in repo.index.pack_entries.values() for e in es) < 0.75 * stored
+    loaded = deltackpt.load(path)
+    assert _same(loaded, state)
+    assert deltackpt.Repo(path).verify().ok

@@ -8,8 +8,9 @@ the index says how it is stored (the keyframe it decodes through and the deltas 
 and the chunk's bytes are read and decoded only when a changed chunk actually needs them, in the
 encoder thread that encodes it.
 
-Which positions are worth reading: one whose last change was too large for a delta (*dense*: a
-full fine-tune's weights and moments) would most likely be written whole again, so its bytes are
+Which positions are worth reading: one whose last change was too large for a head delta (*dense*:
+more than half its rows changed, as a full fine-tune's weights and moments do at every save; head.py
+writes sparse-rows deltas only) would most likely be written whole again, so its bytes are
 not read, but at about one save in ``head.REJUDGE_EVERY`` (by the chunk's id), when the position
 is judged again: a change that was dense need not stay so (a handle that saved keeps a small
 sample instead and judges every save).  A save records which positions were dense in its manifest

@@ -18,7 +18,7 @@ from ...format.objects import EncodedObject
 from ..delta_cache import ChunkMemo, next_star_base
 from ..repository import Repository
 from .session import WriteSession
-from .head import REJUDGE_SAMPLE, HeadChoice, delta_budget, encode_changed, rejudge_due, sample_fits, stays_whole, too_dense
+from .head import REJUDGE_SAMPLE, HeadChoice, delta_budget, encode_changed, keyframe_choice, rejudge_due, sample_fits, stays_whole
 from .packer import Packer
 from .presence import ChunkPresence
 
@@ -178,9 +178,11 @@ def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: Chun
     chosen: HeadChoice | None = None
     sampled = False
     if rejudge and memo is not None and memo.sample is not None:
-        frac = sample_delta_fraction(data, ctx, None, base_sample=memo.sample, size=REJUDGE_SAMPLE)
+        frac = sample_delta_fraction(data, ctx, None, base_sample=memo.sample, size=REJUDGE_SAMPLE, sparse=True)
         if not sample_fits(frac, len(data), delta_budget(memo.anchor_bytes, memo.chain_bytes), overhead):
-            chosen = HeadChoice(encode_chunk(data, ctx), True, frac)   # still dense: nothing read
+            # still dense: nothing read (the dense delta's sample says whether the keyframe stays whole)
+            chosen = keyframe_choice(data, ctx, frac, sample_delta_fraction(
+                data, ctx, None, base_sample=memo.sample, size=REJUDGE_SAMPLE), overhead)
         sampled = True
     if chosen is None:
         if not known_dense:   # a dense position's bytes are not worth reading back: it is written whole
@@ -201,8 +203,8 @@ def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: Chun
     size = len(head) + len(choice.encoded.payload)
     lasting = base_id is None and (stays_whole(chosen.delta_fraction, len(data), size, sv.session.keep_whole_above)
                                    or (known_dense and memo is not None and memo.lasting))
-    # dense: a delta would not fit even a fresh chain's budget (not merely this chain's, spent)
-    dense = known_dense if chosen.delta_fraction is None else too_dense(chosen.delta_fraction, len(data), size)
+    # dense: a sparse delta would not fit even a fresh chain's budget (not merely this chain's, spent)
+    dense = known_dense if chosen.dense is None else chosen.dense
     r = ChunkResult(src, len(data), [head, choice.encoded.payload], choice.encoding, base_id, choice.depth, 0.0, False,
                     lasting)
     if base_id is not None:

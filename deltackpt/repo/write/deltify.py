@@ -56,7 +56,7 @@ from .. import locks
 from ..layout import DEFAULT_DELTIFY_LAG
 from ..repository import Repository
 from .session import WriteSession
-from .head import DELTA_CODECS, HEAD_DELTA_BUDGET
+from .head import DELTA_CODECS, KEEP_WHOLE_ABOVE
 from .packer import Packer
 from .deltify_memo import DeltifyMemo
 from .deltify_plan import Candidate, PackLedger, group_periods, period_key, plan, worth_it
@@ -140,11 +140,11 @@ def _round_locked(session: WriteSession, lag: int, max_bytes: int | None, stop: 
     repo = session.repo
     repo.index.refresh()
     undo = report.chunks, report.keyframe_bytes, dict(report.encodings)
-    # the save's dense hint says a delta was above HEAD_DELTA_BUDGET of the keyframe: skip those
-    # when no delta that large would be kept anyway
+    # the save's whole-chunk hint says a dense delta was above KEEP_WHOLE_ABOVE (the default
+    # payback's) of the keyframe: skip those when no delta that large would be kept anyway
     memo = session.deltify_memo if isinstance(session.deltify_memo, DeltifyMemo) else DeltifyMemo()
     session.deltify_memo = memo
-    candidates, head = plan(repo, max(1, lag), skip_dense=session.keep_whole_above <= HEAD_DELTA_BUDGET,
+    candidates, head = plan(repo, max(1, lag), skip_dense=session.keep_whole_above <= KEEP_WHOLE_ABOVE,
                             positions=memo.positions, settled=memo.settled, window=window)
     res = repo.index.resolution
     ledger = PackLedger(repo, {res.best[c.chunk_id][0] for c in candidates if c.chunk_id in res.best})

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ..repository import Repository
-from .bases import dense_bits
+from .bases import DENSE_KEY, WHOLE_KEY, dense_bits
 from .supersede import REWRITE_DEAD_FRACTION
 
 #: forward deltas a period may hold (a writer keeps chains within K; this bounds a damaged repository)
@@ -34,12 +34,16 @@ class Candidate:
 
 def _positions(repo: Repository, vid: str) -> tuple[dict[tuple, tuple[bytes, int, int, int, str]], set[tuple]]:
     """A version's chunks by position (its blob's first tensor's key path, chunk index), and the
-    positions whose change its writer found dense (bases.py's hint: no delta would shrink them)."""
+    positions whose change its writer found so dense that no delta would shrink the keyframe it
+    wrote (bases.py's ``whole_chunks`` hint; a writer older than that hint flagged them in
+    ``dense_chunks``, which then meant the same: a writer now flags there every change no *sparse*
+    delta takes, and small dense changes are worth a reverse delta later)."""
     m = repo.manifest(vid)
     owner: dict[int, tuple] = {}
     for t in m.tensors:
         owner.setdefault(t.blob, (tuple(t.key), t.dtype))
-    dense_bits_ = dense_bits(m)
+    hinted = isinstance(m.extra, dict) and WHOLE_KEY in m.extra
+    dense_bits_ = dense_bits(m, WHOLE_KEY if hinted else DENSE_KEY)
     out, dense = {}, set()
     flat = 0
     for bi, blob in enumerate(m.blobs):

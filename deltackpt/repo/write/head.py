@@ -4,22 +4,30 @@ The newest version is what ``resume`` reads after a crash, so it must stay one k
 bounded amount of cheap delta per chunk; and a save must write no more than what changed.  Both
 hold when each changed chunk is written once, in its cheapest form that keeps the bound:
 
-* a **forward delta** against the position's previous chunk when the deltas written at this
-  position since its last keyframe, this one included, add up to at most ``HEAD_DELTA_BUDGET`` x
-  that keyframe's stored size (and the chain stays within the keyframe interval): sparse rows,
-  a few changed elements, small updates;
+* a **sparse-rows forward delta** against the position's previous chunk when at most half its rows
+  changed and the deltas written at this position since its last keyframe, this one included, add
+  up to at most ``HEAD_DELTA_BUDGET`` x that keyframe's stored size (and the chain stays within
+  the keyframe interval): an embedding table's rows, a few changed elements;
 * otherwise the chunk **whole** (a keyframe), which starts a new chain.
 
-A dense change (a full fine-tune's weights and moments: a delta is ~0.7 of a keyframe) is thus
-written once, whole, and the newest version reads it as one object; a sparse one (an embedding
-table: a delta is ~5 % of a keyframe) costs its delta.  A dense position is judged again at the
-next save on a 16 KiB sample the handle kept (or, in a process without it, read back now and
-then): a change that was dense need not stay so (the moments of a sparse optimizer fill up as rows
-are first touched).  Older versions become reverse deltas later,
-off the save's path, and only while retention keeps them (deltify.py).  A keyframe whose change
-was no delta away (its delta was above ``KEEP_WHOLE_ABOVE`` of it: Adam's moments often are) will
-most likely stay whole there too: the packer puts such keyframes in a pack of their own, so
-deltification drops the others' packs without copying them out.
+Only sparse rows (``HEAD_CODECS``), because of what reading the newest version costs.  A sparse
+delta is applied to the rows it names; the dense deltas (xor, sub, scaled) entropy-decode the whole
+chunk, so each link of theirs cost a restart about three keyframe decodes (MiniLM saved every 2
+steps: 2.3 ms a 2 MiB link against 0.8 ms a keyframe), and chains of them made the newest version
+load 1.6x ``torch.load`` where keyframes load 1.23x (bench/DELTAS.md, "Dense deltas at the head").
+The bytes they saved are small next to the written budget (0.50 -> 0.62x ``torch.save`` per save
+at a save every 2 steps; at every 20 steps a full fine-tune's change is dense anyway), and older
+versions still become dense reverse deltas later (deltify.py), so storage does not change.
+
+A dense change (a full fine-tune's weights and moments) is thus written once, whole, and the newest
+version reads it as one object; a sparse one (an embedding table: a delta is ~5 % of a keyframe)
+costs its delta.  A dense position is judged again at the next save on a 16 KiB sample the handle
+kept (or, in a process without it, read back now and then): a change that was dense need not stay
+so (the moments of a sparse optimizer fill up as rows are first touched).  Older versions become
+reverse deltas later, off the save's path, and only while retention keeps them (deltify.py).  A
+keyframe whose change was no delta away (a dense delta of it was above ``KEEP_WHOLE_ABOVE`` of it:
+Adam's moments often are) will most likely stay whole there too: the packer puts such keyframes in
+a pack of their own, so deltification drops the others' packs without copying them out.
 
 Why a budget relative to the keyframe (bench/DELTAS.md, "The sparse knob", has the measurements): it bounds what
 reading the newest version costs, (1 + budget) x a keyframe per chunk, whatever the workload, and
@@ -36,7 +44,10 @@ from ...codecs.registry import SCALED_DELTA, SPARSE, SUB_DELTA, XOR_DELTA
 
 #: forward deltas since a position's keyframe may add up to this fraction of the keyframe's stored size
 HEAD_DELTA_BUDGET = 0.5
+#: the lossless deltas deltification re-stores older versions with
 DELTA_CODECS = (XOR_DELTA, SUB_DELTA, SCALED_DELTA, SPARSE)
+#: the forward deltas a save writes at the head: applied row by row, not decoded whole (see above)
+HEAD_CODECS = (SPARSE,)
 #: maintenance pays only where it pays back: deltification re-stores a copy when the stored bytes it
 #: saves are at least PAYBACK x the bytes it writes, i.e. the delta is at most 1 / (1 + PAYBACK) of
 #: the copy it replaces (bench/MAINTENANCE.md has the curve of stored bytes against bytes written
@@ -62,27 +73,38 @@ class HeadChoice:
     """What :func:`encode_changed` chose for a changed chunk."""
 
     encoding: ChunkEncoding
-    dense: bool                  # a delta was tried and did not fit
-    delta_fraction: float | None  # about how large a delta against the previous chunk was (x raw size), if tried
+    dense: bool | None           # no head delta takes this change, even in a fresh chain (None: not judged)
+    delta_fraction: float | None  # about how large a dense delta against the previous chunk was (x raw size), if sampled
 
 
 def encode_changed(raw: bytes | memoryview, ctx: ChunkContext, base: BaseChunk | None, max_bytes: int, *, prefer: int | None = None,
                    probe: bool = False, overhead: int = 0) -> HeadChoice:
-    """A forward delta of ``raw`` against ``base`` whose stored size (payload + ``overhead``) fits
-    ``max_bytes``, else ``raw`` as a keyframe.  ``probe``: the last change at this position was
-    not a delta (it did not fit, or it is unknown), so a 64 KiB sample is compared first and a
-    dense change costs one keyframe encode, not a delta encode as well."""
-    if base is not None and max_bytes > overhead and len(base.data) == len(raw):
-        if probe:
-            frac = sample_delta_fraction(raw, ctx, base, prefer)
-            if not sample_fits(frac, len(raw), max_bytes, overhead):
-                return HeadChoice(encode_chunk(raw, ctx), True, frac)
-        choice = encode_chunk(raw, ctx, base=base, candidates=DELTA_CODECS, prefer=prefer, keyframe_interval=1 << 30)
-        if choice.base is not None and len(choice.encoded.payload) + overhead <= max_bytes:
-            return HeadChoice(choice, False, None)
-        frac = len(choice.encoded.payload) / max(len(raw), 1) if choice.base is not None else None
-        return HeadChoice(encode_chunk(raw, ctx), True, frac)
-    return HeadChoice(encode_chunk(raw, ctx), False, None)
+    """A sparse-rows forward delta of ``raw`` against ``base`` whose stored size (payload +
+    ``overhead``) fits ``max_bytes``, else ``raw`` as a keyframe.  ``probe``: the last change at
+    this position was not a delta (it did not fit, or it is unknown), so a 64 KiB sample is
+    compared first and a dense change costs one keyframe encode, not a delta encode as well; the
+    sample of a dense change is also measured as a dense delta (``prefer``'s codec, else xor), which
+    tells deltification whether the keyframe will stay whole (:func:`stays_whole`)."""
+    if base is None or max_bytes <= overhead or len(base.data) != len(raw):
+        return HeadChoice(encode_chunk(raw, ctx), None, None)
+    if probe:
+        frac = sample_delta_fraction(raw, ctx, base, sparse=True)
+        if not sample_fits(frac, len(raw), max_bytes, overhead):
+            return keyframe_choice(raw, ctx, frac, sample_delta_fraction(raw, ctx, base, prefer), overhead)
+    choice = encode_chunk(raw, ctx, base=base, candidates=HEAD_CODECS, keyframe_interval=1 << 30)
+    if choice.base is not None and len(choice.encoded.payload) + overhead <= max_bytes:
+        return HeadChoice(choice, False, None)
+    frac = len(choice.encoded.payload) / max(len(raw), 1) if choice.base is not None else 1.0
+    return keyframe_choice(raw, ctx, frac, None, overhead)
+
+
+def keyframe_choice(raw: bytes | memoryview, ctx: ChunkContext, sparse_fraction: float | None,
+                    dense_fraction: float | None, overhead: int = 0) -> HeadChoice:
+    """``raw`` as a keyframe, after a sparse delta about ``sparse_fraction`` x its size (1.0: too
+    many rows changed; None: not judged) did not fit: dense when it would not fit a fresh chain either."""
+    kf = encode_chunk(raw, ctx)
+    dense = None if sparse_fraction is None else too_dense(sparse_fraction, len(raw), len(kf.encoded.payload) + overhead)
+    return HeadChoice(kf, dense, dense_fraction)
 
 
 def sample_fits(frac: float | None, raw_len: int, max_bytes: int, overhead: int = 0) -> bool:
@@ -100,7 +122,7 @@ def rejudge_due(chunk_id: bytes) -> bool:
 
 
 def too_dense(delta_fraction: float, raw_len: int, keyframe_bytes: int) -> bool:
-    """Whether a change whose delta is ``delta_fraction`` x the chunk is too large for any forward
+    """Whether a change whose sparse delta is ``delta_fraction`` x the chunk is too large for any forward
     delta (above ``HEAD_DELTA_BUDGET`` x the keyframe it replaces, the budget of a chain just
     begun): such a position is written whole next time without reading its base (bases.py), unless
     it is judged again and found sparse (:data:`REJUDGE_SAMPLE`, :func:`rejudge_due`), and
