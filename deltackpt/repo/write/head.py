@@ -14,7 +14,7 @@ Only sparse rows (``HEAD_CODECS``), because of what reading the newest version c
 delta is applied to the rows it names; the dense deltas (xor, sub, scaled) entropy-decode the whole
 chunk, so each link of theirs cost a restart about three keyframe decodes (MiniLM saved every 2
 steps: 2.3 ms a 2 MiB link against 0.8 ms a keyframe), and chains of them made the newest version
-load 1.6x ``torch.load`` where keyframes load 1.23x (bench/DELTAS.md, "Dense deltas at the head").
+load 1.6x ``torch.load`` where keyframes load 1.2x (bench/DELTAS.md, "Dense deltas at the head").
 The bytes they saved are small next to the written budget (0.50 -> 0.62x ``torch.save`` per save
 at a save every 2 steps; at every 20 steps a full fine-tune's change is dense anyway), and older
 versions still become dense reverse deltas later (deltify.py), so storage does not change.
