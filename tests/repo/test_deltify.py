@@ -390,7 +390,7 @@ def test_verify_racing_a_deltify_that_drops_packs_reports_no_damage(tmp_path):
 
 
 def test_a_small_change_to_every_element_is_saved_whole_and_reversed_later(tmp_path):
-    """At the head a save writes sparse-rows deltas only (head.HEAD_CODECS): a tensor whose every
+    """At the head a save writes sparse-rows deltas only (head.HEAD_CODEC): a tensor whose every
     element moves a little (what a save every step or two sees) is stored whole at each save, so
     the newest version decodes one object per chunk, not a keyframe and a chain of dense deltas
     each decoded in full.  Deltification then re-stores the older versions as dense reverse deltas

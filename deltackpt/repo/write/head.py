@@ -10,7 +10,7 @@ hold when each changed chunk is written once, in its cheapest form that keeps th
   the keyframe interval): an embedding table's rows, a few changed elements;
 * otherwise the chunk **whole** (a keyframe), which starts a new chain.
 
-Only sparse rows (``HEAD_CODECS``), because of what reading the newest version costs.  A sparse
+Only sparse rows (``HEAD_CODEC``), because of what reading the newest version costs.  A sparse
 delta is applied to the rows it names; the dense deltas (xor, sub, scaled) entropy-decode the whole
 chunk, so each link of theirs cost a restart about three keyframe decodes (MiniLM saved every 2
 steps: 2.3 ms a 2 MiB link against 0.8 ms a keyframe), and chains of them made the newest version
@@ -40,14 +40,14 @@ from dataclasses import dataclass
 
 from ...codecs.base import ChunkContext
 from ...codecs.pipeline import BaseChunk, ChunkEncoding, encode_chunk, sample_delta_fraction
-from ...codecs.registry import SCALED_DELTA, SPARSE, SUB_DELTA, XOR_DELTA
+from ...codecs.registry import SCALED_DELTA, SPARSE, SUB_DELTA, XOR_DELTA, get
 
 #: forward deltas since a position's keyframe may add up to this fraction of the keyframe's stored size
 HEAD_DELTA_BUDGET = 0.5
 #: the lossless deltas deltification re-stores older versions with
 DELTA_CODECS = (XOR_DELTA, SUB_DELTA, SCALED_DELTA, SPARSE)
-#: the forward deltas a save writes at the head: applied row by row, not decoded whole (see above)
-HEAD_CODECS = (SPARSE,)
+#: the forward delta a save writes at the head: applied row by row, not decoded whole (see above)
+HEAD_CODEC = SPARSE
 #: maintenance pays only where it pays back: deltification re-stores a copy when the stored bytes it
 #: saves are at least PAYBACK x the bytes it writes, i.e. the delta is at most 1 / (1 + PAYBACK) of
 #: the copy it replaces (bench/MAINTENANCE.md has the curve of stored bytes against bytes written
@@ -91,10 +91,12 @@ def encode_changed(raw: bytes | memoryview, ctx: ChunkContext, base: BaseChunk |
         frac = sample_delta_fraction(raw, ctx, base, sparse=True)
         if not sample_fits(frac, len(raw), max_bytes, overhead):
             return keyframe_choice(raw, ctx, frac, sample_delta_fraction(raw, ctx, base, prefer), overhead)
-    choice = encode_chunk(raw, ctx, base=base, candidates=HEAD_CODECS, keyframe_interval=1 << 30)
-    if choice.base is not None and len(choice.encoded.payload) + overhead <= max_bytes:
-        return HeadChoice(choice, False, None)
-    frac = len(choice.encoded.payload) / max(len(raw), 1) if choice.base is not None else 1.0
+    # the codec itself, not encode_chunk: where no delta applies, that would copy the chunk as a
+    # raw object only to have it thrown away for the keyframe
+    enc = get(HEAD_CODEC).encode(raw, ctx, base.data)
+    if enc is not None and len(enc.payload) + overhead <= max_bytes:
+        return HeadChoice(ChunkEncoding(HEAD_CODEC, enc, base), False, None)
+    frac = 1.0 if enc is None else len(enc.payload) / max(len(raw), 1)
     return keyframe_choice(raw, ctx, frac, None, overhead)
 
 
