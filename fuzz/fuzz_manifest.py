@@ -1,4 +1,5 @@
-"""Fuzz target: the manifest decoder (msgpack body, ext types, schema and bounds checks)."""
+"""Fuzz target: the manifest decoder (msgpack body, ext types, schema and bounds checks), and the
+summary a listing decodes, which must accept every manifest the decoder accepts, alike."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ from deltackpt.format import manifest
 
 def TestOneInput(data: bytes) -> None:
     m = _harness.expect_typed(manifest.decode, data)
+    s = _harness.expect_typed(manifest.decode_summary, data)
     if m is not None:
         # a manifest that decodes must describe views that fit their blobs: re-derive the sizes
         for t in m.tensors:
             assert t.blob < len(m.blobs)
             assert t.offset <= m.blobs[t.blob].nbytes
+        # and what a listing shows of it (decode_summary) is what the whole decode says
+        assert s is not None
+        assert repr((s.parent, s.time, s.step, s.metrics, s.meta, s.extra, s.exact, s.logical_bytes)) == repr(
+            (m.parent, m.time, m.step, m.metrics, m.meta, m.extra, m.exact, sum(b.nbytes for b in m.blobs)))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ reads before anything else: format 3 searches it instead of decoding every entry
 
 The last band's median against the first band's is the figure (flat means about 1; before stop
 35 the dense run went from 3 ms to 4 s of maintenance per save over 300 versions).  The newest
-version is checked bit-identical at the end.
+version is checked bit-identical at the end.  Last, the listing of the whole history (``Repo.log()``,
+what ``deltackpt log`` prints) and of its newest ten (``log(limit=10)``, ``deltackpt log -n 10``),
+each in a fresh process, files in the page cache.
 
     python -m bench history_growth                  # 300 versions each
     python -m bench history_growth --quick          # 30 versions: CI
@@ -110,6 +112,34 @@ def _restart(path: str, state: dict, rounds: int = 3) -> dict[str, Any]:
             "torch": statistics.median(r["torch"] for r in runs), "runs": runs, "index_bytes": index}
 
 
+_LISTING = """
+import json, sys, time
+import torch
+import deltackpt
+deltackpt.Repo   # the package imports its modules when first used (~0.2 s): apart from the listing
+path, limit = sys.argv[1], int(sys.argv[2]) or None
+t = time.perf_counter()
+with deltackpt.Repo(path) as repo:
+    n = len(repo.log(limit=limit) if limit else repo.log())   # log() alone: code before log(limit=)
+print(json.dumps({"seconds": time.perf_counter() - t, "listed": n}))
+"""
+
+
+def _listing(path: str, rounds: int = 3) -> dict[str, Any]:
+    """Seconds to open the repository and list its whole history, and its newest ten, in a fresh
+    process each (medians of ``rounds``), and the bytes of its manifests."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out: dict[str, Any] = {}
+    for name, limit in (("all", 0), ("newest_10", 10)):
+        runs = [json.loads(subprocess.run([sys.executable, "-c", _LISTING, path, str(limit)], capture_output=True,
+                                          text=True, check=True, cwd=root).stdout.strip().splitlines()[-1])
+                for _ in range(rounds)]
+        out[name] = statistics.median(r["seconds"] for r in runs)
+    folder = os.path.join(path, "manifests")
+    out["manifest_bytes"] = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+    return out
+
+
 def _run(make, versions: int, path: str) -> dict[str, Any]:
     import deltackpt
     step = make()
@@ -129,7 +159,7 @@ def _run(make, versions: int, path: str) -> dict[str, Any]:
     stored = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
     first, last = slice(1, 1 + band), slice(versions - band, versions)
     return {"cpu": cpu, "maintenance": maint, "ok": ok, "stored": stored, "written": written,
-            "restart": _restart(path, state),
+            "restart": _restart(path, state), "listing": _listing(path),
             # what the process holds more at the end than after the first tenth of the saves
             "rss_growth": rss[-1] - rss[band],
             "cpu_first": statistics.median(cpu[first]), "cpu_last": statistics.median(cpu[last]),
@@ -161,6 +191,12 @@ def run(args: argparse.Namespace) -> int:
         x = r["restart"]
         print(f"| {name} | {1e3 * x['deltackpt']:.1f} | {1e3 * x['torch']:.1f} | "
               f"{x['deltackpt'] / max(x['torch'], 1e-9):.2f}x | {x['index_bytes'] / 1024:.0f} |")
+    print("\nThe history listed by a fresh process (open + Repo.log(), modules imported, page cache), medians of 3\n")
+    print("| state | every version (ms) | newest 10 (ms) | manifests (KiB) |")
+    print("|---|---|---|---|")
+    for name, r in results["runs"].items():
+        x = r["listing"]
+        print(f"| {name} | {1e3 * x['all']:.1f} | {1e3 * x['newest_10']:.1f} | {x['manifest_bytes'] / 1024:.0f} |")
     if args.record and not args.quick:
         record("history_growth", args.record, results)
     return 0

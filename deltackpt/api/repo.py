@@ -183,21 +183,31 @@ class Repo(Handle):
         """
         return self.core.version(self.core.resolve(version))
 
-    def log(self) -> list[Version]:
+    def log(self, limit: int | None = None) -> list[Version]:
         """Every version, newest first.
+
+        Args:
+            limit: only the newest ``limit`` versions (the others' manifests are not decoded
+                beyond their time).
 
         Returns:
             The :class:`~deltackpt.Version` of each.  A version whose manifest cannot be used is listed
             too, with ``error`` saying why (the others still are).
 
+        Raises:
+            InvalidArgumentError: ``limit`` is not a whole number of at least 0.
+
         Example:
             ```python
             [v.step for v in repo.log()]
+            repo.log(limit=3)[0].id == repo.latest().id
             ```
         """
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+            raise InvalidArgumentError(f"limit must be a whole number of at least 0, got {limit!r:.40}")
         tags = self.core.tags_by_version()
-        return [Version.damaged(vid, str(m), tuple(sorted(tags.get(vid, [])))) if isinstance(m, DeltackptError)
-                else self.core.version(vid, tags, manifest=m) for vid, m in self.core.scan()]
+        return [Version.damaged(vid, str(v), tuple(sorted(tags.get(vid, [])))) if isinstance(v, DeltackptError)
+                else v for vid, v in self.core.listing(limit)]
 
     def show(self, version: Revision = "latest", *, layers: "list[str] | str | None" = None) -> VersionDetail:
         """A version and its tensors: what ``deltackpt show`` prints.

@@ -55,9 +55,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 def cmd_log(args: argparse.Namespace) -> int:
-    versions = _repo(args).log()
-    if args.limit:
-        versions = versions[: args.limit]
+    versions = _repo(args).log(limit=args.limit or None)   # -n 0: every version, as without -n
     if args.json:
         emit_json([v.to_json() for v in versions])
         return 0

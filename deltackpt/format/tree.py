@@ -34,6 +34,17 @@ class TensorRef:
     index: int
 
 
+class TupleBudget:
+    """The tuple payload bytes a reader may still decode (``MAX_TUPLE_PAYLOAD_BYTES`` to begin
+    with): one budget shared by the fields of a manifest decoded one by one, so that splitting a
+    manifest into fields never multiplies what a crafted one makes it copy."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int = MAX_TUPLE_PAYLOAD_BYTES) -> None:
+        self.left = left
+
+
 class _Tuple:
     """A tuple ext whose payload is not decoded yet."""
 
@@ -99,24 +110,42 @@ def pack_tree(body: Any) -> bytes:
     return msgpack.packb(root[0], use_bin_type=True, default=default, strict_types=True)
 
 
-def unpack_tree(data: bytes | memoryview, *, what: str, max_bytes: int, refs: list[int], start: int = 0) -> Any:
+def _small_index(payload: bytes) -> int | None:
+    """A tensor reference's index where its payload is one of the forms writers produce (a positive
+    fixint, uint8, uint16; msgpack's shortest form of a tensor count), read without a decoder call
+    (a manifest holds one reference per tensor: a call each cost a 320-tensor manifest 3 ms); None
+    for any other payload."""
+    n = len(payload)
+    if n == 1 and payload[0] < 0x80:
+        return payload[0]
+    if n == 2 and payload[0] == 0xCC:
+        return payload[1]
+    if n == 3 and payload[0] == 0xCD:
+        return payload[1] << 8 | payload[2]
+    return None
+
+
+def unpack_tree(data: bytes | memoryview, *, what: str, max_bytes: int, refs: list[int], start: int = 0,
+                budget: TupleBudget | None = None) -> Any:
     """Decode untrusted msgpack holding TensorRef and tuple exts, without recursion across exts.
 
     ``refs`` collects every tensor index met; ``start`` is the depth of the top value (values
-    nested deeper than MAX_MSGPACK_DEPTH are refused).  Raises CorruptObjectError (or its
-    LimitExceededError) on anything malformed."""
-    budget = MAX_TUPLE_PAYLOAD_BYTES
+    nested deeper than MAX_MSGPACK_DEPTH are refused); ``budget``: the tuple payload bytes left
+    to decode, shared with other calls (a fresh one by default).  Raises CorruptObjectError (or
+    its LimitExceededError) on anything malformed."""
+    budget = TupleBudget() if budget is None else budget
 
     def hook(code: int, payload: bytes) -> Any:
-        nonlocal budget
         if code == EXT_TENSOR:
-            value = msgpack_io.unpack(payload, what=f"{what} tensor reference", max_bytes=16)
-            idx = msgpack_io.expect_int(value, f"{what} tensor reference", 0, 1 << 32)
+            idx = _small_index(payload)
+            if idx is None:   # any other msgpack form of an integer: the general decoder and its checks
+                value = msgpack_io.unpack(payload, what=f"{what} tensor reference", max_bytes=16)
+                idx = msgpack_io.expect_int(value, f"{what} tensor reference", 0, 1 << 32)
             refs.append(idx)
             return TensorRef(idx)
         if code == EXT_TUPLE:
-            budget -= len(payload)
-            if budget < 0:
+            budget.left -= len(payload)
+            if budget.left < 0:
                 raise LimitExceededError(f"{what}: nested tuples hold more than {MAX_TUPLE_PAYLOAD_BYTES} bytes "
                                          "counted at every level")
             return _Tuple(payload)

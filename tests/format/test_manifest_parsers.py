@@ -184,3 +184,98 @@ def test_a_manifests_head_is_what_the_whole_decode_says():
         manifest_fmt.decode_head(_body({"parent": None, "time": 1.0, "tree": {}, "tensors": []}))
     with pytest.raises(CorruptObjectError, match="after"):
         manifest_fmt.decode_head(seeds[0] + b"\xc0")
+
+
+def _summary_of(m: Manifest) -> tuple:
+    """What decode_summary must give, from the whole decode."""
+    return (m.parent, m.time, m.step, m.metrics, m.meta, m.extra, m.exact, sum(b.nbytes for b in m.blobs))
+
+
+def _fields(s: manifest_fmt.ManifestSummary) -> tuple:
+    return (s.parent, s.time, s.step, s.metrics, s.meta, s.extra, s.exact, s.logical_bytes)
+
+
+def test_a_manifests_summary_is_what_the_whole_decode_says():
+    """decode_summary (what ``log`` reads: head, meta, extra, exact, logical bytes) gives exactly
+    the whole decoder's values on every fixture manifest and on hand-made ones (a lossy tensor,
+    several blobs, tuples in meta, 300 tensors), and on flipped bytes it refuses with a typed error
+    or agrees with the whole decoder wherever that one accepts."""
+    import random
+    lossy = TensorEntry("h", ["h"], "float16", [4], [1], 1, 0, "fp16", False, 0.01)
+    many = [TensorEntry(f"t{i}", ["t", i], "int8", [1], [1], i, 0) for i in range(300)]
+    made = [_manifest(blobs=[Blob(8, 4, 4, [ChunkRef(CID, 8)]), Blob(8, 2, 2, [ChunkRef(CID, 8)])],
+                      tensors=[TensorEntry("w", ["w"], "float32", [2], [1], 0, 0), lossy],
+                      tree={"w": TensorRef(0), "h": (TensorRef(1), 3)}, meta={"why": ("a", 1)},
+                      extra={"written": {"bytes": 5}}, step=3).to_bytes(),
+            _manifest(tensors=many, blobs=[Blob(1, 1, 1, [ChunkRef(CID, 1)])] * 300,
+                      tree=[TensorRef(i) for i in range(300)]).to_bytes()]
+    seeds = _fixture_manifests() + made
+    for data in seeds:
+        m = manifest_fmt.decode(data, version_id=hex_id(data))
+        assert repr(_fields(manifest_fmt.decode_summary(data, version_id=hex_id(data)))) == repr(_summary_of(m))
+    assert not manifest_fmt.decode_summary(made[0]).exact and manifest_fmt.decode_summary(made[0]).logical_bytes == 16
+    rng = random.Random(6)
+    agreed = refused = 0
+    for _ in range(3000):
+        bad = bytearray(rng.choice(seeds))
+        for _ in range(rng.randrange(1, 4)):
+            bad[rng.randrange(8, len(bad))] = rng.randrange(256)
+        try:
+            summary = manifest_fmt.decode_summary(bytes(bad))
+        except CorruptObjectError:
+            summary = None
+        try:
+            m = manifest_fmt.decode(bytes(bad))
+        except CorruptObjectError:
+            refused += summary is None
+            continue
+        assert summary is not None and repr(_fields(summary)) == repr(_summary_of(m))
+        agreed += 1
+    assert agreed and refused
+
+
+@pytest.mark.parametrize("body,match", [
+    ({"time": "yesterday"}, "time is not a number"),
+    ({"extra": [1]}, "extra is not a map"),
+    ({"blobs": [{"nbytes": -1}]}, "nbytes"),
+    ({"blobs": [[8]]}, "not a map"),
+    ({"tensors": [{"exact": 1}]}, "exact"),
+    ({"tree": {"w": msgpack.ExtType(1, b"\x05")}}, "refers to tensor 5"),
+    ({"meta": msgpack.ExtType(9, b"")}, "unknown msgpack ext"),
+])
+def test_a_summary_refuses_what_it_reads_malformed(body, match):
+    """Each field the summary reads is checked as the whole decode checks it, with a typed error."""
+    full = {"parent": None, "time": 1.0, "tree": None, "tensors": [{"exact": True}], "blobs": [{"nbytes": 8}]}
+    full.update(body)
+    with pytest.raises(CorruptObjectError, match=match):
+        manifest_fmt.decode_summary(_body(full))
+
+
+@pytest.mark.parametrize("payload,index", [(b"\x05", 5), (b"\xcc\x05", 5), (b"\xcc\xc8", 200), (b"\xcd\x01\x00", 256),
+                                           (b"\xd0\x05", 5), (b"\xce\x00\x01\x00\x00", 65536), (b"\xcb" + b"\x00" * 8, None),
+                                           (b"\xff", None), (b"\xcc", None), (b"\xcc\x05\x00", None), (b"\xcd\x01", None)])
+def test_every_msgpack_form_of_a_tensor_reference_reads_alike(payload, index):
+    """A tensor reference's index reads the same in the short forms writers produce (read by hand)
+    and in any other msgpack integer form (the general decoder); anything else is corrupt."""
+    tree = {"w": msgpack.ExtType(1, payload)}
+    body = {"parent": None, "time": 1.0, "tree": tree, "tensors": [], "blobs": []}
+    if index is None:
+        with pytest.raises(CorruptObjectError):
+            manifest_fmt.decode(_body(body))
+        return
+    refs: list[int] = []
+    from deltackpt.format.tree import unpack_tree
+    got = unpack_tree(msgpack.packb(tree, use_bin_type=True), what="t", max_bytes=1 << 20, refs=refs)
+    assert got == {"w": TensorRef(index)} and refs == [index]
+
+
+@pytest.mark.parametrize("key", [["w", ["nested"]], ["w", {"a": 1}], ["w", 1.5], ["w", None], ["w", b"x"],
+                                 ["w"] * 513])
+def test_a_tensor_key_holds_only_str_and_int(key):
+    """A tensor's ``key`` is an array of str and int (spec §9): a nested value, a float, nil, bytes
+    or more elements than the tree may nest is a typed error, since plain msgpack decodes it."""
+    data = _manifest(tensors=[TensorEntry("w", key, "float32", [2], [1], 0, 0)]).to_bytes()
+    with pytest.raises(CorruptObjectError, match="name/key"):
+        manifest_fmt.decode(data)
+    assert manifest_fmt.decode(_manifest(tensors=[TensorEntry("w", ["w", 0, -1], "float32", [2], [1], 0, 0)])
+                               .to_bytes()).tensors[0].key == ["w", 0, -1]

@@ -192,3 +192,26 @@ def test_quick_verify_refuses_an_encoding_id_no_codec_owns(root):
     report = deltackpt.Repo(root).verify(read_data=False)
     assert not report.ok and _latest(root) in report.bad_versions
     assert any("unknown encoding id 200" in p.problem for p in report.errors)
+
+
+def test_a_limited_log_decodes_only_the_versions_it_lists(root):
+    """``log(limit=N)`` and ``deltackpt log -n N`` list the newest N as the whole log does, and read
+    no more of the others than their time: a version older than those, whose blob list is malformed
+    (a negative size), is a damaged row of the whole log and absent from the limited one."""
+    newest = _latest(root)
+    body = _body(root, newest)
+    body.update(parent=None, step=-1, time=body["time"] - 100)
+    body["blobs"][0]["nbytes"] = -1
+    bad = hex_id(manifest_fmt.MAGIC + msgpack.packb(body, use_bin_type=True))
+    with open(os.path.join(root, "manifests", bad), "wb") as f:
+        f.write(manifest_fmt.MAGIC + msgpack.packb(body, use_bin_type=True))
+    whole = deltackpt.Repo(root).log()
+    assert [v.id for v in whole][-1] == bad and "nbytes" in whole[-1].error
+    assert [v.error for v in whole[:-1]] == [None, None]
+    limited = deltackpt.Repo(root).log(limit=2)
+    assert [v.to_json() for v in limited] == [v.to_json() for v in whole[:2]]
+    proc = run_cli("log", "--repo", root, "-n", "2", "--json")
+    assert [r["id"] for r in json.loads(proc.stdout)] == [v.id for v in whole[:2]]
+    proc = run_cli("log", "--repo", root, "-n", "-1", check=False)
+    assert proc.returncode != 0 and "limit" in proc.stderr
+    _one_error_line(proc)
