@@ -22,6 +22,22 @@ def _row_bytes(ctx_row: int, itemsize: int, raw_len: int) -> int:
     return row if row and raw_len % row == 0 else 1
 
 
+_WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _nonzero_rows(x: np.ndarray) -> np.ndarray:
+    """Which rows of the (rows, rb) uint8 array ``x`` hold a non-zero byte.  In words rather than
+    bytes: ``any(axis=1)`` over bytes reduces short rows element by element (0.28 ms for a 2 MiB
+    chunk of 256-byte rows, against 0.15 ms OR-ing them as 64-bit words; bench/DELTAS.md, "Which rows
+    a sparse delta takes")."""
+    rb = x.shape[1]
+    if rb in _WORDS:
+        return x.view(_WORDS[rb])[:, 0] != 0
+    if rb % 8 == 0:
+        return np.bitwise_or.reduce(x.view(np.uint64), axis=1) != 0
+    return x.any(axis=1)
+
+
 class SparseRows(Codec):
     encoding_id = 4
     name = "sparse"
@@ -41,7 +57,7 @@ class SparseRows(Codec):
             if (a != b).any(axis=1).mean() > MAX_CHANGED_FRACTION:
                 return None
         x = xor_into(raw, base, buffer("delta", len(raw))).reshape(-1, rb)
-        changed = x.any(axis=1)
+        changed = _nonzero_rows(x)
         count = int(changed.sum())
         if count > MAX_CHANGED_FRACTION * len(x):   # one flag per row
             return None
