@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..errors import DeltackptError
 from ..format.events import Event
-from ..format.manifest import Blob, Manifest, TensorEntry, TensorRef
+from ..format.manifest import Blob, Manifest, ManifestSummary, TensorEntry, TensorRef
 from ..repo import locks
 from ..repo.maintain import events as _events
 from ..repo.maintain.drill import DrillReport, run_drill
@@ -42,10 +42,10 @@ if TYPE_CHECKING:
     from ..torchstate.flatten import TensorLeaf
 
 __all__ = ["Blob", "BlobInput", "DEFAULT_GRACE_SECONDS", "DrillReport", "Event", "GcReport", "Hold", "MAX_HELD",
-           "Manifest", "ReadMeter", "Retention", "SaveHandle", "SaveStats", "Store", "TensorEntry", "TensorRef", "Version",
+           "Manifest", "ManifestSummary", "ReadMeter", "Retention", "SaveHandle", "SaveStats", "Store", "TensorEntry", "TensorRef", "Version",
            "abandoned_versions", "check_seconds", "collect", "commit_manifest", "drill", "events_of", "hold",
-           "latest_id", "manifest", "metered", "prepare_staging", "read_blobs", "read_chunk", "record_event", "refresh_index",
-           "resolve_id", "run_after", "save_lease", "scan", "set_deltify_lag", "stamp", "store", "store_blobs",
+           "latest_id", "manifest", "metered", "newest_first", "prepare_staging", "read_blobs", "read_chunk", "record_event", "refresh_index",
+           "resolve_id", "run_after", "save_lease", "scan", "set_deltify_lag", "summary", "stamp", "store", "store_blobs",
            "unhook_finished_snapshots", "version_ids", "version_of", "wait_snapshots"]
 
 
@@ -54,6 +54,17 @@ __all__ = ["Blob", "BlobInput", "DEFAULT_GRACE_SECONDS", "DrillReport", "Event",
 def scan(repo: Handle) -> "list[tuple[str, Manifest | DeltackptError]]":
     """Every version with its manifest (or the typed error that makes it unusable), newest first."""
     return repo.core.scan()
+
+
+def newest_first(repo: Handle) -> "list[tuple[str, DeltackptError | None]]":
+    """Every version id newest first by its manifest's head, with the error of one whose head
+    does not decode (Repository.newest_first)."""
+    return repo.core.newest_first()
+
+
+def summary(repo: Handle, vid: str) -> "ManifestSummary":
+    """Version ``vid``'s manifest summarized, its tensors and blobs not built (decode_summary)."""
+    return repo.core.summary(vid)
 
 
 def manifest(repo: Handle, vid: str) -> Manifest:

@@ -34,8 +34,8 @@ def _nonzero_rows(x: np.ndarray) -> np.ndarray:
     if rb in _WORDS:
         return x.view(_WORDS[rb])[:, 0] != 0
     if rb % 8 == 0:
-        return np.bitwise_or.reduce(x.view(np.uint64), axis=1) != 0
-    return x.any(axis=1)
+        return np.not_equal(np.bitwise_or.reduce(x.view(np.uint64), axis=1), 0)
+    return np.asarray(x.any(axis=1))
 
 
 class SparseRows(Codec):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
@@ -39,23 +39,29 @@ class ResumeInfo:
     skipped: list[str] = field(default_factory=list)   # newer versions that failed to load
 
 
-def _candidates(r: Repo, version: "str | Version") -> list[str]:
-    if isinstance(version, str) and version in ("latest", "HEAD"):
-        # newest first, including a version whose ref never moved, and one whose manifest is
-        # damaged (its load fails typed, so it is skipped with a warning naming it); never one
-        # committed off the training line (an import: weights, not a training state)
-        history = [vid for vid, m in internal.scan(r) if not _off_line(m)]
-        latest = internal.latest_id(r)
-        if latest in history:       # the ref names the newest committed one: try it first
-            history.remove(latest)
-            history.insert(0, latest)
-        return history
-    return [internal.resolve_id(r, version)]
+def _candidates(r: Repo, version: "str | Version") -> Iterator[str]:
+    """The versions to try, in order.  For ``latest``: newest first, including a version whose ref
+    never moved, and one whose manifest is damaged (its load fails typed, so it is skipped with a
+    warning naming it); never one committed off the training line (an import: weights, not a
+    training state).  Lazily: only the heads order them, and a version's summary is decoded (to
+    see whether it is off the line) when it comes to be tried, so a restart after a long history
+    decodes one or two manifests, not all of them."""
+    if not (isinstance(version, str) and version in ("latest", "HEAD")):
+        return iter([internal.resolve_id(r, version)])
+    history = [vid for vid, _err in internal.newest_first(r)]
+    latest = internal.latest_id(r)
+    if latest in history:       # the ref names the newest committed one: try it first
+        history.remove(latest)
+        history.insert(0, latest)
+    return (vid for vid in history if not _off_line(r, vid))
 
 
-def _off_line(m: Any) -> bool:
-    extra = getattr(m, "extra", None)
-    return isinstance(extra, dict) and extra.get("off_line") is True
+def _off_line(r: Repo, vid: str) -> bool:
+    try:
+        extra = internal.summary(r, vid).extra
+    except DeltackptError:
+        return False    # damaged: tried, and skipped with a warning when its load fails
+    return extra.get("off_line") is True
 
 
 def resume(repo: "str | os.PathLike[str] | Repo", *, model: "torch.nn.Module | None" = None,
