@@ -377,9 +377,10 @@ class Repository:
         sign = -1 if direction == "max" else 1
         best: tuple[float, float, str] | None = None
         recorded: dict[str, None] = {}
-        for vid, m in self.scan():
-            if isinstance(m, DeltackptError):
+        for vid, err in self.newest_first():   # the heads hold time and metrics: no manifest built
+            if err is not None:
                 continue  # a damaged version is no candidate; it does not hide the others either
+            m = self.head(vid)
             recorded.update(dict.fromkeys(m.metrics))
             value = m.metrics.get(metric)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
