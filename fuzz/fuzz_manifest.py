@@ -17,8 +17,8 @@ def TestOneInput(data: bytes) -> None:
             assert t.offset <= m.blobs[t.blob].nbytes
         # and what a listing shows of it (decode_summary) is what the whole decode says
         assert s is not None
-        assert repr((s.parent, s.time, s.step, s.metrics, s.meta, s.extra, s.exact, s.logical_bytes)) == repr(
-            (m.parent, m.time, m.step, m.metrics, m.meta, m.extra, m.exact, sum(b.nbytes for b in m.blobs)))
+        assert repr((s.parent, s.time, s.step, s.metrics, s.meta, s.extra, s.exact, s.logical_bytes, s.tree)) == repr(
+            (m.parent, m.time, m.step, m.metrics, m.meta, m.extra, m.exact, sum(b.nbytes for b in m.blobs), m.tree))
 
 
 if __name__ == "__main__":

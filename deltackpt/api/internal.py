@@ -28,6 +28,7 @@ from ..repo.maintain.drill import DrillReport, run_drill
 from ..repo.maintain.gc import DEFAULT_GRACE_SECONDS, GcReport, run_gc
 from ..repo.maintain.holds import MAX_HELD, Hold
 from ..repo.maintain.retention import Retention, check_seconds
+from ..repo.repository import ManifestHead
 from ..repo.versions import Version
 from ..repo.write import saver
 from ..repo.write.saver import BlobInput, SaveStats
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Blob", "BlobInput", "DEFAULT_GRACE_SECONDS", "DrillReport", "Event", "GcReport", "Hold", "MAX_HELD",
            "Manifest", "ManifestSummary", "ReadMeter", "Retention", "SaveHandle", "SaveStats", "Store", "TensorEntry", "TensorRef", "Version",
-           "abandoned_versions", "check_seconds", "collect", "commit_manifest", "drill", "events_of", "hold",
+           "abandoned_versions", "check_seconds", "collect", "commit_manifest", "drill", "events_of", "head", "hold",
            "latest_id", "manifest", "metered", "newest_first", "prepare_staging", "read_blobs", "read_chunk", "record_event", "refresh_index",
            "resolve_id", "run_after", "save_lease", "scan", "set_deltify_lag", "summary", "stamp", "store", "store_blobs",
            "unhook_finished_snapshots", "version_ids", "version_of", "wait_snapshots"]
@@ -60,6 +61,11 @@ def newest_first(repo: Handle) -> "list[tuple[str, DeltackptError | None]]":
     """Every version id newest first by its manifest's head, with the error of one whose head
     does not decode (Repository.newest_first)."""
     return repo.core.newest_first()
+
+
+def head(repo: Handle, vid: str) -> "ManifestHead":
+    """Version ``vid``'s manifest's time, parent, step and metrics (Repository.head)."""
+    return repo.core.head(vid)
 
 
 def summary(repo: Handle, vid: str) -> "ManifestSummary":

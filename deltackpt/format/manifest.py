@@ -261,7 +261,8 @@ def decode_head(data: bytes, *, version_id: str | None = None) -> tuple[str | No
 @dataclass(frozen=True)
 class ManifestSummary:
     """What a listing of versions shows of one (``deltackpt log``): its head, ``meta`` and
-    ``extra``, whether every tensor is exact, and the bytes its blobs hold."""
+    ``extra``, whether every tensor is exact, and the bytes its blobs hold; and its ``tree`` (with
+    :class:`TensorRef` placeholders), which says what the version holds (a ``model`` entry...)."""
 
     parent: str | None
     time: float
@@ -271,6 +272,7 @@ class ManifestSummary:
     extra: dict[str, Any]
     exact: bool
     logical_bytes: int
+    tree: Any = None
 
 
 def decode_summary(data: bytes, *, version_id: str | None = None) -> ManifestSummary:
@@ -317,7 +319,7 @@ def decode_summary(data: bytes, *, version_id: str | None = None) -> ManifestSum
     for idx in refs:
         if idx >= len(tensors):
             raise CorruptObjectError(f"{what}: tree refers to tensor {idx} of {len(tensors)}")
-    return ManifestSummary(parent, t, step, metrics, values.get("meta"), extra, exact, logical)
+    return ManifestSummary(parent, t, step, metrics, values.get("meta"), extra, exact, logical, values.get("tree"))
 
 
 def decode(data: bytes, *, version_id: str | None = None) -> Manifest:

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import Repo, internal
-from ..api.internal import Manifest
 from ..errors import DeltackptError, UnknownVersionError
 from ..format.refs import parse_best, parse_revision
 
@@ -33,21 +32,31 @@ class Candidate:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
-def _holds(m: Manifest, needs: tuple[str, ...]) -> bool:
-    return isinstance(m.tree, dict) and all(k in m.tree for k in needs)
+def _holds(tree: Any, needs: tuple[str, ...]) -> bool:
+    return isinstance(tree, dict) and all(k in tree for k in needs)
 
 
 def candidates(repo: Repo, *, before: int, excluded: set[str], preexisting: set[str],
                start_step: int | None, needs: tuple[str, ...]) -> list[Candidate]:
-    """Every candidate with a step below ``before``, newest step first (then newest time)."""
+    """Every candidate with a step below ``before``, newest step first (then newest time).  The
+    step filters on each manifest's head; only a version that passes is summarized (its tree, to
+    see what it holds), and none is decoded whole: a rollback after a long history waits on no
+    more than that."""
     out = []
-    for vid, m in internal.scan(repo):
-        if isinstance(m, DeltackptError) or vid in excluded or m.step is None or m.step >= before:
+    for vid, err in internal.newest_first(repo):
+        if err is not None or vid in excluded:
             continue
-        if vid in preexisting and (start_step is None or m.step > start_step):
+        head = internal.head(repo, vid)
+        if head.step is None or head.step >= before:
+            continue
+        if vid in preexisting and (start_step is None or head.step > start_step):
             continue   # another run's, or a future this resumed run did not take
-        if _holds(m, needs):
-            out.append(Candidate(vid, m.step, m.time, dict(m.metrics)))
+        try:
+            m = internal.summary(repo, vid)
+        except DeltackptError:
+            continue   # its manifest is damaged beyond the head: no candidate
+        if _holds(m.tree, needs):
+            out.append(Candidate(vid, head.step, head.time, dict(head.metrics)))
     out.sort(key=lambda c: (c.step, c.time if c.time == c.time else float("-inf"), c.id), reverse=True)
     return out
 
@@ -86,5 +95,10 @@ def _number(v: Any) -> float | None:
 
 def later_than(repo: Repo, step: int, preexisting: set[str]) -> set[str]:
     """This run's versions saved at a step after ``step``: what a rollback to ``step`` abandons."""
-    return {vid for vid, m in internal.scan(repo) if not isinstance(m, DeltackptError) and vid not in preexisting
-            and m.step is not None and m.step > step}
+    out = set()
+    for vid, err in internal.newest_first(repo):
+        if err is None and vid not in preexisting:
+            s = internal.head(repo, vid).step
+            if s is not None and s > step:
+                out.add(vid)
+    return out

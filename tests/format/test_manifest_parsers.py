@@ -188,15 +188,15 @@ def test_a_manifests_head_is_what_the_whole_decode_says():
 
 def _summary_of(m: Manifest) -> tuple:
     """What decode_summary must give, from the whole decode."""
-    return (m.parent, m.time, m.step, m.metrics, m.meta, m.extra, m.exact, sum(b.nbytes for b in m.blobs))
+    return (m.parent, m.time, m.step, m.metrics, m.meta, m.extra, m.exact, sum(b.nbytes for b in m.blobs), m.tree)
 
 
 def _fields(s: manifest_fmt.ManifestSummary) -> tuple:
-    return (s.parent, s.time, s.step, s.metrics, s.meta, s.extra, s.exact, s.logical_bytes)
+    return (s.parent, s.time, s.step, s.metrics, s.meta, s.extra, s.exact, s.logical_bytes, s.tree)
 
 
 def test_a_manifests_summary_is_what_the_whole_decode_says():
-    """decode_summary (what ``log`` reads: head, meta, extra, exact, logical bytes) gives exactly
+    """decode_summary (what ``log`` reads: head, meta, extra, exact, logical bytes, tree) gives exactly
     the whole decoder's values on every fixture manifest and on hand-made ones (a lossy tensor,
     several blobs, tuples in meta, 300 tensors), and on flipped bytes it refuses with a typed error
     or agrees with the whole decoder wherever that one accepts."""

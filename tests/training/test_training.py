@@ -350,3 +350,24 @@ def test_resume_after_a_long_history_decodes_only_the_version_it_restores(tmp_pa
     assert info is not None and info.step == 11
     assert torch.equal(fresh[0].weight, model[0].weight)
     assert len(decoded) == 1, len(decoded)
+
+
+def test_rollback_targets_are_found_without_decoding_a_manifest_whole(tmp_path, monkeypatch):
+    """The guard's rollback candidates (training/targets.py) come from the manifests' heads and
+    summaries: over 8 versions, none is decoded whole, and they are what the whole manifests say
+    (the steps below the bound, holding a model, newest first)."""
+    from deltackpt.format import manifest as manifest_fmt
+    from deltackpt.training import targets
+    path = str(tmp_path / "repo")
+    model = torch.nn.Linear(4, 4)
+    for step in range(8):
+        state = training_state(model=model, step=step) if step != 5 else {"step": step, "other": torch.ones(2)}
+        deltackpt.save(state, path, step=step)
+    real = manifest_fmt.decode
+    decoded: list[bytes] = []
+    monkeypatch.setattr(manifest_fmt, "decode", lambda data, **kw: decoded.append(data) or real(data, **kw))
+    with deltackpt.Repo(path) as repo:
+        found = targets.candidates(repo, before=7, excluded=set(), preexisting=set(), start_step=None, needs=("model",))
+        later = targets.later_than(repo, 3, set())
+    assert [c.step for c in found] == [6, 4, 3, 2, 1, 0] and decoded == []
+    assert sorted(deltackpt.Repo(path).resolve(v).step for v in later) == [4, 5, 6, 7]
