@@ -10,8 +10,8 @@ Not public: names and signatures may change between releases.
 Example::
 
     from deltackpt.api import internal
-    for vid, m in internal.scan(repo):
-        print(vid, getattr(m, "step", None))
+    for vid, err in internal.newest_first(repo):
+        print(vid, err or internal.head(repo, vid).step)
 """
 
 from __future__ import annotations
@@ -46,16 +46,11 @@ __all__ = ["Blob", "BlobInput", "DEFAULT_GRACE_SECONDS", "DrillReport", "Event",
            "Manifest", "ManifestSummary", "ReadMeter", "Retention", "SaveHandle", "SaveStats", "Store", "TensorEntry", "TensorRef", "Version",
            "abandoned_versions", "check_seconds", "collect", "commit_manifest", "drill", "events_of", "head", "hold",
            "latest_id", "manifest", "metered", "newest_first", "prepare_staging", "read_blobs", "read_chunk", "record_event", "refresh_index",
-           "resolve_id", "run_after", "save_lease", "scan", "set_deltify_lag", "summary", "stamp", "store", "store_blobs",
+           "resolve_id", "run_after", "save_lease", "set_deltify_lag", "summary", "stamp", "store", "store_blobs",
            "unhook_finished_snapshots", "version_ids", "version_of", "wait_snapshots"]
 
 
 # versions ------------------------------------------------------------------------------------------
-
-def scan(repo: Handle) -> "list[tuple[str, Manifest | DeltackptError]]":
-    """Every version with its manifest (or the typed error that makes it unusable), newest first."""
-    return repo.core.scan()
-
 
 def newest_first(repo: Handle) -> "list[tuple[str, DeltackptError | None]]":
     """Every version id newest first by its manifest's head, with the error of one whose head

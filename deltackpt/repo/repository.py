@@ -412,21 +412,6 @@ class Repository:
             vid = self.head(vid).parent
         return line + [v for v in by_time if v not in seen]
 
-    def scan(self) -> "list[tuple[str, Manifest | DeltackptError]]":
-        """Every version with its manifest, or the typed error that makes the manifest unusable,
-        newest first: one damaged manifest never hides the others (``log``, ``resume``, ``best:``).
-        A damaged one is placed by its file's modification time, the only date it still has."""
-        rows: list[tuple[float, str, Manifest | DeltackptError]] = []
-        for vid in self.version_ids():
-            try:
-                m: Manifest | DeltackptError = self.manifest(vid)
-                t = _sort_time(m.time)  # type: ignore[union-attr]  # (a Manifest: the except stores an error)
-            except DeltackptError as exc:
-                m, t = exc, self._damaged_time(vid)
-            rows.append((t, vid, m))
-        rows.sort(key=lambda r: (r[0], r[1]), reverse=True)
-        return [(vid, m) for _t, vid, m in rows]
-
     def _damaged_time(self, vid: str) -> float:
         """Where a version whose manifest is unusable sorts: its file's modification time, the only
         date it still has."""
