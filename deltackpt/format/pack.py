@@ -127,12 +127,18 @@ class PackBuilder(PackStream):
     """A pack assembled in memory (gc, tests, vectors)."""
 
     def __init__(self) -> None:
-        self._parts: list[bytes] = []
-        super().__init__(lambda part: self._parts.append(bytes(part)))
+        # the sink holds the list, not the builder: a sink that reached the builder (a lambda over
+        # self) made a reference cycle, so a deltification step's pack bytes (tens of MB) stayed
+        # resident after the step until Python's cyclic collector happened to run
+        parts: list[bytes] = []
+        self._parts = parts
+        super().__init__(lambda part: parts.append(bytes(part)))
 
     def finish(self) -> bytes:  # type: ignore[override]  # the pack's bytes, where a stream returns its id
         super().finish()
-        return b"".join(self._parts)
+        data = b"".join(self._parts)
+        self._parts.clear()   # the pack is held once, as ``data``, not twice
+        return data
 
 
 def parse_trailer(trailer: bytes, pack_len: int, *, what: str) -> int:

@@ -154,3 +154,24 @@ def test_msgpack_huge_declared_array_is_refused_without_allocating():
     """A 5-byte msgpack array header declaring 2^32-1 items is refused (lengths bounded by input size)."""
     with pytest.raises(CorruptObjectError):
         msgpack_io.unpack(b"\xdd\xff\xff\xff\xff", what="x", max_bytes=100)
+
+
+def test_a_pack_builder_is_freed_as_soon_as_it_is_dropped():
+    """A pack assembled in memory (deltification's and gc's rewrites: tens of MB) is freed when its
+    builder is dropped, not whenever Python's cyclic collector next runs: the builder is in no
+    reference cycle, and after ``finish`` it holds the pack's parts no more."""
+    import gc
+    import weakref
+
+    from deltackpt.format.pack import PackBuilder
+    gc.disable()
+    try:
+        builder = PackBuilder()
+        builder.add(bytes(16), [b"x" * 1000], encoding=0, raw_len=1000, base=None, depth=0)
+        data = builder.finish()
+        assert builder._parts == [] and len(data) > 1000
+        gone = weakref.ref(builder)
+        del builder
+        assert gone() is None
+    finally:
+        gc.enable()
