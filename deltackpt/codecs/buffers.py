@@ -49,3 +49,8 @@ def typed(role: str, dtype: np.dtype | type | str, count: int) -> np.ndarray:
     """``count`` elements of ``dtype`` from ``role``'s buffer (see :func:`buffer`)."""
     dt = np.dtype(dtype)
     return buffer(role, count * dt.itemsize).view(dt)
+
+
+def release() -> None:
+    """Drop this thread's buffers (see :mod:`.scratch`)."""
+    _local.__dict__.pop("buffers", None)

@@ -52,6 +52,12 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return d
 
 
+def release() -> None:
+    """Drop this thread's zstd contexts (see :mod:`.scratch`)."""
+    for name in ("cctx", "dctx", "planes"):
+        _local.__dict__.pop(name, None)
+
+
 def _plane_compressor(level: int) -> zstandard.ZstdCompressor:
     """The compressor for planes longer than twice the sample (see _PLANE_PARAMS)."""
     if level != 1:

@@ -427,3 +427,32 @@ def test_a_small_change_to_every_element_is_saved_whole_and_reversed_later(tmp_p
     loaded = deltackpt.load(path)
     assert _same(loaded, state)
     assert deltackpt.Repo(path).verify().ok
+
+
+def test_closing_a_handle_frees_the_codec_buffers_of_the_thread_that_saved(tmp_path):
+    """Deltification runs on the thread that called the save, whose codec buffers and zstd
+    contexts would outlive the handle: closing it, on that thread, frees them."""
+    import threading
+
+    from deltackpt.codecs import buffers, bytegroup
+
+    def held() -> bool:
+        return bool(getattr(buffers._local, "buffers", None)) or hasattr(bytegroup._local, "dctx")
+
+    out: dict = {}
+
+    def run() -> None:   # a thread of its own: no earlier test's buffers on it
+        g = torch.Generator().manual_seed(0)
+        table = torch.randn(4096, 64, generator=g)
+        with deltackpt.Repo(str(tmp_path / "repo"), create=True) as repo:
+            for step in range(10):
+                table[torch.randint(0, 4096, (20,), generator=g)] += 0.01
+                repo.save({"emb": table}, step=step)
+                repo.deltify()
+            out["while_open"] = held()
+        out["after_close"] = held()
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert out == {"while_open": True, "after_close": False}

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ...codecs import scratch
 from ...codecs.base import check_level
 from ...format import config as config_fmt
 from ...errors import InvalidArgumentError
@@ -92,9 +93,11 @@ class WriteSession:
         return self.repo.store
 
     def close(self) -> None:
-        """Forget the delta bases and deltification's memory (the handle is closing)."""
+        """Forget the delta bases and deltification's memory, and free the closing thread's codec
+        buffers (the handle is closing; deltification ran on the thread that saved, usually this one)."""
         self.delta_cache.clear()
         self.deltify_memo = None
+        scratch.release()
 
 
 def check_payback(value: object) -> float:
