@@ -120,7 +120,7 @@ deltackpt.Repo   # the package imports its modules when first used (~0.2 s): apa
 path, limit = sys.argv[1], int(sys.argv[2]) or None
 t = time.perf_counter()
 with deltackpt.Repo(path) as repo:
-    n = len(repo.log(limit=limit) if limit else repo.log())   # log() alone: code before log(limit=)
+    n = len(repo.log(limit=limit))
 print(json.dumps({"seconds": time.perf_counter() - t, "listed": n}))
 """
 

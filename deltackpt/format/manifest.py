@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -247,6 +247,36 @@ def _field_values(found: dict[str, memoryview], keys: tuple[str, ...], what: str
             for k in keys if k in found}
 
 
+class _Parts(NamedTuple):
+    """What every reader of a whole manifest's fields checks first (:func:`_checked_parts`)."""
+
+    values: dict[str, Any]      # the fields decoded with their exts (all but blobs and tensors)
+    blobs: list                 # the blobs and tensors as plain msgpack, each still to be checked
+    tensors: list
+    head: tuple[str | None, float, int | None, dict]
+    extra: dict[str, Any]
+
+
+def _checked_parts(found: dict[str, memoryview], keys: tuple[str, ...], what: str) -> _Parts:
+    """Fields ``keys`` decoded (:func:`_field_values`); ``blobs`` and ``tensors`` as arrays of plain
+    msgpack (they hold no ext a reader decodes: decoded in C, checked field by field by the caller);
+    every tensor reference in those fields within ``tensors``; the head and ``extra`` checked."""
+    refs: list[int] = []
+    values = _field_values(found, keys, what, refs)
+    blobs = msgpack_io.unpack(found["blobs"], what=what, max_bytes=MAX_MANIFEST_BYTES)
+    tensors = msgpack_io.unpack(found["tensors"], what=what, max_bytes=MAX_MANIFEST_BYTES)
+    if not isinstance(blobs, list) or not isinstance(tensors, list):
+        raise CorruptObjectError(f"{what}: blobs/tensors are not arrays")
+    for idx in refs:
+        if idx >= len(tensors):
+            raise CorruptObjectError(f"{what}: tree refers to tensor {idx} of {len(tensors)}")
+    head = _head_fields(values.get("parent"), values.get("time"), values.get("step"), values.get("metrics"), what)
+    extra = values.get("extra") or {}
+    if not isinstance(extra, dict):
+        raise CorruptObjectError(f"{what}: extra is not a map")
+    return _Parts(values, blobs, tensors, head, extra)
+
+
 def decode_head(data: bytes, *, version_id: str | None = None) -> tuple[str | None, float, int | None, dict]:
     """A manifest's (parent, time, step, metrics), checked as :func:`decode` checks them, without
     building its tree, tensors and blobs: msgpack skips them in C.  What orders a history and what
@@ -274,6 +304,11 @@ class ManifestSummary:
     logical_bytes: int
     tree: Any = None
 
+    @classmethod
+    def of(cls, m: "Manifest") -> "ManifestSummary":
+        """The summary of a manifest already decoded whole."""
+        return cls(m.parent, m.time, m.step, m.metrics, m.meta, m.extra, m.exact, sum(b.nbytes for b in m.blobs), m.tree)
+
 
 def decode_summary(data: bytes, *, version_id: str | None = None) -> ManifestSummary:
     """A manifest's :class:`ManifestSummary`, without building its tensors and blobs.
@@ -292,34 +327,19 @@ def decode_summary(data: bytes, *, version_id: str | None = None) -> ManifestSum
         print(s.step, s.logical_bytes, s.exact)
     """
     what = f"manifest {version_id}" if version_id else "manifest"
-    found = _top_fields(data, version_id, what)
-    refs: list[int] = []
-    values = _field_values(found, _HEAD_KEYS + ("tree", "meta", "extra"), what, refs)
-    parent, t, step, metrics = _head_fields(values.get("parent"), values.get("time"), values.get("step"),
-                                            values.get("metrics"), what)
-    extra = values.get("extra") or {}
-    if not isinstance(extra, dict):
-        raise CorruptObjectError(f"{what}: extra is not a map")
-    # blobs and tensors hold no exts a reader decodes: plain msgpack, in C
-    blobs = msgpack_io.unpack(found["blobs"], what=what, max_bytes=MAX_MANIFEST_BYTES)
-    tensors = msgpack_io.unpack(found["tensors"], what=what, max_bytes=MAX_MANIFEST_BYTES)
-    if not isinstance(blobs, list) or not isinstance(tensors, list):
-        raise CorruptObjectError(f"{what}: blobs/tensors are not arrays")
+    p = _checked_parts(_top_fields(data, version_id, what), _HEAD_KEYS + ("tree", "meta", "extra"), what)
     logical = 0
-    for i, b in enumerate(blobs):
+    for i, b in enumerate(p.blobs):
         _expect_map(b, f"{what} blob {i}", {"nbytes"})
         logical += msgpack_io.expect_int(b["nbytes"], f"{what} blob {i}.nbytes", 0, MAX_TENSOR_ELEMENTS * 16)
     exact = True
-    for i, x in enumerate(tensors):
+    for i, x in enumerate(p.tensors):
         _expect_map(x, f"{what} tensor {i}", set())
         flag = x.get("exact", True)
         if not isinstance(flag, bool):
             raise CorruptObjectError(f"{what} tensor {i}: encoding/device/exact malformed")
         exact = exact and flag
-    for idx in refs:
-        if idx >= len(tensors):
-            raise CorruptObjectError(f"{what}: tree refers to tensor {idx} of {len(tensors)}")
-    return ManifestSummary(parent, t, step, metrics, values.get("meta"), extra, exact, logical, values.get("tree"))
+    return ManifestSummary(*p.head, p.values.get("meta"), p.extra, exact, logical, p.values.get("tree"))
 
 
 def decode(data: bytes, *, version_id: str | None = None) -> Manifest:
@@ -332,21 +352,10 @@ def decode(data: bytes, *, version_id: str | None = None) -> Manifest:
     manifest walked its 50,000 values in Python for the depth check: 5.8 -> 3.2 ms of CPU)."""
     what = f"manifest {version_id}" if version_id else "manifest"
     found = _top_fields(data, version_id, what)
-    refs: list[int] = []
-    body = _field_values(found, tuple(k for k in found if k not in ("blobs", "tensors")), what, refs)
-    raw_blobs = msgpack_io.unpack(found["blobs"], what=what, max_bytes=MAX_MANIFEST_BYTES)
-    raw_tensors = msgpack_io.unpack(found["tensors"], what=what, max_bytes=MAX_MANIFEST_BYTES)
-    if not isinstance(raw_blobs, list) or not isinstance(raw_tensors, list):
-        raise CorruptObjectError(f"{what}: blobs/tensors are not arrays")
-    blobs = [Blob.from_obj(b, f"{what} blob {i}") for i, b in enumerate(raw_blobs)]
-    tensors = [TensorEntry.from_obj(x, f"{what} tensor {i}", blobs) for i, x in enumerate(raw_tensors)]
-    for idx in refs:
-        if idx >= len(tensors):
-            raise CorruptObjectError(f"{what}: tree refers to tensor {idx} of {len(tensors)}")
-    parent, t, step, metrics = _head_fields(body["parent"], body["time"], body.get("step"), body.get("metrics"), what)
-    extra = body.get("extra") or {}
-    if not isinstance(extra, dict):
-        raise CorruptObjectError(f"{what}: extra is not a map")
-    writer = body.get("writer", "")
-    return Manifest(parent, t, body["tree"], tensors, blobs, step, metrics, body.get("meta"),
-                    writer if isinstance(writer, str) else "", extra)
+    p = _checked_parts(found, tuple(k for k in found if k not in ("blobs", "tensors")), what)
+    blobs = [Blob.from_obj(b, f"{what} blob {i}") for i, b in enumerate(p.blobs)]
+    tensors = [TensorEntry.from_obj(x, f"{what} tensor {i}", blobs) for i, x in enumerate(p.tensors)]
+    parent, t, step, metrics = p.head
+    writer = p.values.get("writer", "")
+    return Manifest(parent, t, p.values["tree"], tensors, blobs, step, metrics, p.values.get("meta"),
+                    writer if isinstance(writer, str) else "", p.extra)

@@ -230,15 +230,10 @@ class Repository:
                 manifest = self._manifests.get(vid)
         if tags_by_version is None:
             tags_by_version = self.tags_by_version()
-        tags = tuple(sorted(tags_by_version.get(vid, [])))
-        if manifest is not None:
-            m = manifest
-            return Version(id=vid, parent=m.parent, time=m.time, step=m.step, metrics=dict(m.metrics), meta=m.meta,
-                           tags=tags, exact=m.exact, logical_bytes=sum(b.nbytes for b in m.blobs),
-                           written_bytes=_written_bytes(m.extra))
-        s = self.summary(vid)
+        s = manifest_fmt.ManifestSummary.of(manifest) if manifest is not None else self.summary(vid)
         return Version(id=vid, parent=s.parent, time=s.time, step=s.step, metrics=dict(s.metrics), meta=s.meta,
-                       tags=tags, exact=s.exact, logical_bytes=s.logical_bytes, written_bytes=_written_bytes(s.extra))
+                       tags=tuple(sorted(tags_by_version.get(vid, []))), exact=s.exact, logical_bytes=s.logical_bytes,
+                       written_bytes=_written_bytes(s.extra))
 
     def summary(self, vid: str) -> manifest_fmt.ManifestSummary:
         """Version ``vid``'s manifest summarized (:func:`~deltackpt.format.manifest.decode_summary`:

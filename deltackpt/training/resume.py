@@ -43,9 +43,10 @@ def _candidates(r: Repo, version: "str | Version") -> Iterator[str]:
     """The versions to try, in order.  For ``latest``: newest first, including a version whose ref
     never moved, and one whose manifest is damaged (its load fails typed, so it is skipped with a
     warning naming it); never one committed off the training line (an import: weights, not a
-    training state).  Lazily: only the heads order them, and a version's summary is decoded (to
-    see whether it is off the line) when it comes to be tried, so a restart after a long history
-    decodes one or two manifests, not all of them."""
+    training state).  Lazily: only the heads order them, and a version's manifest is decoded (to
+    see whether it is off the line; the load that follows reads it from the handle's cache) when
+    it comes to be tried, so a restart after a long history decodes one or two manifests, not all
+    of them."""
     if not (isinstance(version, str) and version in ("latest", "HEAD")):
         return iter([internal.resolve_id(r, version)])
     history = [vid for vid, _err in internal.newest_first(r)]
@@ -58,7 +59,7 @@ def _candidates(r: Repo, version: "str | Version") -> Iterator[str]:
 
 def _off_line(r: Repo, vid: str) -> bool:
     try:
-        extra = internal.summary(r, vid).extra
+        extra = internal.manifest(r, vid).extra
     except DeltackptError:
         return False    # damaged: tried, and skipped with a warning when its load fails
     return extra.get("off_line") is True
