@@ -11,9 +11,20 @@ import time
 import psutil
 
 try:
-    _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+    _libc = ctypes.CDLL("libc.so.6")
+    _malloc_trim = _libc.malloc_trim
 except (OSError, AttributeError):   # not glibc: nothing to hand back
-    _malloc_trim = None
+    _libc = _malloc_trim = None
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+_mallinfo2 = getattr(_libc, "mallinfo2", None)   # glibc 2.33+
+if _mallinfo2 is not None:
+    _mallinfo2.restype = _MallInfo2
 
 
 def _status(field: str) -> int:
@@ -42,6 +53,17 @@ def vm_hwm() -> int:
     """Peak resident bytes of this process so far (of this address space: ru_maxrss would carry a
     parent's peak across execve)."""
     return _status("VmHWM")
+
+
+def malloc_in_use() -> int | None:
+    """Bytes malloc has handed out and not had back (live arrays, tensors, buffers: heap and mmapped
+    blocks alike); None without glibc 2.33's ``mallinfo2``.  Resident memory above it is what the
+    allocator keeps for reuse (free space at the top of the threads' arenas, which ``malloc_trim``
+    does not hand back) or Python's own small-object arenas."""
+    if _mallinfo2 is None:
+        return None
+    m = _mallinfo2()
+    return int(m.uordblks + m.hblkhd)
 
 
 def settled_rss() -> int:

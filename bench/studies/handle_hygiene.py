@@ -15,7 +15,10 @@ Three measures, each on real saves:
   bytes it reads back.  Resident memory is read with malloc's free pages handed back
   (bench/common/memory.py), and what the job's own training steps between the measurements add
   (each step measured alone) is taken out: before stop 41 it was not, and the figures after
-  ``close()`` swung from 0.02 to 0.33x of the state between runs of the same code.
+  ``close()`` swung from 0.02 to 0.33x of the state between runs of the same code.  Each figure
+  is split (stop 42): the part live allocations hold (malloc's bytes in use, ``mallinfo2``) and
+  the rest, which glibc keeps for reuse at the top of the encoder threads' arenas (``malloc_trim``
+  hands back only the main arena's top).
 * ``threads``: deltackpt threads alive after each step above (must be 0 once a call returned
   without a handle, or once ``close()`` returned).
 
@@ -36,7 +39,7 @@ import threading
 import time
 
 from bench.common.measure import proc_io
-from bench.common.memory import settled_rss
+from bench.common.memory import malloc_in_use, settled_rss
 from bench.common.record import record
 from bench.common.scratch import scratch
 
@@ -120,18 +123,25 @@ def _memory(job_name: str, quick: bool, work: str, budget: int | None) -> dict:
 
     # the job's own steps move resident memory too (autograd's and the allocators' caches): each
     # step between measurements is measured alone and taken out, so the figures are the handle's
-    drift = 0
+    drift = drift_live = 0
 
     def train_step() -> None:
-        nonlocal drift
-        r0 = settled_rss()
+        nonlocal drift, drift_live
+        r0, l0 = settled_rss(), malloc_in_use() or 0
         job.step()
         drift += settled_rss() - r0
+        drift_live += (malloc_in_use() or 0) - l0
 
     def above(base: int) -> float:
         return (settled_rss() - base - drift) / state_bytes
 
+    def live(base: int | None) -> float | None:
+        # of what is resident, the part live allocations hold (the rest the allocator keeps)
+        now = malloc_in_use()
+        return None if now is None or base is None else (now - base - drift_live) / state_bytes
+
     base = settled_rss()   # the live state, the model and optimizer, the interpreter
+    base_live = malloc_in_use()
     cpu, read = [], []
     with deltackpt.Repo(os.path.join(work, f"m1-{tag}"), create=True,
                         **({} if budget is None else {"delta_cache_bytes": budget})) as repo:
@@ -144,6 +154,7 @@ def _memory(job_name: str, quick: bool, work: str, budget: int | None) -> dict:
             cpu.append(_time.process_time() - c0)
             read.append(proc_io("rchar") - r0)
         out["after_blocking_save"] = above(base)
+        out["live_after_blocking_save"] = live(base_live)
         out["held_by_delta_cache"] = repo.session.delta_cache.used_bytes / state_bytes
         train_step()
         h = repo.save(job.state(), step=4, blocking=False)
@@ -153,6 +164,7 @@ def _memory(job_name: str, quick: bool, work: str, budget: int | None) -> dict:
     out["later_save_cpu_s"] = sorted(cpu)[len(cpu) // 2]
     out["later_save_read"] = sorted(read)[len(read) // 2] / state_bytes
     out["after_close"] = above(base)
+    out["live_after_close"] = live(base_live)
     out["threads_after_close"] = _ours()
     a = deltackpt.Repo(os.path.join(work, f"m2-{tag}"), create=True)
     b = deltackpt.Repo(os.path.join(work, f"m3-{tag}"), create=True)
@@ -171,6 +183,10 @@ def _memory(job_name: str, quick: bool, work: str, budget: int | None) -> dict:
     return out
 
 
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def run(args: argparse.Namespace) -> int:
     trials = args.trials or (10 if args.quick else 100)
     jobs = ["minilm-full"] if args.quick else args.jobs.split(",")
@@ -183,13 +199,14 @@ def run(args: argparse.Namespace) -> int:
           f"clean (failed {r['rmtree_failed']}, came back {r['came_back']}); deltackpt threads after: {r['threads_after']}")
     print(f"a script that ends: threads at its end {res['script_that_ends']['threads_at_end']}, rc {res['script_that_ends']['rc']}")
     print("\n| job (state) | delta_cache_bytes | resident above the live state after a blocking save "
-          "| of it, the delta cache | after a background save's wait | after close | two repositories open "
-          "| both closed | later save: CPU s, read (x state) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| of it, live allocations | of it, the delta cache | after a background save's wait | after close "
+          "| of it, live allocations | two repositories open | both closed | later save: CPU s, read (x state) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for m in res["memory"]:
         print(f"| {m['job']} ({m['state_mib']:.0f} MiB) | {'default' if m['delta_cache_bytes'] is None else m['delta_cache_bytes']} "
-              f"| {m['after_blocking_save']:.3f} | {m['held_by_delta_cache']:.3f} | {m['after_background_save_waited']:.3f} "
-              f"| {m['after_close']:.3f} | {m['two_repos_open']:.3f} | {m['after_both_closed']:.3f} "
+              f"| {m['after_blocking_save']:.3f} | {_fmt(m['live_after_blocking_save'])} | {m['held_by_delta_cache']:.3f} "
+              f"| {m['after_background_save_waited']:.3f} | {m['after_close']:.3f} | {_fmt(m['live_after_close'])} "
+              f"| {m['two_repos_open']:.3f} | {m['after_both_closed']:.3f} "
               f"| {m['later_save_cpu_s']:.2f}, {m['later_save_read']:.3f} |")
     ok = (r["rmtree_failed"] == 0 and r["came_back"] == 0 and r["threads_after"] == 0
           and not res["script_that_ends"]["came_back"] and res["script_that_ends"]["threads_at_end"] == "[]"

@@ -73,13 +73,16 @@ class SaveContext:
             return memo
         if self.present.entry(memo.chunk_id) is None:
             return None   # its pack is gone (the save warns of it): never a base, written whole
+        # decoded straight into a buffer of the memo's own: no decoded temporary per link of its
+        # chain, and no copy of it (the reader's cached bytes are never handed out to be kept)
+        buf = np.empty(memo.size, dtype=np.uint8)
         try:
-            data = self.repo.chunks.read_chunk(memo.chunk_id)
+            self.repo.chunks.read_chunk(memo.chunk_id, out=buf.data)
         except DeltackptError:
             return None
         with self._lock:   # encoder threads count it concurrently
             self.bases_read += memo.raw_len
-        return replace(memo, data=bytes(memoryview(data).cast("B")))
+        return replace(memo, data=buf.data)
 
 
 def private_copy(raw: memoryview | bytes, into: np.ndarray) -> memoryview:
