@@ -429,15 +429,16 @@ def test_a_small_change_to_every_element_is_saved_whole_and_reversed_later(tmp_p
     assert deltackpt.Repo(path).verify().ok
 
 
+def _codec_buffers_held() -> bool:
+    """Whether the calling thread holds codec buffers or zstd contexts (codecs/scratch.py)."""
+    from deltackpt.codecs import buffers, bytegroup
+    return bool(getattr(buffers._local, "buffers", None)) or hasattr(bytegroup._local, "dctx")
+
+
 def test_closing_a_handle_frees_the_codec_buffers_of_the_thread_that_saved(tmp_path):
     """Deltification runs on the thread that called the save, whose codec buffers and zstd
     contexts would outlive the handle: closing it, on that thread, frees them."""
     import threading
-
-    from deltackpt.codecs import buffers, bytegroup
-
-    def held() -> bool:
-        return bool(getattr(buffers._local, "buffers", None)) or hasattr(bytegroup._local, "dctx")
 
     out: dict = {}
 
@@ -449,8 +450,8 @@ def test_closing_a_handle_frees_the_codec_buffers_of_the_thread_that_saved(tmp_p
                 table[torch.randint(0, 4096, (20,), generator=g)] += 0.01
                 repo.save({"emb": table}, step=step)
                 repo.deltify()
-            out["while_open"] = held()
-        out["after_close"] = held()
+            out["while_open"] = _codec_buffers_held()
+        out["after_close"] = _codec_buffers_held()
 
     t = threading.Thread(target=run)
     t.start()
@@ -464,11 +465,6 @@ def test_a_blocking_save_frees_the_codec_buffers_its_deltification_used(tmp_path
     MiniLM, kept between saves before stop 42)."""
     import threading
 
-    from deltackpt.codecs import buffers, bytegroup
-
-    def held() -> bool:
-        return bool(getattr(buffers._local, "buffers", None)) or hasattr(bytegroup._local, "dctx")
-
     out: dict = {"held": [], "re_stored": 0}
 
     def run() -> None:   # a thread of its own: no earlier test's buffers on it
@@ -478,7 +474,7 @@ def test_a_blocking_save_frees_the_codec_buffers_its_deltification_used(tmp_path
             for step in range(12):
                 table[torch.randint(0, 4096, (200,), generator=g)] += 0.01  # keyframes: a period to re-store
                 repo.save({"emb": table}, step=step)
-                out["held"].append(held())
+                out["held"].append(_codec_buffers_held())
                 report = repo.session.last_maintenance
                 out["re_stored"] += getattr(report, "chunks", 0)
             out["state"] = table.clone()

@@ -335,7 +335,7 @@ class _Window:
         if not memo.sparse:
             return replace(memo, data=None, raw_len=memo.size)
         if isinstance(memo.data, bytes):
-            return memo   # read back from the repository: already its own
+            return memo   # a GPU tensor's chunk staged to the host (read_range): already its own
         copy = self.kept.take(memo.size)
         if copy is None:
             return replace(memo, data=None, raw_len=memo.size)   # past the cache's budget
