@@ -112,12 +112,17 @@ def _expected_rollback_bytes(repo: deltackpt.Repo, live_rev: str, target_rev: st
     read of that chain otherwise."""
     core, total = repo.core, 0
     held = _chunks(repo, live_rev)
+    whole: set[bytes] = set()   # a chunk read whole is read once, however many tensors hold it
     for name, ids in _chunks(repo, target_rev).items():
         for cid, lid in zip(ids, held[name]):
             if cid == lid:
                 continue
             e, full = core.index.entries_for(lid)[0][1], core.index.stored_size(core.index.chunk_closure([cid]))
-            total += e.length if e.base == cid and e.encoding in (2, 3, 4) and e.length < full else full
+            if e.base == cid and e.encoding in (2, 3, 4) and e.length < full:
+                total += e.length
+            elif cid not in whole:
+                whole.add(cid)
+                total += full
     return total
 
 
@@ -126,13 +131,18 @@ def _expected_forward_bytes(repo: deltackpt.Repo, live_rev: str, target_rev: str
     the model holds, when they are fewer bytes than the whole chain."""
     core, total = repo.core, 0
     held = _chunks(repo, live_rev)
+    whole: set[bytes] = set()   # a chunk read whole is read once, however many tensors hold it
     for name, ids in _chunks(repo, target_rev).items():
         for cid, lid in zip(ids, held[name]):
             above, cur, full = 0, cid, core.index.stored_size(core.index.chunk_closure([cid]))
             while cur is not None and cur != lid:
                 e = core.index.entries_for(cur)[0][1]
                 above, cur = above + e.length, e.base
-            total += above if cur == lid and above < full else full
+            if cur == lid and above < full:
+                total += above
+            elif cid not in whole:
+                whole.add(cid)
+                total += full
     return total
 
 

@@ -278,6 +278,7 @@ class ChunkReader:
         self.index.prepare(job[1] for job in jobs)
         if live:
             jobs = self._jobs_to_read(jobs, pool)
+        jobs, repeats = _first_of_each(jobs)
         tasks = self._plan_reads(jobs)
         spans = [None if t[0][2] is None else _layout(t, self._bases(t)) for t in tasks]
         parallel = pool is not None and len(tasks) > 1
@@ -285,6 +286,8 @@ class ChunkReader:
         stream.run(list(zip(tasks, spans)), spans,
                    lambda group, data: self._decode_group(group[0], group[1], data, fresh=not live),
                    pool if parallel else None, read_failed=lambda group, exc: _name_blob(group[0], exc))
+        for dest, first in repeats:
+            dest[:] = first
         return outs
 
     def _jobs_to_read(self, jobs: "list[tuple[int, bytes, memoryview]]",
@@ -422,6 +425,24 @@ def _into(out: memoryview, obj: objects.EncodedObject, base: bytes | memoryview 
             codec.apply_into(out, obj.params, obj.payload)
         return out
     return run
+
+
+def _first_of_each(jobs: "list[tuple[int, bytes, memoryview]]",
+                   ) -> "tuple[list[tuple[int, bytes, memoryview]], list[tuple[memoryview, memoryview]]]":
+    """The jobs of distinct chunks, and (destination, the first destination of the same chunk) for
+    each repeat: a chunk stored once for several tensors (an optimizer's step counters, biases
+    still at their initial value) is read and checked once and copied to the others after."""
+    first: dict[bytes, memoryview] = {}
+    unique: list[tuple[int, bytes, memoryview]] = []
+    repeats: list[tuple[memoryview, memoryview]] = []
+    for job in jobs:
+        seen = first.get(job[1])
+        if seen is None:
+            first[job[1]] = job[2]
+            unique.append(job)
+        else:
+            repeats.append((job[2], seen))
+    return unique, repeats
 
 
 def _chunk_jobs(targets: "list[tuple[Blob, memoryview]]",
