@@ -12,6 +12,7 @@ from typing import Protocol, cast
 from .. import faults
 from ..errors import ObjectNotFoundError, StoreError
 from .base import AtomicWriter, Store
+from .staged_write import StagedFile
 
 
 class LocalPaths(Protocol):
@@ -31,7 +32,8 @@ class LocalPaths(Protocol):
 WRITEBACK_BYTES = 8 << 20
 """A streaming writer fdatasyncs its temp file in a background thread every this many bytes, so
 the disk (and on a VM, the host's cache flush) works while the caller produces the rest, and the
-fsync at commit waits only for the tail.  Durability still comes from that final fsync."""
+fsync at commit waits only for the tail.  Durability still comes from that final fsync.  Not for
+a file written past the page cache (staged_write.py): its bytes reach the disk as they are written."""
 
 
 def os_error(exc: OSError, action: str, key: str) -> StoreError:
@@ -66,6 +68,7 @@ class LocalWriter(AtomicWriter):
         self._synced = 0                              # bytes a background fdatasync was started for
         self._sync: threading.Thread | None = None    # at most one in flight
         self._sync_error: OSError | None = None
+        self._staged: StagedFile | None = None        # from the first write to the seal (staged_write.py)
 
     def _background_sync(self) -> None:
         """Start an fdatasync of what is written so far, unless one is still running."""
@@ -100,14 +103,17 @@ class LocalWriter(AtomicWriter):
         try:
             short = faults.hit(f"{self._site}.write")
             view = memoryview(data)
+            if view.ndim != 1 or view.itemsize != 1:
+                view = view.cast("B")
             if short:
                 os.write(self._fd, view[: len(view) // 2])
                 raise OSError(errno.EIO, f"injected short write at {self._site}.write")
-            while view:
-                n = os.write(self._fd, view)
-                view = view[n:]
+            if self._staged is None:
+                self._staged = StagedFile(self._tmp, self._fd)
+            self._staged.write(view)
             self.size += len(data)
-            if self.size - self._synced >= WRITEBACK_BYTES and hasattr(os, "fdatasync"):
+            # (a file written directly is on the disk as it goes: nothing for a sync to start)
+            if self.size - self._synced >= WRITEBACK_BYTES and hasattr(os, "fdatasync") and not self._staged.direct:
                 self._background_sync()
         except OSError as exc:
             self.abort()
@@ -121,6 +127,9 @@ class LocalWriter(AtomicWriter):
         assert self._fd is not None
         try:
             self._local._check_dirs(self._local._path(key))
+            if self._staged is not None:
+                self._staged.finish()
+                self._staged = None
             self._join_sync()
             faults.hit(f"{self._site}.fsync")
             os.fsync(self._fd)
@@ -151,6 +160,9 @@ class LocalWriter(AtomicWriter):
             self._sync.join()  # never close an fd a background fdatasync still uses
             self._sync = None
         self._sync_error = None
+        if self._staged is not None:
+            self._staged.close()   # before the descriptor its thread writes through is closed
+            self._staged = None
         if self._fd is not None:
             try:
                 os.close(self._fd)

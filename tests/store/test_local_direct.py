@@ -1,0 +1,89 @@
+"""LocalStore's streaming writer writes a file that fills its stage past the page cache
+(O_DIRECT, a stage at a time, the unaligned tail through the cache) and a smaller one through the
+cache; either way the file holds exactly the bytes given, in writes of any size."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from bench.common import coldcache
+from deltackpt.store import LocalStore, staged_write
+
+
+def _write(store: LocalStore, key: str, data: bytes, seed: int) -> None:
+    rng = random.Random(seed)
+    w = store.writer(site="pack")
+    pos = 0
+    while pos < len(data):   # odd sizes: writes straddle the stage's end and the 4 KiB alignment
+        n = rng.choice((1, 7, 4095, 4097, 65536 + 3, 1 << 20, 3 << 20))
+        w.write(memoryview(data)[pos:pos + n])
+        pos += n
+    w.commit(key)
+
+
+def _direct_refused(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+    except OSError:
+        return True
+    os.close(fd)
+    return not getattr(os, "O_DIRECT", 0)
+
+
+@pytest.mark.parametrize("mib", [3, 21])
+def test_a_file_written_in_any_pieces_holds_exactly_its_bytes(tmp_path, mib):
+    """3 MiB (under a stage: through the page cache) and 21 MiB (five stages written directly by
+    the stage thread, the last 1 MiB as an aligned head and a tail), in writes of 1 byte to 3 MiB."""
+    store = LocalStore(tmp_path / "repo")
+    data = os.urandom((mib << 20) + 1234)
+    _write(store, "packs/ab/x", data, seed=mib)
+    assert store.get("packs/ab/x") == data
+    assert store.list("tmp/") == []
+
+
+def test_a_large_file_is_written_past_the_page_cache_and_a_small_one_through_it(tmp_path, monkeypatch):
+    """Right after the commit, a 21 MiB file has at most its last 4 KiB in the page cache, a 3 MiB
+    one every page; with DELTACKPT_DIRECT_IO=0 the large one is cached whole too."""
+    store = LocalStore(tmp_path / "repo")
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"x" * 4096)
+    if _direct_refused(str(probe)):
+        pytest.skip("this file system refuses O_DIRECT (tmpfs?): every write goes through the cache")
+    big, small = os.urandom((21 << 20) + 1234), os.urandom(3 << 20)
+    _write(store, "packs/ab/big", big, seed=1)
+    _write(store, "packs/ab/small", small, seed=2)
+    assert coldcache.resident_bytes([store._path("packs/ab/big")]) <= 4096
+    assert coldcache.resident_bytes([store._path("packs/ab/small")]) == len(small)
+    monkeypatch.setenv("DELTACKPT_DIRECT_IO", "0")
+    _write(store, "packs/ab/cached", big, seed=3)
+    assert coldcache.resident_bytes([store._path("packs/ab/cached")]) >= len(big) - 4096
+    assert store.get("packs/ab/big") == big and store.get("packs/ab/cached") == big
+    assert staged_write.STAGE_BYTES == 4 << 20   # the sizes above straddle it
+
+
+def test_a_stage_the_thread_fails_to_write_fails_the_file_and_leaves_nothing(tmp_path):
+    """A write the stage thread gets refused (a file size limit: EFBIG past 10 MiB) is raised by
+    the writer's next write or its seal, as a StoreError naming the file, and no temp is left."""
+    import resource
+    import signal
+
+    from deltackpt.errors import StoreError
+
+    store = LocalStore(tmp_path / "repo")
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # EFBIG instead of the signal
+    resource.setrlimit(resource.RLIMIT_FSIZE, (10 << 20, old_limit[1]))
+    try:
+        w = store.writer(site="pack")
+        with pytest.raises(StoreError) as err:
+            for _ in range(8):   # 32 MiB in 4 MiB writes: the third stage crosses the limit
+                w.write(os.urandom(4 << 20))
+            w.commit("packs/ab/x")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert "File too large" in str(err.value), err.value
+    assert store.list("tmp/") == [] and not store.exists("packs/ab/x")
