@@ -7,13 +7,14 @@ disk.  The first full stage tells the file is large: from then on stages are wri
 through the cache.  A file that never fills a stage (an index, a small pack) is written through the
 page cache, whole, at the end.
 
-Why: writing a GPT-2 + AdamW version (1.2 GB of packs) through the page cache cost this VM 3.7-4.1 s
-of system CPU a save (the kernel allocating, charging and filling 300,000 cache pages, and
-reclaiming others for them), and 0.3-0.4 s written directly; the save's wall time went from 4.7 s
-to 2.1 s (bench/MAINTENANCE.md, stop 43).  The cost: what a save wrote directly is not in the page
-cache, so a read of it soon after (a restart on the same machine, a rollback, an evaluation job
-reading the newest version) reads the disk.  ``DELTACKPT_DIRECT_IO=0`` keeps every write in the
-cache.  File systems that refuse ``O_DIRECT`` (tmpfs, some network and FUSE ones) get the cache.
+Why: a GPT-2 + AdamW save (1.2 GB of packs) written through the page cache cost a 2-core VM
+2.7-3.9 s of system CPU (the kernel finding, charging and filling a cache page for every 4 KiB),
+and 0.3-0.9 s written directly; a later save's wall time went from 4.2-4.3 s to 1.9-2.2 s
+(bench/MAINTENANCE.md, "Past the page cache").  The cost: what a save wrote directly is not in the
+page cache, so a read of it soon after (a restart on the same machine, a rollback, an evaluation
+job reading the newest version) reads the disk: GPT-2's newest version loaded right after its
+save took 1.09 s instead of 0.93 s.  ``DELTACKPT_DIRECT_IO=0`` keeps every write in the cache.
+File systems that refuse ``O_DIRECT`` (tmpfs, some network and FUSE ones) get the cache.
 
 Example::
 
