@@ -6,13 +6,12 @@ from __future__ import annotations
 import errno
 import os
 import secrets
-import threading
 from typing import Protocol, cast
 
 from .. import faults
 from ..errors import ObjectNotFoundError, StoreError
 from .base import AtomicWriter, Store
-from .staged_write import StagedFile
+from .staged_write import BackgroundCall, StagedFile
 
 
 class LocalPaths(Protocol):
@@ -66,33 +65,26 @@ class LocalWriter(AtomicWriter):
         self._fd: int | None = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                                        | getattr(os, "O_CLOEXEC", 0), 0o644)
         self._synced = 0                              # bytes a background fdatasync was started for
-        self._sync: threading.Thread | None = None    # at most one in flight
+        self._sync: BackgroundCall | None = None      # at most one in flight
         self._sync_error: OSError | None = None
         self._staged: StagedFile | None = None        # from the first write to the seal (staged_write.py)
 
     def _background_sync(self) -> None:
         """Start an fdatasync of what is written so far, unless one is still running."""
         if self._sync is not None:
-            if self._sync.is_alive():
+            if self._sync.running():
                 return
-            self._sync.join()
+            # kept: a later fsync may not report an error this one consumed
+            self._sync_error = self._sync_error or self._sync.join()
         fd = self._fd
         assert fd is not None   # write() checked it
-
-        def run() -> None:
-            try:
-                os.fdatasync(fd)
-            except OSError as exc:  # kept: a later fsync may not report an error this one consumed
-                self._sync_error = exc
-
         self._synced = self.size
-        self._sync = threading.Thread(target=run, name="deltackpt-writeback", daemon=True)
-        self._sync.start()
+        self._sync = BackgroundCall(lambda: os.fdatasync(fd), "deltackpt-writeback")
 
     def _join_sync(self) -> None:
         """Wait for the background fdatasync (before the fd is fsynced or closed); raise its error."""
         if self._sync is not None:
-            self._sync.join()
+            self._sync_error = self._sync_error or self._sync.join()
             self._sync = None
         if self._sync_error is not None:
             exc, self._sync_error = self._sync_error, None

@@ -29,6 +29,9 @@ import errno
 import mmap
 import os
 import threading
+from typing import Callable
+
+from .. import threads
 
 STAGE_BYTES = 4 << 20
 """Bytes per stage (two per open file).  4 MiB: a direct write this long runs at the disk's
@@ -42,6 +45,31 @@ def direct_wanted() -> bool:
     """Whether large files are written past the page cache (``DELTACKPT_DIRECT_IO``, on by default
     where the system has ``O_DIRECT``)."""
     return bool(_O_DIRECT) and os.environ.get("DELTACKPT_DIRECT_IO", "1") != "0"
+
+
+class BackgroundCall:
+    """``fn()`` on a thread of its own that leaves signals to the main thread (deltackpt.threads);
+    an OSError it raises is kept for :meth:`join` to return."""
+
+    def __init__(self, fn: Callable[[], object], name: str) -> None:
+        self._error: OSError | None = None
+
+        def run() -> None:
+            threads.leave_signals_to_main()
+            try:
+                fn()
+            except OSError as exc:
+                self._error = exc
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self) -> OSError | None:
+        """Wait for the call; the error it raised, if any."""
+        self._thread.join()
+        return self._error
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
@@ -63,8 +91,7 @@ class StagedFile:
         self.flushed = 0      # bytes of the file handed to the writing thread or written
         self._direct = direct_wanted()
         self._dfd: int | None = None
-        self._job: threading.Thread | None = None
-        self._error: OSError | None = None
+        self._job: BackgroundCall | None = None
 
     @property
     def direct(self) -> bool:
@@ -95,14 +122,7 @@ class StagedFile:
         self._stages.append(full)
         self._fill = 0
         self.flushed += STAGE_BYTES
-        self._job = threading.Thread(target=self._run, args=(full, at), name="deltackpt-stage-write", daemon=True)
-        self._job.start()
-
-    def _run(self, stage: mmap.mmap, at: int) -> None:
-        try:
-            self._put(memoryview(stage), at)
-        except OSError as exc:
-            self._error = exc
+        self._job = BackgroundCall(lambda: self._put(memoryview(full), at), "deltackpt-stage-write")
 
     def _put(self, view: memoryview, at: int) -> None:
         """``view`` at ``at``: its 4 KiB-aligned head directly where direct writes are on, the rest
@@ -123,12 +143,10 @@ class StagedFile:
         _pwrite_all(self._fd, view, at)
 
     def _wait(self) -> None:
-        if self._job is not None:
-            self._job.join()
-            self._job = None
-        if self._error is not None:
-            exc, self._error = self._error, None
-            raise exc
+        job, self._job = self._job, None
+        error = job.join() if job is not None else None
+        if error is not None:
+            raise error
 
     def finish(self) -> None:
         """Write what the stages hold: every byte given is in the kernel's hands when it returns
@@ -146,7 +164,6 @@ class StagedFile:
         if self._job is not None:
             self._job.join()
             self._job = None
-        self._error = None
         self._close_direct()
         for stage in self._stages:
             try:
