@@ -11,7 +11,7 @@ from typing import Protocol, cast
 from .. import faults
 from ..errors import ObjectNotFoundError, StoreError
 from .base import AtomicWriter, Store
-from .staged_write import BackgroundCall, StagedFile
+from .staged_write import BackgroundCall, StagedFile, close_quiet
 
 
 class LocalPaths(Protocol):
@@ -156,10 +156,7 @@ class LocalWriter(AtomicWriter):
             self._staged.close()   # before the descriptor its thread writes through is closed
             self._staged = None
         if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
+            close_quiet(self._fd)
             self._fd = None
         self._key = None
         unlink_quiet(self._tmp)  # after a publish: already renamed, nothing to delete

@@ -174,8 +174,14 @@ class StagedFile:
 
     def _close_direct(self) -> None:
         if self._dfd is not None:
-            try:
-                os.close(self._dfd)
-            except OSError:
-                pass
+            close_quiet(self._dfd)
             self._dfd = None
+
+
+def close_quiet(fd: int) -> None:
+    """Close ``fd`` on a path that is already failing or abandoning the file: an error here
+    would only hide the first one."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
