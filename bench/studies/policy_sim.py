@@ -47,9 +47,13 @@ WRITES = "bench/POLICIES.md (all but its training-slowdown section; quick: a scr
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# deltackpt's cold load of the latest version / cold torch.load of it (the comparison, format 2, this
-# machine's 2 cores, cold page cache, 2026-11-24): decoding on 2 cores is slower than this disk.
-MEASURED_RESTORE = {"minilm-full": 1.64, "minilm-frozen": 1.55, "recsys": 0.95, "gpt-bf16": 2.0}
+# deltackpt's cold load of the latest version in a fresh process / cold torch.load of it, on this
+# machine's 2 cores: minilm-full from load_speed (bench/results/load_speed.json, key
+# s43_minilm_vs_a09821e, 2026-12-06); the others from the comparison (format 2, 2026-11-24), not
+# measured since.  Decoding on 2 cores is slower than this disk.
+MEASURED_RESTORE = {"minilm-full": 1.22, "minilm-frozen": 1.55, "recsys": 0.95, "gpt-bf16": 2.0}
+MEASURED_RESTORE_SOURCE = ("MEASURED_RESTORE in bench/studies/policy_sim.py (minilm-full: load_speed, key "
+                           "s43_minilm_vs_a09821e, 2026-12-06; the others: the comparison, format 2, 2026-11-24)")
 
 
 def _mode(rows: dict, mode: str) -> dict:
@@ -181,7 +185,7 @@ def _paired_scenarios(args: argparse.Namespace, p: dict, every, spare: str | Non
     if "slowdown_median_ci90" in th:   # how sure the contention input is
         lo, hi = th["slowdown_median_ci90"]
         note += (f"; that run's slowdown: paired median {th['slowdown_median']:+.1%} [90% CI {lo:+.1%}, {hi:+.1%}], "
-                 f"overlap estimate {th['slowdown_overlap_median'] or 0:+.1%}, every {every} steps")
+                 f"overlap estimate {_overlap(th)}, every {every} steps")
     note += ")"
     out = [{"title": "measured on the project machine (2 shared cores: the background save competes with training)",
             "ratios": tuple(ratios), "plain": plain, "note": note}]
@@ -191,10 +195,16 @@ def _paired_scenarios(args: argparse.Namespace, p: dict, every, spare: str | Non
     return ref_mode, out
 
 
+def _overlap(row: dict) -> str:
+    """The overlap estimate of a paired row; none where no step of a cycle ran clear of the save."""
+    x = row.get("slowdown_overlap_median")
+    return "none (no step of a cycle ran clear of the save)" if x is None else f"{x:+.1%}"
+
+
 def _restore_inputs(args: argparse.Namespace) -> tuple[dict[str, float], str]:
     """The restore ratio per workload and where it comes from."""
     ratios = dict(MEASURED_RESTORE)
-    r_source = "MEASURED_RESTORE in bench/studies/policy_sim.py (the comparison, format 2, cold cache, 2026-11-24)"
+    r_source = MEASURED_RESTORE_SOURCE
     if args.from_results:
         with open(args.from_results) as f:
             ratios = restore_ratios(json.load(f))

@@ -19,8 +19,8 @@ the loop is reported apart (``tail``), not counted.
 
 Two conditions: ``free-core`` (torch uses all cores but one: the one a background save is meant to
 use) and ``contended`` (torch uses every core).  Results print as tables, go to
-bench/results/training_slowdown.json with ``--record KEY``, and a whole-run measurement rewrites
-the training-slowdown section of bench/POLICIES.md (``--policies PATH`` elsewhere, ``--no-policies``
+bench/results/training_slowdown.json with ``--record KEY``, and a measurement (whole runs or paired
+cycles) rewrites the training-slowdown section of bench/POLICIES.md (``--policies PATH`` elsewhere, ``--no-policies``
 not at all, ``--from-record KEY`` rewrites it from a recorded run without measuring).
 """
 
@@ -69,7 +69,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--record", default=None, metavar="KEY", help="store the figures as run KEY of results/training_slowdown.json")
     ap.add_argument("--policies", default=None, metavar="PATH",
                     help="POLICIES.md whose training-slowdown section to rewrite (default: bench/POLICIES.md after a "
-                         "full whole-run measurement; quick: a copy in the scratch folder)")
+                         "measurement; quick: a copy in the scratch folder)")
     ap.add_argument("--no-policies", action="store_true", help="leave POLICIES.md alone (an ad-hoc run)")
     ap.add_argument("--from-record", default=None, metavar="KEY",
                     help="rewrite the POLICIES.md section from recorded run KEY, measuring nothing")
@@ -238,27 +238,55 @@ def measure(a: argparse.Namespace, workdir: str) -> dict:
     return out
 
 
+def paired_table(res: dict) -> list[str]:
+    """A paired-cycle measurement's rows, as POLICIES.md shows them."""
+    ref = res.get("torch.save+fsync") or res.get("torch.save")
+    lines = ["| system | slowdown, paired median [90% CI] | mean | stall per save | stall / torch.save+fsync | "
+             "overlap estimate | loop's run-queue wait per cycle | background s per save |",
+             "|---|---|---|---|---|---|---|---|"]
+    for s, r in res.items():
+        lo, hi = r["slowdown_median_ci90"]
+        ratio = f"{r['stall_median_s'] / ref['stall_median_s']:.3f}x" if ref and ref["stall_median_s"] else "–"
+        ov = "–" if r.get("slowdown_overlap_median") is None else _pct(r["slowdown_overlap_median"])
+        bg = r.get("background_median_s")
+        lines.append(f"| {s} | {_pct(r['slowdown_median'])} [{lo:+.1%}, {hi:+.1%}] | {_pct(r['slowdown_mean'])} | "
+                     f"{r['stall_median_s']:.3f} s | {ratio} | {ov} | {r['loop_runq_median_s']:.3f} s | "
+                     f"{'–' if bg is None else f'{bg:.2f}'} |")
+    return lines
+
+
+_WHOLE_RUNS = ("Each job trains for real and checkpoints its model + optimizer every N steps: {saves} checkpoints "
+               "per run and N steps after the last, after one untimed save; {repeats} repeats, the systems "
+               "interleaved in a rotating order.  Slowdown = median over repeats of (loop wall / the no-checkpoint "
+               "run's of the same repeat) - 1, each repeat's in brackets; the wait for the last background save "
+               "after the loop is the tail, not counted.")
+_PAIRED = ("Each job trains for real; the systems take turns cycle by cycle, a cycle being one system's save of "
+           "model + optimizer and the N steps after it, ended only when its background work has finished (a "
+           "later save would wait for it), after one warm-up round.  Slowdown = median over rounds of (cycle time "
+           "/ the no-checkpoint cycle of the same round) - 1, with a 90% bootstrap interval of that median and the "
+           "mean; the overlap estimate counts the stall and the extra time of the steps that ran beside the save.")
+
+
 def section(rec: dict, key: str | None) -> str:
-    """The training-slowdown section of POLICIES.md from one whole-run measurement."""
+    """The training-slowdown section of POLICIES.md from one measurement, whole runs or paired cycles."""
     la0, la1 = rec.get("loadavg_start", [0, 0, 0]), rec.get("loadavg_end", [0, 0, 0])
+    paired = any("paired" in c for e in rec["jobs"].values() for c in e["conditions"].values())
+    method = _PAIRED if paired else _WHOLE_RUNS.format(saves=rec["saves"], repeats=rec["repeats"])
     lines = [BEGIN, "## Training slowdown from checkpointing, measured", "",
              f"Measured {rec['date']} by `{rec['command'].strip()}`"
              + (f" (bench/results/training_slowdown.json, key `{key}`)" if key else "")
              + f" on {rec['cores']} cores; load average {la0[0]:.1f} at the start, {la1[0]:.1f} at the end.", "",
-             f"Each job trains for real and checkpoints its model + optimizer every N steps: {rec['saves']} checkpoints "
-             f"per run and N steps after the last, after one untimed save; {rec['repeats']} repeats, the systems "
-             "interleaved in a rotating order.  Slowdown = median over repeats of (loop wall / the no-checkpoint "
-             "run's of the same repeat) - 1, each repeat's in brackets; the wait for the last background save "
-             "after the loop is the tail, not counted.  Stall = the save call as the loop sees it, waiting for a "
-             "save still running included.  free-core: torch uses every core but one; contended: every core."
+             method + "  Stall = the save call as the loop sees it, waiting for a save still running included.  "
+             "free-core: torch uses every core but one; contended: every core."
              + (" **A quick run: tiny sizes, no claims.**" if rec.get("quick") else ""), ""]
     for name, entry in rec["jobs"].items():
         for cond, c in entry["conditions"].items():
-            if "results" not in c:
-                continue
-            lines += [f"### {name} ({entry['state_bytes'] / 2**20:.0f} MiB of state), {cond}: {c['threads']} torch "
-                      f"threads, a checkpoint every {entry['every']} steps, {c['steps']} steps per run", ""]
-            lines += table(c["results"]) + [""]
+            head = f"### {name} ({entry['state_bytes'] / 2**20:.0f} MiB of state), {cond}: {c['threads']} torch " \
+                   f"threads, a checkpoint every {entry['every']} steps"
+            if "paired" in c:
+                lines += [f"{head}, {c['rounds']} paired rounds", ""] + paired_table(c["paired"]) + [""]
+            elif "results" in c:
+                lines += [f"{head}, {c['steps']} steps per run", ""] + table(c["results"]) + [""]
     return "\n".join(lines + [END])
 
 
@@ -299,8 +327,12 @@ def run(a: argparse.Namespace) -> int:
             if a.paired == 0:   # the paired cycles and the record and POLICIES.md writers run too, into scratch
                 from bench.studies.training_slowdown_paired import print_table, run_rotations
                 job = make_job("gpt2", tiny=True)
-                print_table(run_rotations(job, 2, "none,deltackpt-background;none,torch.save,mem-burn", 2,
-                                          os.path.join(workdir, "paired"), 0.05))
+                paired = run_rotations(job, 2, "none,deltackpt-background;none,torch.save,mem-burn", 2,
+                                       os.path.join(workdir, "paired"), 0.05)
+                print_table(paired)
+                as_paired = dict(out, jobs={"gpt2": {"state_bytes": 1, "every": 2, "conditions": {
+                    "free-core": {"threads": 1, "rounds": 2, "paired": paired}}}})
+                assert "2 paired rounds" in section(as_paired, None)
             record.record("training_slowdown", "quick", out, folder=workdir)
             pol = os.path.join(workdir, "POLICIES.md")
             write_section(pol, section(out, "quick"))
@@ -309,7 +341,7 @@ def run(a: argparse.Namespace) -> int:
             return 0
     if a.record:
         print(f"recorded as {a.record} in {record.record('training_slowdown', a.record, out)}")
-    if not a.paired and not a.no_policies:
+    if not a.no_policies:
         path = a.policies or os.path.join(HERE, "POLICIES.md")
         write_section(path, section(out, a.record))
         print(f"rewrote the training-slowdown section of {path}")
