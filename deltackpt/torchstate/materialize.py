@@ -79,21 +79,31 @@ def check_blob_of(core: Repository, vid: str, m: Manifest, b: int) -> None:
         raise CorruptObjectError(f"version {vid[:10]}, tensor {names_of_blob(m, b)}: {exc}") from None
 
 
+# A read of at most this many bytes decodes on the calling thread: starting a pool and handing it
+# each span costs more than the decoding it would overlap (a 4 MB CNN + AdamW state, repeated
+# warm loads: 5.4-5.9 ms inline, 7.3-13.5 ms through a pool; bench/RESTART.md, stop 44).
+INLINE_LOAD_BYTES = 8 << 20
+
+
 def read_into(core: Repository, vid: str, m: Manifest, targets: "list[tuple[int, memoryview]]", *,
               checked: bool = False, live: bool = False, threads: int | None = None) -> None:
     """Decode blobs (by index) into destinations, every chunk of every blob in one parallel pass;
     errors name the version and tensor.  ``checked``: the caller already ran check_blob.
     ``live``: the destinations are live tensors; chunks they hold (or are a few deltas from) are
-    kept or stepped in place (:mod:`deltackpt.repo.read.live`).  ``threads``: see :func:`read_threads`."""
+    kept or stepped in place (:mod:`deltackpt.repo.read.live`).  ``threads``: see :func:`read_threads`
+    (a read of at most INLINE_LOAD_BYTES uses none but the caller's)."""
     if not checked:
         core.chunks.prepare([m.blobs[b] for b, _ in targets])
         for b, _ in targets:
             check_blob_of(core, vid, m, b)
     count = read_threads(threads)
+    jobs = [(m.blobs[b], out) for b, out in targets]
     try:
-        with pool(count) as workers:
-            core.chunks.read_blobs_into([(m.blobs[b], out) for b, out in targets], workers, live=live,
-                                        workers=count)
+        if sum(blob.nbytes for blob, _ in jobs) <= INLINE_LOAD_BYTES:
+            core.chunks.read_blobs_into(jobs, None, live=live)
+        else:
+            with pool(count) as workers:
+                core.chunks.read_blobs_into(jobs, workers, live=live, workers=count)
     except DeltackptError as exc:
         n = getattr(exc, "blob_index", None)
         where = f"tensor {names_of_blob(m, targets[n][0])}" if n is not None else "a tensor"

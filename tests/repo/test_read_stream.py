@@ -6,6 +6,7 @@ tensor, and leaves no live state half-written where the call promises all or not
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -221,3 +222,49 @@ def test_a_live_restore_reads_through_the_stream_and_lands_bit_identical(tmp_pat
     deltackpt.restore(other, path, threads=2, strict=False)
     assert all(torch.equal(other.state_dict()[k], v) for k, v in want.items())
     assert os.path.isdir(path)
+
+
+def _threads_started(fn) -> set[str]:
+    """Names of the threads the threading module started while ``fn()`` ran (each new thread calls
+    the profile function threading.setprofile installed, on its first event)."""
+    names: set[str] = set()
+    lock = threading.Lock()
+
+    def seen(frame, event, arg):
+        with lock:
+            names.add(threading.current_thread().name)
+        sys.setprofile(None)   # one event per thread is enough
+
+    threading.setprofile(seen)
+    try:
+        fn()
+    finally:
+        threading.setprofile(None)
+    return {n for n in names if n != threading.current_thread().name}
+
+
+def test_a_small_load_decodes_on_the_calling_thread(tmp_path):
+    """A state of 4 MiB (at most materialize.INLINE_LOAD_BYTES, PREFETCH_MIN_BYTES of packs) is
+    decoded by the caller: no read pool and no read-ahead thread is started, and it loads
+    bit-identically; a state of 24 MiB starts the pool it asks for."""
+    small, large = str(tmp_path / "small"), str(tmp_path / "large")
+    state = _state(16, 1 << 16)    # 16 tensors of 256 KiB
+    with deltackpt.Repo(small, create=True) as repo:
+        for v in range(4):   # the newest version's chunks in four packs: spans a pool would share
+            for i, t in enumerate(state.values()):
+                if i % 4 == v:
+                    t.add_(1.0)
+            repo.save(state, step=v)
+    with deltackpt.Repo(large, create=True) as repo:
+        big = _state(24, 1 << 18)
+        for v in range(4):
+            for i, t in enumerate(big.values()):
+                if i % 4 == v:
+                    t.add_(1.0)
+            repo.save(big, step=v)
+    got: dict = {}
+    started = _threads_started(lambda: got.update(deltackpt.load(small, threads=2)))
+    assert not [n for n in started if n.startswith("deltackpt-read")], started
+    assert all(torch.equal(got[k], v) for k, v in state.items())
+    started = _threads_started(lambda: deltackpt.load(large, threads=2))
+    assert [n for n in started if n.startswith("deltackpt-read_")], started

@@ -9,7 +9,8 @@ and memory stays bounded whatever the size of the state: ``slots`` span buffers 
 the longest span read, at most READ_SPAN bytes unless one object is longer), plus what the page
 cache holds for the prefetch window, which is the kernel's, not the process's.  The buffers and
 the prefetch thread are this call's: when it returns, every decode it started has finished, the
-thread is joined and the buffers are released.
+thread is joined and the buffers are released.  A read of at most PREFETCH_MIN_BYTES starts no
+prefetch thread.
 
 Example::
 
@@ -30,6 +31,10 @@ from ... import threads as worker_threads
 from ...errors import ObjectNotFoundError
 from ...store.base import Store
 from ..layout import pack_key
+
+# A read of at most this many pack bytes gets no prefetch thread: the kernel's own read-ahead
+# serves it, and starting the thread cost a 4 MB load more than the hints saved.
+PREFETCH_MIN_BYTES = 8 << 20
 
 
 class Span(NamedTuple):
@@ -77,7 +82,9 @@ class SpanStream:
         free: queue.SimpleQueue[int] = queue.SimpleQueue()
         failed = threading.Event()
         futures: list[Future] = []
-        ahead = _Prefetcher(self.store, spans, self.window) if len(spans) > 1 and self.store.prefetches else None
+        ahead = _Prefetcher(self.store, spans, self.window) if (
+            len(spans) > 1 and self.store.prefetches
+            and sum(s.fetched for s in spans if s is not None) > PREFETCH_MIN_BYTES) else None
 
         def decode_and_free(group: Any, data: "memoryview | None", slot: int | None) -> None:
             try:
