@@ -97,7 +97,6 @@ def load(repo: "str | os.PathLike[str] | Handle | Store", version: Revision = "l
     from ..repo.layers import select_tree, selected_tensors
     from ..torchstate.flatten import unflatten
     from ..torchstate.materialize import build_tensors, read_blobs, read_threads
-    from ..torchstate.to_device import read_blobs_to_device
 
     if threads is not None:
         read_threads(threads)  # refused before anything is read
@@ -111,7 +110,9 @@ def load(repo: "str | os.PathLike[str] | Handle | Store", version: Revision = "l
         blobs = {m.tensors[i].blob for i in chosen}
         with bar("load", sum(m.blobs[b].nbytes for b in blobs)):
             if device is not None and device.type not in ("cpu", "meta"):
-                # decoded through pinned host windows straight into device memory
+                # decoded through pinned host windows straight into device memory (imported here:
+                # a CPU load, a restart's usual one, does not pay for the module)
+                from ..torchstate.to_device import read_blobs_to_device
                 buffers: Any = read_blobs_to_device(core, vid, m, blobs, device, threads=threads)
             else:
                 buffers = read_blobs(core, vid, m, blobs, threads=threads)
