@@ -52,9 +52,12 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return d
 
 
+_KEPT = ("cctx", "dctx", "planes", "words")   # what a thread keeps: zstd contexts, _words' arrays
+
+
 def release() -> None:
-    """Drop this thread's zstd contexts (see :mod:`.scratch`)."""
-    for name in ("cctx", "dctx", "planes"):
+    """Drop this thread's zstd contexts and work words (see :mod:`.scratch`)."""
+    for name in _KEPT:
         _local.__dict__.pop(name, None)
 
 

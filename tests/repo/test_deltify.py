@@ -432,7 +432,8 @@ def test_a_small_change_to_every_element_is_saved_whole_and_reversed_later(tmp_p
 def _codec_buffers_held() -> bool:
     """Whether the calling thread holds codec buffers or zstd contexts (codecs/scratch.py)."""
     from deltackpt.codecs import buffers, bytegroup
-    return bool(getattr(buffers._local, "buffers", None)) or hasattr(bytegroup._local, "dctx")
+    return bool(getattr(buffers._local, "buffers", None)) or any(
+        name in bytegroup._local.__dict__ for name in ("cctx", "dctx", "planes", "words"))
 
 
 def test_closing_a_handle_frees_the_codec_buffers_of_the_thread_that_saved(tmp_path):
@@ -457,6 +458,33 @@ def test_closing_a_handle_frees_the_codec_buffers_of_the_thread_that_saved(tmp_p
     t.start()
     t.join()
     assert out == {"while_open": True, "after_close": False}
+
+
+def test_closing_a_handle_frees_the_work_words_of_two_plane_dtypes(tmp_path):
+    """bfloat16 planes are interleaved by numpy in work arrays the thread keeps (bytegroup._words,
+    2 MiB each); closing the handle frees them with the rest (they outlived it before stop 44)."""
+    import threading
+
+    from deltackpt.codecs import bytegroup
+    out: dict = {}
+
+    def run() -> None:   # a thread of its own: no earlier test's buffers on it
+        g = torch.Generator().manual_seed(0)
+        state = {f"t{i}": (torch.randn(1 << 18, generator=g) * 0.02).bfloat16() for i in range(8)}
+        with deltackpt.Repo(str(tmp_path / "repo"), create=True) as repo:
+            for v in range(3):
+                for t in state.values():
+                    t[v * 100:(v + 1) * 100] += 1
+                repo.save(state, step=v)
+            loaded = repo.load()
+            out["words_while_open"] = "words" in bytegroup._local.__dict__
+        out["after_close"] = _codec_buffers_held()
+        out["same"] = all(torch.equal(loaded[k], t) for k, t in state.items())
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert out == {"words_while_open": True, "after_close": False, "same": True}
 
 
 def test_a_blocking_save_frees_the_codec_buffers_its_deltification_used(tmp_path):
