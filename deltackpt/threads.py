@@ -14,12 +14,15 @@ Example::
     from concurrent.futures import ThreadPoolExecutor
     from deltackpt import threads
     pool = ThreadPoolExecutor(max_workers=2, initializer=threads.leave_signals_to_main)
+    call = threads.BackgroundCall(lambda: os.fdatasync(fd), "deltackpt-writeback")
+    error = call.join()   # the OSError it raised, or None
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+from typing import Callable
 
 from . import priority
 
@@ -43,3 +46,29 @@ def start_worker(idle: bool) -> None:
     (:mod:`deltackpt.priority`)."""
     leave_signals_to_main()
     priority.run_idle(idle)
+
+
+class BackgroundCall:
+    """``fn()`` on a thread of its own that leaves signals to the main thread; an OSError it raises
+    is kept for :meth:`join` to return.  The stores' background writes and fdatasyncs: their owner
+    (a StagedFile, a LocalWriter) joins it before the descriptor it uses is closed."""
+
+    def __init__(self, fn: Callable[[], object], name: str) -> None:
+        self._error: OSError | None = None
+
+        def run() -> None:
+            leave_signals_to_main()
+            try:
+                fn()
+            except OSError as exc:
+                self._error = exc
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self) -> OSError | None:
+        """Wait for the call; the error it raised, if any."""
+        self._thread.join()
+        return self._error

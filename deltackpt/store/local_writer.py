@@ -10,8 +10,9 @@ from typing import Protocol, cast
 
 from .. import faults
 from ..errors import ObjectNotFoundError, StoreError
+from ..threads import BackgroundCall
 from .base import AtomicWriter, Store
-from .staged_write import BackgroundCall, StagedFile, close_quiet
+from .staged_write import StagedFile, close_quiet
 
 
 class LocalPaths(Protocol):

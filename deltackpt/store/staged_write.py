@@ -28,10 +28,8 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import threading
-from typing import Callable
 
-from .. import threads
+from ..threads import BackgroundCall
 
 STAGE_BYTES = 4 << 20
 """Bytes per stage (two per open file).  4 MiB: a direct write this long runs at the disk's
@@ -45,31 +43,6 @@ def direct_wanted() -> bool:
     """Whether large files are written past the page cache (``DELTACKPT_DIRECT_IO``, on by default
     where the system has ``O_DIRECT``)."""
     return bool(_O_DIRECT) and os.environ.get("DELTACKPT_DIRECT_IO", "1") != "0"
-
-
-class BackgroundCall:
-    """``fn()`` on a thread of its own that leaves signals to the main thread (deltackpt.threads);
-    an OSError it raises is kept for :meth:`join` to return."""
-
-    def __init__(self, fn: Callable[[], object], name: str) -> None:
-        self._error: OSError | None = None
-
-        def run() -> None:
-            threads.leave_signals_to_main()
-            try:
-                fn()
-            except OSError as exc:
-                self._error = exc
-        self._thread = threading.Thread(target=run, name=name, daemon=True)
-        self._thread.start()
-
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
-    def join(self) -> OSError | None:
-        """Wait for the call; the error it raised, if any."""
-        self._thread.join()
-        return self._error
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:

@@ -243,25 +243,25 @@ def _threads_started(fn) -> set[str]:
     return {n for n in names if n != threading.current_thread().name}
 
 
+def _four_versions(path: str, state: dict[str, torch.Tensor]) -> None:
+    """Four versions, each changing a quarter of the tensors: the newest version's chunks lie in
+    four packs, spans a read pool would share."""
+    with deltackpt.Repo(path, create=True) as repo:
+        for v in range(4):
+            for i, t in enumerate(state.values()):
+                if i % 4 == v:
+                    t.add_(1.0)
+            repo.save(state, step=v)
+
+
 def test_a_small_load_decodes_on_the_calling_thread(tmp_path):
     """A state of 4 MiB (at most materialize.INLINE_LOAD_BYTES, PREFETCH_MIN_BYTES of packs) is
     decoded by the caller: no read pool and no read-ahead thread is started, and it loads
     bit-identically; a state of 24 MiB starts the pool it asks for."""
     small, large = str(tmp_path / "small"), str(tmp_path / "large")
     state = _state(16, 1 << 16)    # 16 tensors of 256 KiB
-    with deltackpt.Repo(small, create=True) as repo:
-        for v in range(4):   # the newest version's chunks in four packs: spans a pool would share
-            for i, t in enumerate(state.values()):
-                if i % 4 == v:
-                    t.add_(1.0)
-            repo.save(state, step=v)
-    with deltackpt.Repo(large, create=True) as repo:
-        big = _state(24, 1 << 18)
-        for v in range(4):
-            for i, t in enumerate(big.values()):
-                if i % 4 == v:
-                    t.add_(1.0)
-            repo.save(big, step=v)
+    _four_versions(small, state)
+    _four_versions(large, _state(24, 1 << 18))
     got: dict = {}
     started = _threads_started(lambda: got.update(deltackpt.load(small, threads=2)))
     assert not [n for n in started if n.startswith("deltackpt-read")], started
