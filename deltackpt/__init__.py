@@ -37,7 +37,7 @@ if TYPE_CHECKING:   # what __getattr__ returns, for type checkers (never importe
 from ._version import __version__ as __version__
 
 _LAZY = {
-    "save": "api", "load": "api", "restore": "api", "gc": "api", "Repo": "api",
+    "save": "api.saving", "load": "api.loading", "restore": "api.loading", "gc": "api.repo", "Repo": "api.repo",
     "Version": "repo.versions", "GcReport": "repo.maintain.gc_plan", "VerifyReport": "repo.maintain.verify",
     "Retention": "repo.maintain.retention",
     "resume": "training", "Checkpointer": "training", "Guard": "training", "SaveHandle": "snapshot.handle",

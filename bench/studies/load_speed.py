@@ -8,12 +8,16 @@ saved a few steps apart with ``deltackpt.save``; the newest is also written with
 (+ fsync).  Every measurement runs in a fresh process (imports before the clock):
 
 * warm: the files are read once (a throwaway read fills the page cache), then one load is timed;
-* cold: the files are fsynced and dropped from the page cache (bench/common/coldcache.py), then timed.
+* cold: the files are fsynced and dropped from the page cache (bench/common/coldcache.py), then timed;
+* first: warm, but the clock also covers the modules deltackpt imports at its first load, as a
+  script that starts with ``import torch, deltackpt`` and then loads sees it (``deltackpt``
+  imports its parts at first use; ``torch`` is imported before the clock for both systems).
 
 Each load is checked bit-identical against the state that was saved (xxh3 of every tensor's bytes,
 after the clock).  Recorded per load: wall seconds, CPU seconds (user + system, all threads), bytes
 read from storage (/proc/self/io, cold), minor page faults, peak RSS growth, and the peak thread
-count (in a second, untimed load: a thread polling for it would slow the timed one).
+count (in a second, untimed load: a thread polling for it would slow the timed one), and the
+time the interpreter's cyclic collector ran inside the call (``gc.callbacks``).
 
 ``--baseline PATH`` also times the deltackpt package found under PATH (e.g. a ``git archive`` of
 an older commit) in the same rounds, so before/after figures share a run.  ``--fixed`` adds the
@@ -43,6 +47,7 @@ SUMMARY = "the newest version loaded by a fresh process, warm and cold, against 
 WRITES = "stdout; --json FILE"
 
 WORKLOADS = ("gpt2", "minilm", "cnn")
+CACHES = ("warm", "cold", "first")
 STEPS_BETWEEN = 2
 VERSIONS = 3
 
@@ -145,13 +150,15 @@ def _rchar() -> int:
 
 
 def _measure_load(system: str, folder: str, cache: str) -> dict:
+    import gc
     import resource
 
     import torch
 
     from bench.common import coldcache
     import deltackpt
-    _import_load_modules()
+    if cache != "first":
+        _import_load_modules()
     path = os.path.join(folder, "state.pt" if system == "torch" else "repo")
     files = coldcache.files_under(path)
     if cache == "cold":
@@ -162,11 +169,17 @@ def _measure_load(system: str, folder: str, cache: str) -> dict:
                 while f.read(64 << 20):
                     pass
     load = (lambda: torch.load(path, weights_only=True)) if system == "torch" else (lambda: deltackpt.load(path))
+    collections: list = []
+
+    def clock_collector(phase: str, info: dict) -> None:
+        collections.append((phase, info["generation"], time.perf_counter()))
     rss0, io0, rchar0 = _status("VmRSS"), coldcache.io_read_bytes(), _rchar()
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    gc.callbacks.append(clock_collector)
     t0 = time.perf_counter()
     state = load()
     wall = time.perf_counter() - t0
+    gc.callbacks.remove(clock_collector)
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     io1, rss1, rchar1 = coldcache.io_read_bytes(), _status("VmHWM"), _rchar()
     with open(os.path.join(folder, "expected.json")) as f:
@@ -176,6 +189,8 @@ def _measure_load(system: str, folder: str, cache: str) -> dict:
             "io_read": io1 - io0, "minflt": ru1.ru_minflt - ru0.ru_minflt, "majflt": ru1.ru_majflt - ru0.ru_majflt,
             "read_calls_bytes": rchar1 - rchar0, "threads": _peak_threads(load),
             "peak_rss_growth": (rss1 - rss0) * 1024, "identical": identical,
+            "gc_s": sum(b[2] - a[2] for a, b in zip(collections[::2], collections[1::2])),
+            "full_collections": sum(1 for c in collections if c[0] == "start" and c[1] == 2),
             "file_bytes": sum(os.path.getsize(p) for p in files)}
 
 
@@ -206,7 +221,7 @@ def _import_load_modules() -> None:
 
     import deltackpt
     deltackpt.load  # noqa: B018 - the API module
-    for name in ("api.loading", "torchstate.flatten", "torchstate.materialize", "torchstate.planner",
+    for name in ("api.loading", "api.repo", "torchstate.flatten", "torchstate.materialize", "torchstate.planner",
                  "codecs.registry", "repo.read.reader"):
         try:
             importlib.import_module(f"deltackpt.{name}")
@@ -267,9 +282,9 @@ def _rounds(workloads: list[str], rounds: int, baseline: str | None, folder: str
             t0 = time.perf_counter()
             _child(["--_build", w, wdir], ROOT, timeout=3600)
             print(f"[{w}] built in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-        runs: dict = {f"{s}/{c}": [] for s in systems for c in ("warm", "cold")}
+        runs: dict = {f"{s}/{c}": [] for s in systems for c in CACHES}
         for r in range(rounds):
-            for cache in ("warm", "cold"):
+            for cache in CACHES:
                 for system, source in systems.items():
                     kind = "torch" if system == "torch" else "deltackpt"
                     m = _child(["--_load", kind, wdir, cache], source)
@@ -298,16 +313,18 @@ def report(result: dict) -> str:
     lines = [f"load average before / after: {result['load_before']} / {result['load_after']}; "
              f"medians of {result['rounds']} rounds", "",
              "| state | system | warm s | cold s | warm ratio | cold ratio | MiB read (syscalls) | MiB from disk cold "
-             "| CPU s warm | CPU s cold | threads | minor faults warm | peak RSS growth MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| CPU s warm | CPU s cold | threads | minor faults warm | peak RSS growth MiB "
+             "| first load s (imports in) | first ratio | collector s in the first load (full collections) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w, data in result["workloads"].items():
         s = data["summary"]
         for system in sorted({k.split("/")[0] for k in s}, key=lambda x: (x != "torch", x)):
-            wa, co = s[f"{system}/warm"], s[f"{system}/cold"]
+            wa, co, fi = s[f"{system}/warm"], s[f"{system}/cold"], s[f"{system}/first"]
             lines.append(f"| {w} | {system} | {wa['wall_s']:.3f} | {co['wall_s']:.3f} | {wa['ratio']:.2f} | "
                          f"{co['ratio']:.2f} | {wa['read_calls_bytes'] / 2**20:.0f} | {co['io_read'] / 2**20:.0f} | "
                          f"{wa['cpu_s']:.2f} | {co['cpu_s']:.2f} | {wa['threads']:.0f} | {wa['minflt']:.0f} | "
-                         f"{wa['peak_rss_growth'] / 2**20:.0f} |")
+                         f"{wa['peak_rss_growth'] / 2**20:.0f} | {fi['wall_s']:.3f} | {fi['ratio']:.2f} | "
+                         f"{fi['gc_s']:.3f} ({fi['full_collections']:.0f}) |")
     for system, f in result.get("fixed", {}).items():
         lines.append(f"\nfixed costs, cnn, {system}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in f.items()))
     return "\n".join(lines)
@@ -319,7 +336,7 @@ def quick(tmp: str | None = None) -> None:
         wdir = os.path.join(folder, "tiny")
         os.makedirs(wdir)
         _child(["--_build", "tiny", wdir], ROOT)
-        for cache in ("warm", "cold"):
+        for cache in CACHES:
             for kind in ("torch", "deltackpt"):
                 m = _child(["--_load", kind, wdir, cache], ROOT)
                 assert m["identical"], f"{kind} {cache}: not bit-identical"

@@ -20,9 +20,30 @@ Example::
     deltackpt.restore(model, "ckpt", "latest~1")
 """
 
-from .handles import portable_location
-from .loading import load, restore
-from .repo import Repo, gc, open_repo
-from .saving import save
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:   # what __getattr__ returns, for type checkers (never imported here at run time)
+    from .handles import portable_location as portable_location
+    from .loading import load as load, restore as restore
+    from .repo import Repo as Repo, gc as gc, open_repo as open_repo
+    from .saving import save as save
+
+# Each name is imported from its own module at first use, so a process that only loads never
+# imports the write path and maintenance behind Repo and save (bench/RESTART.md, "A restart's
+# first load").
+_LAZY = {"portable_location": "handles", "load": "loading", "restore": "loading", "Repo": "repo", "gc": "repo",
+         "open_repo": "repo", "save": "saving"}
+
+if not TYPE_CHECKING:   # hidden from type checkers, so that a misspelt name is an error there
+    def __getattr__(name: str) -> Any:
+        import importlib
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value
+        return value
 
 __all__ = ["Repo", "gc", "load", "open_repo", "portable_location", "restore", "save"]

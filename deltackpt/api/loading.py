@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, TypeVar, ove
 import numpy as np
 
 from ..errors import InvalidArgumentError, StateMismatchError
+from ..gcpause import collector_paused
 from ..progress import bar
 from ..repo.repository import Repository
 from ..repo.versions import Version
@@ -101,7 +102,7 @@ def load(repo: "str | os.PathLike[str] | Handle | Store", version: Revision = "l
     if threads is not None:
         read_threads(threads)  # refused before anything is read
     device = _device(map_location)
-    with opened(repo) as handle:
+    with collector_paused(), opened(repo) as handle:
         core = handle.core
         vid = core.resolve(version)
         m = core.manifest(vid)
@@ -185,7 +186,7 @@ def restore(model: "torch.nn.Module", repo: "str | os.PathLike[str] | Handle | S
     if threads is not None:
         from ..torchstate.materialize import read_threads
         read_threads(threads)  # refused before anything is read or written
-    with opened(repo) as handle:
+    with collector_paused(), opened(repo) as handle:
         return _restore(model, handle.core, version, layers, optimizer, strict, threads)
 
 

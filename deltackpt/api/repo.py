@@ -12,25 +12,23 @@ from ..errors import DeltackptError, InvalidArgumentError
 from ..progress import bar
 from ..codecs.base import is_int
 from ..format.events import DRILL, Event
-from ..repo.maintain import events
-from ..repo.write import commit
-from ..repo.write.deltify import DEFAULT_LAG, DeltifyReport
-
+from ..repo.layout import DEFAULT_GRACE_SECONDS
 #: the newest versions deltification leaves as saved (``Repo.deltify(lag=...)``, ``deltackpt deltify --lag``)
-DEFAULT_DELTIFY_LAG = DEFAULT_LAG
-from ..repo.write.deltify import deltify as run_deltify
-from ..repo.maintain.drill import DrillReport, run_drill
-from ..repo.maintain.gc import DEFAULT_GRACE_SECONDS, GcReport, run_gc
-from ..repo.maintain.retention import Retention, check_metric_recorded, check_seconds
-from ..repo.maintain.verify import VerifyReport, run_verify
+from ..repo.layout import DEFAULT_DELTIFY_LAG as DEFAULT_DELTIFY_LAG
 from ..repo.versions import Version
 from ..store.base import Store
 from .handles import Handle, opened, portable_location
 from .loading import load, restore
-from .saving import save
 
+# The write path and maintenance are imported by the methods that run them: a process that opens
+# a Repo to load from it does not import them (bench/RESTART.md, "A restart's first load").
 if TYPE_CHECKING:
     import torch
+
+    from ..repo.maintain.drill import DrillReport
+    from ..repo.maintain.gc import GcReport
+    from ..repo.maintain.verify import VerifyReport
+    from ..repo.write.deltify import DeltifyReport
 
     from ..repo.maintain.rebuild import RebuildReport
     from ..snapshot.handle import SaveHandle
@@ -243,6 +241,7 @@ class Repo(Handle):
                             "stored_bytes": self.core.index.stored_size(c.chunk_id for c in blob.chunks),
                             "chunks": len(blob.chunks), "encoding": t.encoding, "exact": t.exact,
                             "max_abs_err": t.max_abs_err, "shared_blob": blob.nbytes != t.nbytes})
+        from ..repo.maintain import events
         drill = next((e.to_json() for e in events.usable(self.core, DRILL) if e.data.get("version") == vid), None)
         return {"version": self.core.version(vid).to_json(), "exact": m.exact, "tensors": tensors,
                 "written": m.extra.get("written", {}), "last_drill": drill}
@@ -269,6 +268,7 @@ class Repo(Handle):
             ```
         """
         vid = self.core.resolve(version)
+        from ..repo.write import commit
         commit.set_tag(self.core, name, vid, force=force)
         return self.core.version(vid)
 
@@ -281,6 +281,7 @@ class Repo(Handle):
         Raises:
             UnknownVersionError: no such tag.
         """
+        from ..repo.write import commit
         commit.delete_tag(self.core, name)
 
     def tags(self) -> dict[str, str]:
@@ -299,6 +300,7 @@ class Repo(Handle):
             [e.kind for e in repo.events()]
             ```
         """
+        from ..repo.maintain import events
         return [e if isinstance(e, Event) else Event(eid, "damaged", math.nan, {"error": str(e)})
                 for eid, e in events.scan(self.core)]
 
@@ -323,6 +325,7 @@ class Repo(Handle):
             ```
         """
         revision = version.id if isinstance(version, Version) else version
+        from ..repo.maintain.drill import run_drill
         return run_drill(self.core, revision, threads=threads or os.cpu_count() or 1, record=record)
 
     def verify(self, *, read_data: bool = True) -> VerifyReport:
@@ -340,6 +343,7 @@ class Repo(Handle):
             assert repo.verify().ok
             ```
         """
+        from ..repo.maintain.verify import run_verify
         with bar("verify", 1, unit_bytes=False) as update:
             return run_verify(self.core, read_data=read_data, progress=update)
 
@@ -441,6 +445,7 @@ class Repo(Handle):
              workers: int | None = None, background: Where | None = None, optimizer: Optimizers | None = None,
              latest: bool = True) -> "Version | SaveHandle":
         """Same as :func:`deltackpt.save` with this repository."""
+        from .saving import save
         return save(obj, self, step=step, metrics=metrics, meta=meta, tag=tag, encoding=encoding, blocking=blocking,
                     workers=workers, background=background, optimizer=optimizer, latest=latest)
 
@@ -480,7 +485,7 @@ class Repo(Handle):
         return gc(self, keep_last=keep_last, keep_tags=keep_tags, dry_run=dry_run, keep_best=keep_best,
                   keep_every=keep_every, keep_within=keep_within, rebase=rebase, grace_seconds=grace_seconds)
 
-    def deltify(self, *, lag: int = DEFAULT_LAG, max_bytes: int | None = None,
+    def deltify(self, *, lag: int = DEFAULT_DELTIFY_LAG, max_bytes: int | None = None,
                 payback: float | None = None) -> DeltifyReport:
         """Re-store what older versions hold whole as deltas against newer versions, now (a save
         does it after it commits, a bounded step; gc does it for what it keeps), where it pays back.
@@ -510,6 +515,7 @@ class Repo(Handle):
             raise InvalidArgumentError(f"lag must be an integer >= 1, got {lag!r:.80}")
         if max_bytes is not None and (not is_int(max_bytes) or max_bytes < 0):
             raise InvalidArgumentError(f"max_bytes must be None or an integer >= 0, got {max_bytes!r:.80}")
+        from ..repo.write.deltify import deltify as run_deltify
         if payback is None:
             return run_deltify(self.session, lag=lag, max_bytes=max_bytes)
         from ..repo.write.session import check_payback
@@ -567,6 +573,8 @@ def gc(repo: "str | os.PathLike[str] | Repo | Store", *, keep_last: int | None =
         print(report.removed, report.reclaimed_bytes)
         ```
     """
+    from ..repo.maintain.gc import run_gc
+    from ..repo.maintain.retention import Retention, check_metric_recorded, check_seconds
     # Retention parses the "METRIC:COUNT[:min|max]" form too (after checking the other rules); its
     # field's type is the parsed tuple
     policy = Retention(keep_last=keep_last, keep_best=cast("tuple[str, int, str] | None", keep_best), keep_every=keep_every,

@@ -14,6 +14,9 @@ EVENTS = "events/"
 DEFAULT_DELTA_CACHE_FRACTION = 0.1
 DEFAULT_DECODED_CACHE_BYTES = 256 << 20
 DEFAULT_DELTIFY_LAG = 1   # the newest versions deltification leaves as saved (deltify.py)
+#: how old a pack no index names must be before gc deletes it: it may belong to a save still
+#: running in another process (maintain/gc.py)
+DEFAULT_GRACE_SECONDS = 600.0
 
 
 def pack_key(pack_id: str) -> str:

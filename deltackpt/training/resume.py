@@ -20,6 +20,7 @@ import torch
 from ..api import Repo, internal
 from ..api.internal import Version
 from ..errors import DeltackptError, NotARepositoryError, UnknownVersionError
+from ..gcpause import collector_paused
 from . import rng
 from .parts import check_parts
 
@@ -132,7 +133,8 @@ def _resume(r: Repo, model: Any, optimizer: Any, scheduler: Any, scaler: Any, sa
     last_error: DeltackptError | None = None
     for vid in candidates:
         try:
-            state, v = _load_near(r, vid, model, optimizer)
+            with collector_paused():   # the manifest's and the plan's objects die with the call
+                state, v = _load_near(r, vid, model, optimizer)
         except DeltackptError as exc:
             if not (isinstance(version, str) and version in ("latest", "HEAD")):
                 raise

@@ -27,15 +27,13 @@ from ...format.limits import MAX_INDEX_BYTES, PACK_MAX_OBJECTS, PACK_TARGET_BYTE
 from ...format.objects import EncodedObject
 from ...format.pack import PackBuilder, PackEntry
 from .. import locks
-from ..layout import INDEX, MANIFESTS, TAGS, pack_key
+from ..layout import DEFAULT_GRACE_SECONDS as DEFAULT_GRACE_SECONDS, INDEX, MANIFESTS, TAGS, pack_key
 from ..repository import Repository
 from ..write.deltify import DEFAULT_LAG, deltify_locked
 from ..write.session import WriteSession
 from . import events, holds
 from .gc_plan import GcPlan, GcReport as GcReport, plan_gc
 from .retention import Retention
-
-DEFAULT_GRACE_SECONDS = 600.0
 
 
 #: how often gc plans again because tags moved while it planned, before giving up

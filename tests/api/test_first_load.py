@@ -1,0 +1,117 @@
+"""What a load costs the process around it: the collector it leaves alone, the modules it imports."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+import deltackpt
+from deltackpt.gcpause import collector_paused
+from tests.conftest import ROOT
+from tests.strategies import assert_bit_identical
+
+
+def _many_tensors(n: int = 600) -> dict:
+    # a manifest of many small tensors: enough objects that a load builds hundreds of containers
+    g = torch.Generator().manual_seed(3)
+    return {f"layer{i}.weight": torch.randn(8, 8, generator=g) for i in range(n)}
+
+
+def _collections_during(call) -> tuple[list[int], object]:
+    started: list[int] = []
+
+    def record(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+    gc.collect()
+    gc.callbacks.append(record)
+    try:
+        out = call()
+    finally:
+        gc.callbacks.remove(record)
+    return started, out
+
+
+def test_a_load_and_a_restore_run_no_collection(repo_path, monkeypatch):
+    """The objects a load builds (manifest, plan, index) die with the call: the collector is
+    paused for it, so none of them is promoted and counted toward the process's next full
+    collection; only what the call returns is, at the one young collection after it.  The same
+    load with the pause taken out runs several."""
+    from deltackpt.api import loading
+    state = _many_tensors()
+    deltackpt.save(state, repo_path)
+    with deltackpt.Repo(repo_path) as repo:
+        with monkeypatch.context() as m:   # the premise: without the pause this load does collect
+            m.setattr(loading, "collector_paused", contextlib.nullcontext)
+            started, _ = _collections_during(lambda: deltackpt.load(repo))
+        assert len(started) > 1, "the state is too small for this test to see collections"
+        started, loaded = _collections_during(lambda: deltackpt.load(repo))
+        # at most the one young collection that counts what the load returns, as the pause ends
+        assert started in ([], [0]) and gc.isenabled()
+        assert_bit_identical(state, loaded)
+        model = torch.nn.ParameterDict({k.replace(".", "_"): torch.nn.Parameter(torch.zeros(8, 8)) for k in state})
+        renamed = {k.replace(".", "_"): v for k, v in state.items()}
+        deltackpt.save(renamed, repo)
+        started, _ = _collections_during(lambda: deltackpt.restore(model, repo))
+        assert started in ([], [0]) and gc.isenabled()
+        assert all(torch.equal(model[k], v) for k, v in renamed.items())
+
+
+def test_a_failed_load_turns_the_collector_back_on_and_an_off_collector_stays_off(repo_path):
+    deltackpt.save({"w": torch.ones(3)}, repo_path)
+    with pytest.raises(deltackpt.UnknownVersionError):
+        deltackpt.load(repo_path, "no-such-tag")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        deltackpt.load(repo_path)
+        assert not gc.isenabled()   # the program turned it off: the load leaves it off
+    finally:
+        gc.enable()
+
+
+def test_pauses_from_two_threads_end_with_the_last_one():
+    """The collector's switch is the interpreter's: a pause that ends while another thread's is
+    still on leaves it off, and the last one to end turns it back on."""
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, bool] = {}
+
+    def other() -> None:
+        with collector_paused():
+            second_in.set()
+            first_out.wait(10)
+            seen["after the first ended"] = gc.isenabled()
+    with collector_paused():
+        first_in.set()
+        t = threading.Thread(target=other)
+        t.start()
+        assert second_in.wait(10)
+    first_out.set()
+    t.join(10)
+    assert seen == {"after the first ended": False}
+    assert gc.isenabled()
+
+
+def test_a_load_in_a_fresh_process_imports_neither_the_write_path_nor_maintenance(repo_path):
+    """``deltackpt.load`` imports what reading needs: not the saver, deltification, gc, verify or
+    the Repo class built on them (a restart's first load pays for every module it imports)."""
+    deltackpt.save({"w": torch.arange(10.0)}, repo_path)
+    script = ("import sys, json, torch, deltackpt\n"
+              f"deltackpt.load({repo_path!r})\n"
+              "print(json.dumps(sorted(m for m in sys.modules if m.startswith('deltackpt'))))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ROOT}, check=True).stdout
+    modules = json.loads(out.strip().splitlines()[-1])
+    assert "deltackpt.repo.read.reader" in modules   # it did load through the read path
+    unneeded = [m for m in modules if m.startswith(("deltackpt.repo.maintain", "deltackpt.api.saving",
+                                                    "deltackpt.api.repo", "deltackpt.repo.write.saver",
+                                                    "deltackpt.repo.write.deltify", "deltackpt.snapshot"))]
+    assert unneeded == []
