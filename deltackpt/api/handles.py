@@ -19,15 +19,17 @@ Example::
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..errors import InvalidArgumentError
+from ..format import config as config_fmt
 from ..repo.repository import Repository
-from ..repo.write.session import WriteSession
 from ..store.base import Store
 
 if TYPE_CHECKING:
+    from ..repo.write.session import WriteSession
     from ..snapshot.runtime import BackgroundOptions, SaveRuntime
 
 DELTIFY_ENV = "DELTACKPT_DELTIFY"
@@ -51,8 +53,6 @@ class Handle:
 
     core: Repository
     """The torch-free repository this handle reads and writes (internal: see :mod:`.internal`)."""
-    session: WriteSession
-    """What this handle's saves write through (settings, the delta bases kept between saves)."""
 
     def __init__(self, location: "str | os.PathLike[str] | Store | Handle", *, create: bool = False,
                  chunk_bytes: int | None = None, keyframe_interval: int | None = None,
@@ -76,13 +76,34 @@ class Handle:
         self._background = _checked_background(background)
         self.core = Repository(where, create=create, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
                                delta_base=delta_base)
-        self.session = WriteSession(self.core, chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval,
-                                    delta_base=delta_base, level=level,
-                                    delta_cache_bytes=delta_cache_bytes,
-                                    deltify=_deltify_default() if deltify is None else deltify,
-                                    **({} if payback is None else {"payback": payback}))
+        # the write settings are refused now, as an open with them; the session itself (and the
+        # write path's modules) is made at the first save: a handle that only reads never needs it
+        if chunk_bytes is not None:
+            config_fmt.check_chunk_bytes(chunk_bytes)
+        if keyframe_interval is not None:
+            config_fmt.check_keyframe_interval(keyframe_interval)
+        if delta_base is not None:
+            config_fmt.check_delta_base(delta_base, self.core.config.version)
+        self._session_args: dict[str, Any] = dict(
+            chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval, delta_base=delta_base, level=level,
+            delta_cache_bytes=delta_cache_bytes, deltify=_deltify_default() if deltify is None else deltify,
+            **({} if payback is None else {"payback": payback}))
+        self._session: WriteSession | None = None
+        self._session_lock = threading.Lock()
         self._runtime: SaveRuntime | None = None
         self._closed = False
+
+    @property
+    def session(self) -> "WriteSession":
+        """What this handle's saves write through (settings, the delta bases kept between saves),
+        made at first use."""
+        with self._session_lock:
+            if self._session is None:
+                if self._closed:
+                    raise InvalidArgumentError(f"{self.core.location}: this repository handle is closed")
+                from ..repo.write.session import WriteSession
+                self._session = WriteSession(self.core, **self._session_args)
+            return self._session
 
     @property
     def runtime(self) -> "SaveRuntime":
@@ -119,7 +140,8 @@ class Handle:
             if self._runtime is not None:
                 self._runtime.close()
         finally:
-            self.session.close()
+            if self._session is not None:
+                self._session.close()
             self.core.close()
 
     def release(self) -> None:
@@ -132,7 +154,8 @@ class Handle:
             if self._runtime is not None:
                 self._runtime.release()
         finally:
-            self.session.close()
+            if self._session is not None:
+                self._session.close()
             self.core.close()
 
     def __enter__(self) -> "Handle":

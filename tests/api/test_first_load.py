@@ -101,8 +101,9 @@ def test_pauses_from_two_threads_end_with_the_last_one():
 
 
 def test_a_load_in_a_fresh_process_imports_neither_the_write_path_nor_maintenance(repo_path):
-    """``deltackpt.load`` imports what reading needs: not the saver, deltification, gc, verify or
-    the Repo class built on them (a restart's first load pays for every module it imports)."""
+    """``deltackpt.load`` imports what reading needs: not the write path (a handle makes its write
+    session at its first save), deltification, gc, verify or the Repo class built on them (a
+    restart's first load pays for every module it imports)."""
     deltackpt.save({"w": torch.arange(10.0)}, repo_path)
     script = ("import sys, json, torch, deltackpt\n"
               f"deltackpt.load({repo_path!r})\n"
@@ -112,6 +113,6 @@ def test_a_load_in_a_fresh_process_imports_neither_the_write_path_nor_maintenanc
     modules = json.loads(out.strip().splitlines()[-1])
     assert "deltackpt.repo.read.reader" in modules   # it did load through the read path
     unneeded = [m for m in modules if m.startswith(("deltackpt.repo.maintain", "deltackpt.api.saving",
-                                                    "deltackpt.api.repo", "deltackpt.repo.write.saver",
-                                                    "deltackpt.repo.write.deltify", "deltackpt.snapshot"))]
+                                                    "deltackpt.api.repo", "deltackpt.repo.write",
+                                                    "deltackpt.repo.delta_cache", "deltackpt.snapshot"))]
     assert unneeded == []
