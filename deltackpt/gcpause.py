@@ -9,8 +9,8 @@ loaded state) is counted at the next young collection as usual.  Mercurial pause
 the same way while it parses large manifests.
 
 The collector is process-wide state: the pause nests and is shared between threads (the last
-call to leave restores the setting the first one found), and a collector the program turned off
-stays off.
+call to leave restores the setting the first one found), a collector the program turned off
+stays off, and a child forked during a pause starts with the collector the parent had before it.
 
 Example::
 
@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from contextlib import contextmanager
 from typing import Iterator
@@ -48,7 +49,18 @@ class _Pauses:
                 gc.enable()
 
 
+    def forget_in_child(self) -> None:
+        """In a child forked while a pause was on (a DataLoader worker started by another thread,
+        say): the pause belongs to the parent's call, so the child gets its collector back."""
+        self.lock = threading.Lock()
+        if self.depth and self.was_enabled:
+            gc.enable()
+        self.depth = 0
+
+
 _PAUSES = _Pauses()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_PAUSES.forget_in_child)
 
 
 @contextmanager

@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Literal, overload
 
 from ..errors import DeltackptError, InvalidArgumentError, UnsupportedLeafError
+from ..gcpause import collector_paused
 from ..progress import bar
 from ..repo.write import saver
 from ..repo.versions import Version
@@ -130,37 +131,40 @@ def save(obj: State, repo: "str | os.PathLike[str] | Handle | Store", *, step: i
     from ..snapshot.runtime import spare_cores
     from ..torchstate.flatten import flatten
 
-    if isinstance(obj, torch.nn.Module):
-        obj = obj.state_dict()
-    tree, leaves = flatten(obj)
-    # everything that can refuse the input does so before a repository is created or touched
-    record = _checked_record(leaves, step, metrics, meta, tag, encoding, background, workers)
-    if not isinstance(latest, bool):
-        raise InvalidArgumentError(f"latest must be True or False, got {latest!r}")
-    record["latest"] = latest
-    optimizers = None
-    if optimizer is not None:
-        from ..torchstate.optimizers import optimizers_of
-        optimizers = optimizers_of(optimizer)
-    owned = not isinstance(repo, Handle)
-    handle = repo if isinstance(repo, Handle) else Handle(repo, create=True)
-    try:
-        write = _writer(handle.session, encoding, record, workers)
-        if not blocking:
-            devices = [str(leaf.tensor.device) for leaf in leaves]
-            threads = workers or spare_cores()
-            result = async_save.submit(handle.runtime, leaves, tree,
-                                       lambda staged, t, **where: write(staged, t, devices, threads, **where),
-                                       where=background, optimizers=optimizers)
-            if owned:   # opened for this save alone: it frees itself once the save is done
-                handle.runtime.release_when_idle(handle.release)
-                owned = False
-            return result
-        handle.wait()   # the background saves already made to this repository commit first
-        return write(leaves, tree)
-    finally:
-        if owned:
-            handle.close()
+    # the call's own objects (leaves, plan, manifest, index) die with it: the collector is paused
+    # (gcpause.py); a background save's thread runs after the call without the pause
+    with collector_paused():
+        if isinstance(obj, torch.nn.Module):
+            obj = obj.state_dict()
+        tree, leaves = flatten(obj)
+        # everything that can refuse the input does so before a repository is created or touched
+        record = _checked_record(leaves, step, metrics, meta, tag, encoding, background, workers)
+        if not isinstance(latest, bool):
+            raise InvalidArgumentError(f"latest must be True or False, got {latest!r}")
+        record["latest"] = latest
+        optimizers = None
+        if optimizer is not None:
+            from ..torchstate.optimizers import optimizers_of
+            optimizers = optimizers_of(optimizer)
+        owned = not isinstance(repo, Handle)
+        handle = repo if isinstance(repo, Handle) else Handle(repo, create=True)
+        try:
+            write = _writer(handle.session, encoding, record, workers)
+            if not blocking:
+                devices = [str(leaf.tensor.device) for leaf in leaves]
+                threads = workers or spare_cores()
+                result = async_save.submit(handle.runtime, leaves, tree,
+                                           lambda staged, t, **where: write(staged, t, devices, threads, **where),
+                                           where=background, optimizers=optimizers)
+                if owned:   # opened for this save alone: it frees itself once the save is done
+                    handle.runtime.release_when_idle(handle.release)
+                    owned = False
+                return result
+            handle.wait()   # the background saves already made to this repository commit first
+            return write(leaves, tree)
+        finally:
+            if owned:
+                handle.close()
 
 
 def _checked_record(leaves: list[TensorLeaf], step: object, metrics: Metrics | None, meta: object, tag: str | None,

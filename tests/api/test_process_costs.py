@@ -1,4 +1,5 @@
-"""What a load costs the process around it: the collector it leaves alone, the modules it imports."""
+"""What a load or a blocking save costs the process around it: the collector's work, the modules
+it imports."""
 
 from __future__ import annotations
 
@@ -116,3 +117,41 @@ def test_a_load_in_a_fresh_process_imports_neither_the_write_path_nor_maintenanc
                                                     "deltackpt.api.repo", "deltackpt.repo.write",
                                                     "deltackpt.repo.delta_cache", "deltackpt.snapshot"))]
     assert unneeded == []
+
+
+def test_a_blocking_save_runs_no_collection_a_background_one_leaves_the_collector_on(repo_path, monkeypatch):
+    """A blocking save pauses the collector like a load: its manifest, plan and index objects are
+    never promoted.  A background save does not: its thread runs beside the caller's code, whose
+    collector is the program's business."""
+    from deltackpt.api import saving
+    state = _many_tensors()
+    with deltackpt.Repo(repo_path, create=True) as repo:
+        repo.save(state)
+        with monkeypatch.context() as m:   # the premise: without the pause this save does collect
+            m.setattr(saving, "collector_paused", contextlib.nullcontext)
+            started, _ = _collections_during(lambda: repo.save({k: v + 1 for k, v in state.items()}))
+        assert len(started) > 1, "the state is too small for this test to see collections"
+        changed = {k: v + 2 for k, v in state.items()}
+        started, _ = _collections_during(lambda: repo.save(changed))
+        assert started in ([], [0]) and gc.isenabled()
+        assert_bit_identical(changed, deltackpt.load(repo))
+        paused_inside: list[bool] = []
+        h = repo.save({k: v + 3 for k, v in state.items()}, blocking=False)
+        paused_inside.append(gc.isenabled())
+        h.wait()
+        assert paused_inside == [True] and gc.isenabled()
+
+
+def test_a_child_forked_during_a_pause_gets_its_collector_back():
+    """A process forked while a pause is on (another thread starting DataLoader workers during a
+    load) does not inherit the pause: its collector is on."""
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    with collector_paused():
+        assert not gc.isenabled()
+        pid = os.fork()
+        if pid == 0:   # the child: report through the exit status, never return into pytest
+            os._exit(0 if gc.isenabled() else 1)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert gc.isenabled()
