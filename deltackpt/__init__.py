@@ -14,10 +14,11 @@ through the ``TYPE_CHECKING`` imports below, and ``dir(deltackpt)`` lists them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import *  # noqa: F401,F403
 from .errors import DeltackptError
+from .lazy_names import first_use_importer
 
 if TYPE_CHECKING:   # what __getattr__ returns, for type checkers (never imported here at run time)
     from . import dcp as dcp
@@ -53,16 +54,7 @@ _LAZY_MODULES = {"dcp"}
 
 
 if not TYPE_CHECKING:   # hidden from type checkers, so that a misspelt name is an error there
-    def __getattr__(name: str) -> Any:
-        import importlib
-        if name in _LAZY_MODULES:
-            return importlib.import_module(f".{name}", __name__)   # the import binds it as an attribute
-        module = _LAZY.get(name)
-        if module is None:
-            raise AttributeError(f"module 'deltackpt' has no attribute {name!r}")
-        value = getattr(importlib.import_module(f".{module}", __name__), name)
-        globals()[name] = value
-        return value
+    __getattr__ = first_use_importer(__name__, _LAZY, _LAZY_MODULES)
 
 
 def __dir__() -> list[str]:

@@ -22,7 +22,9 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy_names import first_use_importer
 
 if TYPE_CHECKING:   # what __getattr__ returns, for type checkers (never imported here at run time)
     from .handles import portable_location as portable_location
@@ -37,13 +39,6 @@ _LAZY = {"portable_location": "handles", "load": "loading", "restore": "loading"
          "open_repo": "repo", "save": "saving"}
 
 if not TYPE_CHECKING:   # hidden from type checkers, so that a misspelt name is an error there
-    def __getattr__(name: str) -> Any:
-        import importlib
-        module = _LAZY.get(name)
-        if module is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f".{module}", __name__), name)
-        globals()[name] = value
-        return value
+    __getattr__ = first_use_importer(__name__, _LAZY)
 
 __all__ = ["Repo", "gc", "load", "open_repo", "portable_location", "restore", "save"]

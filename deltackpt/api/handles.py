@@ -3,7 +3,8 @@
 :class:`Handle` (the base of :class:`deltackpt.Repo`) holds the torch-free
 :class:`~deltackpt.repo.repository.Repository` it reads, the
 :class:`~deltackpt.repo.write.session.WriteSession` its saves write through (settings, the delta
-bases kept between saves) and, once a background save needs it, a
+bases kept between saves; made at the first save, so a handle that only reads never imports the
+write path) and, once a background save needs it, a
 :class:`~deltackpt.snapshot.runtime.SaveRuntime` (the save thread, staging memory, lazy copies,
 the encoder process).  :meth:`Handle.close` finishes the background work and releases all of it.
 Nothing is shared between handles and nothing is kept per process: a function given a path
