@@ -34,6 +34,7 @@ STUDIES: dict[str, str] = {
     "history_growth": "bench.studies.history_growth",
     "handle_hygiene": "bench.studies.handle_hygiene",
     "load_speed": "bench.studies.load_speed",
+    "collector_cost": "bench.studies.collector_cost",
     "guard_recovery": "bench.studies.guard_recovery",
     "guard_slow_divergence": "bench.studies.guard_slow_divergence",
     "guard_clean_traces": "bench.studies.guard_clean_traces",
