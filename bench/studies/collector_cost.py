@@ -8,9 +8,9 @@ objects that die when the call returns.  This study counts them exactly:
 
 * ``headroom``: right after ``gc.collect()``, the lists kept alive until the next full collection
   starts (the line's distance);
-* per call (a load of the newest version, then a blocking save of a trained state): ``gc.collect()``,
-  the call, then the headroom again; the difference is what the call left counted, and the young
-  collections that ran inside it are counted through ``gc.callbacks``.
+* per call (a load of the newest version, then a blocking save of a trained state): the headroom,
+  ``gc.collect()``, the call, then the headroom again; the difference is what the call left
+  counted, and the young collections that ran inside it are counted through ``gc.callbacks``.
 
 Each system runs in a fresh process that builds its own repository (three versions of the
 workload a few training steps apart) in a scratch folder.  ``--baseline DIR`` runs the
@@ -78,16 +78,17 @@ def _measure(workload: str, folder: str) -> dict:
         gc.collect()
         out["full_collection_s"] = time.perf_counter() - t0
         out["tracked_objects"] = len(gc.get_objects())
-        gc.collect()
-        out["headroom"] = _headroom(started)
         for name, call in (("load", lambda: repo.load()), ("blocking save", lambda: repo.save(state, step=10))):
+            gc.collect()
+            headroom = _headroom(started)   # with what earlier calls kept, before this call
             gc.collect()
             before = len(started)
             kept = call()
             young = len(started) - before
-            left = out["headroom"] - _headroom(started)
+            left = headroom - _headroom(started)
             del kept
-            out[name] = {"young_collections": young, "left_counted": left}
+            out[name] = {"young_collections": young, "left_counted": left, "headroom": headroom}
+        out["headroom"] = out["load"]["headroom"]
     return out
 
 
