@@ -79,12 +79,7 @@ class Handle:
                                delta_base=delta_base)
         # the write settings are refused now, as an open with them; the session itself (and the
         # write path's modules) is made at the first save: a handle that only reads never needs it
-        if chunk_bytes is not None:
-            config_fmt.check_chunk_bytes(chunk_bytes)
-        if keyframe_interval is not None:
-            config_fmt.check_keyframe_interval(keyframe_interval)
-        if delta_base is not None:
-            config_fmt.check_delta_base(delta_base, self.core.config.version)
+        config_fmt.check_overrides(chunk_bytes, keyframe_interval, delta_base, self.core.config.version)
         self._session_args: dict[str, Any] = dict(
             chunk_bytes=chunk_bytes, keyframe_interval=keyframe_interval, delta_base=delta_base, level=level,
             delta_cache_bytes=delta_cache_bytes, deltify=_deltify_default() if deltify is None else deltify,

@@ -80,6 +80,17 @@ def check_keyframe_interval(value: object) -> int:
     return value
 
 
+def check_overrides(chunk_bytes: object, keyframe_interval: object, delta_base: str | None, version: int) -> None:
+    """Refuse a writer's overrides of a format-``version`` repository's settings (None: the
+    repository's own), with InvalidArgumentError."""
+    if chunk_bytes is not None:
+        check_chunk_bytes(chunk_bytes)
+    if keyframe_interval is not None:
+        check_keyframe_interval(keyframe_interval)
+    if delta_base is not None:
+        check_delta_base(delta_base, version)
+
+
 def decode(data: bytes, *, where: str) -> Config:
     """The config in ``data``, checked in this order (spec §4; the first failing check is the
     error): size, a msgpack map, ``format``, ``version``, ``repo_id``, ``chunk_bytes``,

@@ -60,17 +60,14 @@ class WriteSession:
                  delta_cache_bytes: int | None = None, deltify: bool = True,
                  payback: float = PAYBACK) -> None:
         cfg = repo.config
-        if chunk_bytes is not None:
-            config_fmt.check_chunk_bytes(chunk_bytes)
-        if keyframe_interval is not None:
-            config_fmt.check_keyframe_interval(keyframe_interval)
+        config_fmt.check_overrides(chunk_bytes, keyframe_interval, delta_base, cfg.version)
         if level is not None:
             check_level(level)
         self.repo = repo
         self.settings = WriteSettings(
             chunk_bytes=cfg.chunk_bytes if chunk_bytes is None else chunk_bytes,
             keyframe_interval=cfg.keyframe_interval if keyframe_interval is None else keyframe_interval,
-            delta_base=cfg.delta_base if delta_base is None else config_fmt.check_delta_base(delta_base, cfg.version),
+            delta_base=cfg.delta_base if delta_base is None else delta_base,
             level=1 if level is None else level)
         self.delta_cache = DeltaCache(delta_cache_bytes, DEFAULT_DELTA_CACHE_FRACTION)
         self.deltify = deltify
