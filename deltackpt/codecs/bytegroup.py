@@ -98,6 +98,8 @@ def group_into(data: bytes | memoryview | np.ndarray, width: int, planes: np.nda
     arr = _as_bytes(data)
     if width == 1:
         planes[0] = arr
+    elif native_planes.group_from(arr, width, planes):
+        pass   # one pass in C (_planes.c): 2.8x the shifts below on a 2 MiB float32 chunk
     elif width in _WORDS:
         # plane k = (little-endian word >> 8k), truncated: one vectorized pass per plane, ~1.3x
         # faster than a strided byte copy
@@ -251,8 +253,11 @@ def decode_planes(params: dict[str, Any], payload: bytes | memoryview, raw_len: 
         else:
             zstd_decompress_into(view[start:start + size], out, what=f"{what} plane 0")
         return out
-    # natively, every plane goes straight to its place in this thread's c-blosc frame; else the
-    # zstd planes go to this thread's plane buffer and raw planes are read where they lie
+    if native_planes.compiled():
+        native_planes.interleave_from(_planes_where_they_lie(view, modes, spans, n, what), out)
+        return out
+    # through c-blosc, every plane goes straight to its place in this thread's c-blosc frame; else
+    # the zstd planes go to this thread's plane buffer and raw planes are read where they lie
     frame = native_planes.frame(width, n, out)
     work = frame.planes if frame is not None else buffer("planes", raw_len).reshape(width, n)
     planes = []
@@ -272,6 +277,26 @@ def decode_planes(params: dict[str, Any], payload: bytes | memoryview, raw_len: 
     return out
 
 
+def _planes_where_they_lie(view: memoryview, modes: list, spans: list[tuple[int, int]], n: int,
+                           what: str) -> list[np.ndarray | memoryview]:
+    """Each plane of a payload for the compiled interleave: a raw plane as the slice of the payload
+    it is, a zstd plane decompressed into this thread's plane buffer."""
+    packed = sum(modes)
+    work = buffer("planes", packed * n) if packed else None
+    planes: list[np.ndarray | memoryview] = []
+    j = 0
+    for k, (start, size) in enumerate(spans):
+        if modes[k] == 0:
+            planes.append(view[start:start + size])
+        else:
+            assert work is not None
+            dest = work[j * n:(j + 1) * n]
+            zstd_decompress_into(view[start:start + size], dest, what=f"{what} plane {k}")
+            planes.append(dest)
+            j += 1
+    return planes
+
+
 def decode_planes_in_room(params: dict[str, Any], room: Room, out: np.ndarray, *, what: str) -> bool:
     """:func:`decode_planes` of the payload ``room`` holds, building the c-blosc frame where the
     payload lies: its raw planes are already the frame's planes (the usual keyframe: raw mantissa
@@ -288,6 +313,11 @@ def decode_planes_in_room(params: dict[str, Any], room: Room, out: np.ndarray, *
         raise CorruptObjectError(f"{what}: byte-group parameters are malformed")
     n = raw_len // width
     spans = _plane_spans(modes, sizes, room.length, n, what)
+    if native_planes.compiled() and width > 1:
+        # the compiled loops read every plane where it lies: the room is not needed as scratch
+        payload = room.buf[room.start:room.start + room.length]
+        native_planes.interleave_from(_planes_where_they_lie(payload, modes, spans, n, what), out)
+        return True
     at = room.start - native_planes.Frame.HEAD
     if width == 1 or not native_planes.takes(width, n, out) or at < room.lo or room.start + raw_len > room.hi:
         return False

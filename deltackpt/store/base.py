@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 
 from ..errors import LimitExceededError, StoreError
@@ -17,6 +17,21 @@ def check_key(key: str) -> str:
     if not isinstance(key, str) or not _KEY.fullmatch(key) or any(p in (".", "..") or ".." in p for p in key.split("/")):
         raise StoreError(f"invalid store key {key!r:.100}")
     return key
+
+
+class MappedValue(Protocol):
+    """A stored value mapped into memory for one read (:meth:`Store.map_value`)."""
+
+    def view(self, start: int, length: int) -> memoryview | None:
+        """Bytes ``[start, start + length)`` of the value (fewer at its end), read-only, when the
+        store holds them in memory; None when the caller should read them with ``read_into``."""
+
+    def release(self, start: int, length: int) -> None:
+        """The caller is done with ``[start, start + length)``: the store may drop those bytes
+        from the process's memory (views of them stay valid)."""
+
+    def close(self) -> None:
+        """Let the mapping go (views still held keep their bytes until they are released)."""
 
 
 class AtomicWriter:
@@ -92,6 +107,12 @@ class Store(ABC):
             o[:n] = data[got:got + n]
             got += n
         return got
+
+    def map_value(self, key: str) -> MappedValue | None:
+        """``key``'s value mapped for reading ranges of it in place, or None (this default, and
+        any failure: the caller then reads with :meth:`read_into`, which reports the error).  A
+        local file's pages come from the page cache without a copy (store/local_map.py)."""
+        return None
 
     def prefetch(self, key: str, start: int, length: int) -> None:
         """A hint that ``key``'s bytes ``[start, start + length)`` will be read soon: a store may

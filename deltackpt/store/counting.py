@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
-from .base import Store, WrappingStore
+from .base import MappedValue, Store, WrappingStore
 
 
 class CountingStore(WrappingStore):
@@ -29,21 +29,24 @@ class CountingStore(WrappingStore):
 
     def get(self, key: str, start: int = 0, length: int | None = None) -> bytes:
         data = self.inner.get(key, start, length)
-        with self._lock:
-            self.gets += 1
-            self.bytes_read += len(data)
-            self.keys_read.append(key)
-            self.reads.append((key, len(data)))
+        self._count_read(key, len(data))
         return data
 
     def read_into(self, key: str, start: int, out: "memoryview | Sequence[memoryview]") -> int:
         n = self.inner.read_into(key, start, out)
+        self._count_read(key, n)
+        return n
+
+    def map_value(self, key: str) -> MappedValue | None:
+        mapped = self.inner.map_value(key)
+        return None if mapped is None else _CountedMapping(self, key, mapped)
+
+    def _count_read(self, key: str, n: int) -> None:
         with self._lock:
             self.gets += 1
             self.bytes_read += n
             self.keys_read.append(key)
             self.reads.append((key, n))
-        return n
 
     def prefetch(self, key: str, start: int, length: int) -> None:
         self.inner.prefetch(key, start, length)  # a hint: no bytes reach the caller
@@ -78,3 +81,22 @@ class ReadMeter(CountingStore):
 
     def describe(self) -> str:
         return self.inner.describe()
+
+
+class _CountedMapping:
+    """A mapping whose views count as reads of the bytes they hold."""
+
+    def __init__(self, store: CountingStore, key: str, inner: MappedValue) -> None:
+        self._store, self._key, self._inner = store, key, inner
+
+    def view(self, start: int, length: int) -> memoryview | None:
+        data = self._inner.view(start, length)
+        if data is not None:
+            self._store._count_read(self._key, len(data))
+        return data
+
+    def release(self, start: int, length: int) -> None:
+        self._inner.release(start, length)
+
+    def close(self) -> None:
+        self._inner.close()

@@ -17,7 +17,8 @@ from typing import Sequence
 
 from .. import faults
 from ..errors import LimitExceededError, StoreError
-from .base import AtomicWriter, Store, check_key
+from .base import AtomicWriter, MappedValue, Store, check_key
+from .local_map import FileMapping
 from .local_writer import LocalWriter, owned_temp
 from .local_writer import os_error as _os_error
 from .local_writer import unlink_quiet as _unlink_quiet
@@ -132,6 +133,19 @@ class LocalStore(Store):
             raise _os_error(exc, "read", key) from None
         finally:
             os.close(fd)
+
+    def map_value(self, key: str) -> MappedValue | None:
+        if type(self).get is not LocalStore.get:
+            return None   # a subclass's get() reads: its bytes may not be the file's
+        try:
+            fd, st = self._open_read(key)
+        except OSError:   # StoreError included: the read that follows reports it
+            return None
+        try:
+            mapping = FileMapping.open(fd, st.st_size)
+        finally:
+            os.close(fd)
+        return None if mapping is None else _FaultedMapping(mapping, key)
 
     def prefetch(self, key: str, start: int, length: int) -> None:
         # the kernel reads the range into the page cache in the background (no wait, no memory of
@@ -379,3 +393,23 @@ def _kind(mode: int) -> str:
     kinds = {stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a folder", stat.S_IFSOCK: "a socket",
              stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
     return kinds.get(stat.S_IFMT(mode), f"file type {stat.S_IFMT(mode):o}")
+
+
+class _FaultedMapping:
+    """A mapping whose every view is a read site for the fault tests, as ``read_into`` is."""
+
+    def __init__(self, mapping: FileMapping, key: str) -> None:
+        self._mapping, self._key = mapping, key
+
+    def view(self, start: int, length: int) -> memoryview | None:
+        try:
+            faults.hit(f"read.{self._key.split('/', 1)[0]}")
+        except OSError as exc:
+            raise _os_error(exc, "read", self._key) from None
+        return self._mapping.view(start, length)
+
+    def release(self, start: int, length: int) -> None:
+        self._mapping.release(start, length)
+
+    def close(self) -> None:
+        self._mapping.close()

@@ -1,6 +1,7 @@
 """Byte planes interleaved by c-blosc (deltackpt/codecs/native_planes.py) give the bytes the numpy
 path gives, on every width, plane length and block layout, and what c-blosc cannot take goes to
-the numpy path."""
+the numpy path.  c-blosc is the path where the package's compiled loops were not built, so every
+test here runs without them (tests/codecs/test_compiled_planes.py tests those)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from deltackpt.codecs import bytegroup, native_planes
 from deltackpt.errors import CorruptObjectError
 
 pytestmark = pytest.mark.skipif(not native_planes.available(), reason="python-blosc is not installed")
+
+
+@pytest.fixture(autouse=True)
+def _without_compiled_loops(monkeypatch):
+    monkeypatch.setattr(native_planes, "_planes", None)
 
 
 def _numpy_decode(params, payload, raw_len, monkeypatch):

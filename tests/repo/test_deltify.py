@@ -460,12 +460,14 @@ def test_closing_a_handle_frees_the_codec_buffers_of_the_thread_that_saved(tmp_p
     assert out == {"while_open": True, "after_close": False}
 
 
-def test_closing_a_handle_frees_the_work_words_of_two_plane_dtypes(tmp_path):
-    """bfloat16 planes are interleaved by numpy in work arrays the thread keeps (bytegroup._words,
-    2 MiB each); closing the handle frees them with the rest (they outlived it before stop 44)."""
+def test_closing_a_handle_frees_the_work_words_of_two_plane_dtypes(tmp_path, monkeypatch):
+    """Without the compiled loops, bfloat16 planes are interleaved by numpy in work arrays the
+    thread keeps (bytegroup._words, 2 MiB each); closing the handle frees them with the rest (they
+    outlived it before stop 44)."""
     import threading
 
-    from deltackpt.codecs import bytegroup
+    from deltackpt.codecs import bytegroup, native_planes
+    monkeypatch.setattr(native_planes, "_planes", None)
     out: dict = {}
 
     def run() -> None:   # a thread of its own: no earlier test's buffers on it

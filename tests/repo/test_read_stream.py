@@ -268,3 +268,53 @@ def test_a_small_load_decodes_on_the_calling_thread(tmp_path):
     assert all(torch.equal(got[k], v) for k, v in state.items())
     started = _threads_started(lambda: deltackpt.load(large, threads=2))
     assert [n for n in started if n.startswith("deltackpt-read_")], started
+
+
+def _pack_reads(monkeypatch) -> list[str]:
+    """Every pack key read into a caller's buffer (``LocalStore.read_into``), recorded."""
+    keys: list[str] = []
+    real = LocalStore.read_into
+
+    def read_into(self, key, start, out):
+        if key.startswith("packs/"):
+            keys.append(key)
+        return real(self, key, start, out)
+    monkeypatch.setattr(LocalStore, "read_into", read_into)
+    return keys
+
+
+def _mapped_packs() -> list[str]:
+    with open("/proc/self/maps") as f:
+        return [line for line in f if "/packs/" in line]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore is Linux's")
+def test_a_warm_load_decodes_the_page_cache_s_bytes_and_a_cold_one_reads_them(tmp_path, monkeypatch):
+    """Packs the kernel holds are decoded where they lie (no read into a buffer of ours); packs it
+    dropped are read as before.  Both loads give the state, count the same pack bytes, and leave
+    no pack mapped."""
+    from deltackpt.store.counting import CountingStore
+
+    path = tmp_path / "repo"
+    state = _state(24, 1 << 18)
+    deltackpt.save(state, str(path))
+    packs = [p for p in (path / "packs").rglob("*") if p.is_file()]
+    for p in packs:
+        p.read_bytes()
+    reads = _pack_reads(monkeypatch)
+    warm = CountingStore(LocalStore(str(path)))
+    got = deltackpt.load(warm, threads=2)
+    assert reads == [] and warm.bytes_read_under("packs/") > 0
+    assert all(torch.equal(got[k], v) for k, v in state.items())
+    for p in packs:
+        fd = os.open(p, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    cold = CountingStore(LocalStore(str(path)))
+    got = deltackpt.load(cold, threads=2)
+    if not reads:
+        pytest.skip("this filesystem keeps the packs' pages after POSIX_FADV_DONTNEED")
+    assert all(torch.equal(got[k], v) for k, v in state.items())
+    assert cold.bytes_read_under("packs/") == warm.bytes_read_under("packs/")
+    del got
+    assert _mapped_packs() == []

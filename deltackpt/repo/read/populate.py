@@ -17,41 +17,22 @@ from __future__ import annotations
 import ctypes
 import functools
 import mmap
-import sys
-from typing import Any
 
-MADV_POPULATE_WRITE = 23
+from ... import libc
+
 _PAGE = 4096
 _MIN_BYTES = 64 << 10  # below this the faults cost less than the call
-
-
-def _madvise() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        # the process's own symbols, libc's among them: find_library("c") would run ldconfig in a
-        # subprocess, 3.5 ms of a restart's first load
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_MADVISE = _madvise()
 
 
 @functools.lru_cache(maxsize=1)
 def _supported() -> bool:
     """Whether this kernel knows MADV_POPULATE_WRITE (Linux 5.14+), asked once of a page of its own."""
-    if _MADVISE is None:
+    if libc.madvise is None:
         return False
     page = mmap.mmap(-1, _PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:
         buf = (ctypes.c_char * _PAGE).from_buffer(page)
-        ok = _MADVISE(ctypes.addressof(buf), _PAGE, MADV_POPULATE_WRITE) == 0
+        ok = libc.madvise(ctypes.addressof(buf), _PAGE, libc.MADV_POPULATE_WRITE) == 0
         del buf
         return ok
     finally:
@@ -66,4 +47,4 @@ def populate(view: memoryview) -> None:
     start = -(-addr // _PAGE) * _PAGE
     end = (addr + len(view)) // _PAGE * _PAGE
     if end > start:
-        _MADVISE(start, end - start, MADV_POPULATE_WRITE)   # a failure leaves the pages to fault as usual
+        libc.madvise(start, end - start, libc.MADV_POPULATE_WRITE)   # a failure leaves the pages to fault as usual

@@ -323,16 +323,21 @@ class ChunkReader:
             return
         pid = group[0][1]
         ends = [p - ROOM_HEAD for p, _n in span.pieces[1:]] + [span.size]
+        in_pack = data is not None and data.readonly   # the pack's own bytes (stream.py): no room to write
         for (job, _pid, e), (pos, _n), end in zip(group, span.pieces, ends):
             if fresh:
                 populate(job[2])
-            first = None
+            first: Fetched | None = None
             if data is not None:
+                if in_pack:
+                    pos = e.offset - span.start
                 try:
                     obj = self._check_object(pid, e, data[pos:pos + e.length])
-                    start = pos + e.length - len(obj.payload)
-                    room = Room(data, start, len(obj.payload), pos - ROOM_HEAD, min(end, len(data)))
-                    first = (pid, e, obj, room)
+                    if in_pack:
+                        first = (pid, e, obj)
+                    else:
+                        start = pos + e.length - len(obj.payload)
+                        first = (pid, e, obj, Room(data, start, len(obj.payload), pos - ROOM_HEAD, min(end, len(data))))
                 except CorruptObjectError:
                     first = None  # a damaged header: read_chunk tries the chunk's other copies
             self._read_job(job, first)

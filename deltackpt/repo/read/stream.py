@@ -29,7 +29,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from ... import threads as worker_threads
 from ...errors import ObjectNotFoundError
-from ...store.base import Store
+from ...store.base import MappedValue, Store
 from ..layout import pack_key
 
 # A read of at most this many pack bytes gets no prefetch thread: the kernel's own read-ahead
@@ -75,10 +75,14 @@ class SpanStream:
             read_failed: "Callable[[Any, BaseException], None] | None" = None) -> None:
         """``decode(group, data)`` for every group, on ``pool`` (inline without one), with ``data``
         the bytes of its span (shorter at a pack's end; None when the pack is gone or the group
-        has no span).  The first failure stops the reading; the call returns once every decode it
-        started has finished, raising the failure of the earliest group that failed (a read
-        error is raised as it is, after ``read_failed(group, error)`` has seen it)."""
+        has no span): the pack's own bytes, read-only, where the store maps them and holds them
+        in memory (its objects at their offset from ``span.start``), else a span buffer, writable,
+        its objects where ``span.pieces`` put them.  The first failure stops the reading; the call
+        returns once every decode it started has finished, raising the failure of the earliest
+        group that failed (a read error is raised as it is, after ``read_failed(group, error)``
+        has seen it)."""
         buffers: list[mmap.mmap] = []
+        mapped: dict[str, MappedValue | None] = {}
         free: queue.SimpleQueue[int] = queue.SimpleQueue()
         failed = threading.Event()
         futures: list[Future] = []
@@ -86,7 +90,8 @@ class SpanStream:
             len(spans) > 1 and self.store.prefetches
             and sum(s.fetched for s in spans if s is not None) > PREFETCH_MIN_BYTES) else None
 
-        def decode_and_free(group: Any, data: "memoryview | None", slot: int | None) -> None:
+        def decode_and_free(group: Any, data: "memoryview | None", slot: int | None,
+                            span: "Span | None" = None) -> None:
             try:
                 if not failed.is_set():
                     decode(group, data)
@@ -96,6 +101,10 @@ class SpanStream:
             finally:
                 if slot is not None:
                     free.put(slot)
+                elif span is not None and data is not None:   # the pack's own bytes: out of our memory
+                    done = mapped[span.pack_id]
+                    if done is not None:
+                        done.release(span.start, span.length)
 
         try:
             for i, (group, span) in enumerate(zip(groups, spans)):
@@ -105,18 +114,21 @@ class SpanStream:
                     ahead.reading(i)
                 slot, data = None, None
                 if span is not None:
-                    slot = self._slot(buffers, free, span.size)
                     try:
-                        data = self._read(buffers[slot], span)
+                        data = self._in_memory(mapped, span)
+                        if data is None:
+                            slot = self._slot(buffers, free, span.size)
+                            data = self._read(buffers[slot], span)
                     except BaseException as exc:
-                        free.put(slot)
+                        if slot is not None:
+                            free.put(slot)
                         if read_failed is not None:
                             read_failed(group, exc)
                         raise
                 if pool is None:
-                    decode_and_free(group, data, slot)
+                    decode_and_free(group, data, slot, span)
                 else:
-                    futures.append(pool.submit(decode_and_free, group, data, slot))
+                    futures.append(pool.submit(decode_and_free, group, data, slot, span))
         finally:
             if ahead is not None:
                 ahead.close()
@@ -132,6 +144,17 @@ class SpanStream:
                     buf.close()
                 except BufferError:  # a view still held (by a traceback): freed with it
                     pass
+            for value in mapped.values():
+                if value is not None:
+                    value.close()
+
+    def _in_memory(self, mapped: "dict[str, MappedValue | None]", span: Span) -> "memoryview | None":
+        """The span's pack bytes where they lie, when the store maps the pack and holds them in
+        memory (a warm read: no copy into a span buffer); else None, and the span is read."""
+        if span.pack_id not in mapped:
+            mapped[span.pack_id] = self.store.map_value(pack_key(span.pack_id))
+        value = mapped[span.pack_id]
+        return None if value is None else value.view(span.start, span.length)
 
     def _slot(self, buffers: list[mmap.mmap], free: "queue.SimpleQueue[int]", length: int) -> int:
         """A free buffer of at least ``length`` bytes: a new one while fewer than ``slots`` exist,

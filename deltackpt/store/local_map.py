@@ -1,0 +1,88 @@
+"""A local file's bytes read where the page cache holds them, without copying them out.
+
+A warm restore used to copy every pack byte out of the page cache into a buffer of its own before
+decoding it (``preadv``: a fifth of a warm MiniLM load's CPU, all of it on the reading thread). A
+:class:`FileMapping` maps the file read-only and hands out views of the ranges the kernel already
+holds (``mincore``), so the decoders read the bytes where they lie; a range not all in memory gets
+None, and the caller reads it into its own buffer as before. That keeps a disk's read errors on
+the ``preadv`` path, where they are a typed error: a mapped page that had to come from a disk
+that fails would kill the process with SIGBUS instead.
+
+What is left to that signal: a page the kernel evicts between the check and the decode and then
+fails to read back, or a file truncated by another program while it is mapped (packs are written
+once and never truncated by deltackpt; a view never reaches past the size the file had when
+mapped). ``torch.load(mmap=True)``, safetensors and numpy's memmap live with the same two.
+
+Example::
+
+    m = FileMapping.open(fd, size)       # None where the platform cannot map or check residency
+    view = m.view(start, length)         # None unless every page of the range is in memory
+    ...
+    m.release(start, length)             # done with it: out of the resident set, still cached
+    m.close()
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+from .. import libc
+
+_PAGE = mmap.PAGESIZE
+
+
+class FileMapping:
+    """A read-only mapping of one file for the length of one read; :meth:`close` unmaps it (or,
+    while a view is still held, leaves that to the last view's release)."""
+
+    def __init__(self, mapped: mmap.mmap, size: int) -> None:
+        self._map, self.size = mapped, size
+        probe = np.frombuffer(mapped, dtype=np.uint8, count=1)
+        self._address = int(probe.ctypes.data)   # the mapping's start: page-aligned
+        del probe   # a held export would keep close() from unmapping
+
+    @classmethod
+    def open(cls, fd: int, size: int) -> "FileMapping | None":
+        """A mapping of the first ``size`` bytes of ``fd`` (the file's size as fstat saw it), or
+        None where nothing can be mapped or checked."""
+        if libc.mincore is None or size <= 0:
+            return None
+        try:
+            mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        except (OSError, ValueError):
+            return None
+        return cls(mapped, size)
+
+    def view(self, start: int, length: int) -> memoryview | None:
+        """The file's bytes ``[start, start + length)`` (fewer at its end), read-only, when every
+        page of them is in memory; None otherwise."""
+        end = min(start + length, self.size)
+        if start < 0 or end <= start:
+            return None
+        first, last = start // _PAGE * _PAGE, -(-end // _PAGE) * _PAGE
+        pages = (last - first) // _PAGE
+        vec = np.empty(pages, dtype=np.uint8)
+        if libc.mincore(self._address + first, last - first, vec.ctypes.data) != 0:
+            return None
+        if pages and not np.bitwise_and(vec, 1).all():
+            return None
+        return memoryview(self._map)[start:end]
+
+    def release(self, start: int, length: int) -> None:
+        """Drop the pages of ``[start, start + length)`` from this process's memory: a read done
+        with them would otherwise keep every page it decoded in its resident set until the
+        mapping closes (the whole state's packs, beside the state itself).  They stay in the page
+        cache, and a view still reading one of them (a neighbouring span sharing its first or
+        last page) faults it back in, unchanged."""
+        end = min(start + length, self.size)
+        first, last = max(start, 0) // _PAGE * _PAGE, -(-end // _PAGE) * _PAGE
+        if libc.madvise is not None and last > first:
+            libc.madvise(self._address + first, last - first, libc.MADV_DONTNEED)
+
+    def close(self) -> None:
+        try:
+            self._map.close()
+        except BufferError:   # a view still held (by a traceback): unmapped when it is released
+            pass
