@@ -1,7 +1,8 @@
 """Keys and bytes, nothing else.  Stores know no format, no manifest, no torch.
 
-What it may import: ``errors``, ``faults`` and ``deps`` (fsspec is optional); nothing else of
-deltackpt (import-linter checks it).
+What it may import: ``errors``, ``faults``, ``libc`` and ``deps`` (fsspec is optional); nothing
+else of deltackpt (import-linter checks it).  A store may also lend a value's bytes in place
+(``Store.map_value``: a local file in the page cache, read without a copy).
 """
 
 from .base import Store

@@ -32,10 +32,6 @@ import numpy as np
 from .. import libc
 
 _PAGE = mmap.PAGESIZE
-RELEASE_BATCH = 16 << 20
-"""Bytes of released ranges gathered before their pages are dropped (FileMapping.release): four
-of a load's 4 MiB spans, so a MiniLM load makes ~10 calls instead of ~400, and the pages a load
-holds beyond its tensors stay under this plus the spans being decoded."""
 
 
 class FileMapping:
@@ -44,9 +40,8 @@ class FileMapping:
 
     def __init__(self, mapped: mmap.mmap, size: int) -> None:
         self._map, self.size = mapped, size
-        self._lock = threading.Lock()   # decode threads release their spans side by side
-        self._released: list[tuple[int, int]] = []
-        self._pending = 0
+        self._lock = threading.Lock()
+        self._closed = False
         probe = np.frombuffer(mapped, dtype=np.uint8, count=1)
         self._address = int(probe.ctypes.data)   # the mapping's start: page-aligned
         del probe   # a held export would keep close() from unmapping
@@ -83,27 +78,18 @@ class FileMapping:
         with them would otherwise keep every page it decoded in its resident set until the
         mapping closes (the whole state's packs, beside the state itself).  They stay in the page
         cache, and a view still reading one of them (a neighbouring span sharing its first or
-        last page) faults it back in, unchanged.  Ranges are gathered and dropped RELEASE_BATCH
-        bytes at a time, back-to-back ones in one call: each call costs the other cores a TLB
-        flush."""
-        with self._lock:
-            self._released.append((max(start, 0), min(start + length, self.size)))
-            self._pending += length
-            if self._pending < RELEASE_BATCH:
-                return
-            ranges, self._released, self._pending = sorted(self._released), [], 0
-        merged: list[list[int]] = []
-        for lo, hi in ranges:
-            if merged and lo <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], hi)
-            else:
-                merged.append([lo, hi])
-        for lo, hi in merged:
-            first, last = lo // _PAGE * _PAGE, -(-hi // _PAGE) * _PAGE
-            if libc.madvise is not None and last > first:
-                libc.madvise(self._address + first, last - first, libc.MADV_DONTNEED)
+        last page) faults it back in, unchanged.  Each call costs the other cores a TLB flush:
+        callers gather ranges (repo/read/stream.py drops 16 MiB at a time)."""
+        end = min(start + length, self.size)
+        first, last = max(start, 0) // _PAGE * _PAGE, -(-end // _PAGE) * _PAGE
+        with self._lock:   # close() cannot unmap in between
+            if self._closed or libc.madvise is None or last <= first:
+                return   # (a closed mapping's addresses may hold another mapping by now)
+            libc.madvise(self._address + first, last - first, libc.MADV_DONTNEED)
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
         try:
             self._map.close()
         except BufferError:   # a view still held (by a traceback): unmapped when it is released

@@ -111,3 +111,18 @@ def test_released_pages_leave_the_resident_set_and_read_back_unchanged(tmp_path)
         view.release()
     finally:
         m.close()
+
+
+def test_a_release_after_close_advises_nothing(tmp_path, monkeypatch):
+    """The addresses of a closed mapping may hold another mapping by then: never advised."""
+    from deltackpt import libc
+    path = tmp_path / "f"
+    _file(path, 1 << 20)
+    calls = []
+    monkeypatch.setattr(libc, "madvise", lambda *a: calls.append(a) or 0)
+    m = _mapping(path)
+    m.release(0, 4096)
+    assert len(calls) == 1
+    m.close()
+    m.release(0, 4096)
+    assert len(calls) == 1
