@@ -145,7 +145,7 @@ class LocalStore(Store):
             mapping = FileMapping.open(fd, st.st_size)
         finally:
             os.close(fd)
-        return None if mapping is None else _FaultedMapping(mapping, key)
+        return None if mapping is None else mapping.for_key(key)
 
     def prefetch(self, key: str, start: int, length: int) -> None:
         # the kernel reads the range into the page cache in the background (no wait, no memory of
@@ -394,22 +394,3 @@ def _kind(mode: int) -> str:
              stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
     return kinds.get(stat.S_IFMT(mode), f"file type {stat.S_IFMT(mode):o}")
 
-
-class _FaultedMapping:
-    """A mapping whose every view is a read site for the fault tests, as ``read_into`` is."""
-
-    def __init__(self, mapping: FileMapping, key: str) -> None:
-        self._mapping, self._key = mapping, key
-
-    def view(self, start: int, length: int) -> memoryview | None:
-        try:
-            faults.hit(f"read.{self._key.split('/', 1)[0]}")
-        except OSError as exc:
-            raise _os_error(exc, "read", self._key) from None
-        return self._mapping.view(start, length)
-
-    def release(self, start: int, length: int) -> None:
-        self._mapping.release(start, length)
-
-    def close(self) -> None:
-        self._mapping.close()

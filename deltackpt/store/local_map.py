@@ -29,7 +29,8 @@ import threading
 
 import numpy as np
 
-from .. import libc
+from .. import faults, libc
+from .local_writer import os_error
 
 _PAGE = mmap.PAGESIZE
 
@@ -87,6 +88,11 @@ class FileMapping:
                 return   # (a closed mapping's addresses may hold another mapping by now)
             libc.madvise(self._address + first, last - first, libc.MADV_DONTNEED)
 
+    def for_key(self, key: str) -> "KeyMapping":
+        """This mapping as the store's ``key``: its views are read sites for the fault tests and
+        their injected errors typed as a read's."""
+        return KeyMapping(self, key)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -94,3 +100,24 @@ class FileMapping:
             self._map.close()
         except BufferError:   # a view still held (by a traceback): unmapped when it is released
             pass
+
+
+class KeyMapping:
+    """A store key's mapping: every view is a read site for the fault tests, as ``read_into`` is,
+    and an error there is the read's typed error."""
+
+    def __init__(self, mapping: FileMapping, key: str) -> None:
+        self._mapping, self._key = mapping, key
+
+    def view(self, start: int, length: int) -> memoryview | None:
+        try:
+            faults.hit(f"read.{self._key.split('/', 1)[0]}")
+        except OSError as exc:
+            raise os_error(exc, "read", self._key) from None
+        return self._mapping.view(start, length)
+
+    def release(self, start: int, length: int) -> None:
+        self._mapping.release(start, length)
+
+    def close(self) -> None:
+        self._mapping.close()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from deltackpt.codecs import bytegroup, native_planes
+from tests.codecs.test_native_planes import PLANE_ORDERS, mixed_planes
 
 compiled = pytest.mark.skipif(not native_planes.compiled(), reason="the compiled loops were not built")
 
@@ -46,20 +47,12 @@ def test_group_and_interleave_give_numpy_s_bytes(width, n, monkeypatch):
 
 
 @compiled
-@pytest.mark.parametrize("modes", ["raw-first", "zstd-first", "all-raw", "all-zstd"])
-def test_a_payload_decodes_to_the_same_bytes_on_every_path(modes, monkeypatch):
-    """Raw planes read where they lie in a read-only payload, zstd planes decompressed into the
-    thread's buffer: the bytes of numpy's path and of c-blosc's."""
-    n, w = 4096, 4
-    rng = np.random.default_rng(1)
-    noise, flat = rng.integers(0, 256, n, dtype=np.uint8), (np.arange(n) % 3).astype(np.uint8)
-    planes = {"raw-first": [noise, noise[::-1].copy(), noise ^ 7, flat],
-              "zstd-first": [flat, noise, flat[::-1].copy(), noise ^ 9],
-              "all-raw": [noise, noise ^ 1, noise ^ 2, noise ^ 3],
-              "all-zstd": [flat, flat ^ 1, flat ^ 2, flat ^ 3]}[modes]
-    data = np.stack(planes, axis=1).reshape(-1)
-    params, payload = bytegroup.encode_planes(data, w, 1)
-    payload = bytes(payload)   # read-only, as a pack mapped into memory is
+@pytest.mark.parametrize("order", PLANE_ORDERS)
+def test_a_payload_decodes_to_the_same_bytes_on_every_path(order, monkeypatch):
+    """Raw planes read where they lie in a read-only payload (bytes, as a pack mapped into memory
+    is), zstd planes decompressed into the thread's buffer: the bytes of numpy's path and of
+    c-blosc's."""
+    data, params, payload = mixed_planes(order)
     got = bytegroup.decode_planes(params, payload, len(data), what="t").tobytes()
     numpy = _numpy(lambda: bytegroup.decode_planes(params, payload, len(data), what="t"), monkeypatch=monkeypatch)
     assert got == data.tobytes() == numpy.tobytes()

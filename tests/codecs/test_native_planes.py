@@ -172,10 +172,12 @@ def _room_for(payload: bytes, raw_len: int, head: int = 32, tail: int = 128):
     return Room(memoryview(buf), head, len(payload), 0, size), buf
 
 
-@pytest.mark.parametrize("order", ["raw-first", "zstd-first", "all-raw", "all-zstd"])
-def test_a_payload_decodes_in_its_room_to_the_same_bytes(order):
-    """decode_planes_in_room builds the c-blosc frame where the payload lies (raw planes moving
-    forward when zstd planes come first) and gives exactly decode_planes' bytes."""
+PLANE_ORDERS = ["raw-first", "zstd-first", "all-raw", "all-zstd"]
+
+
+def mixed_planes(order: str) -> tuple[np.ndarray, dict, bytes]:
+    """A 4-byte-wide chunk whose planes are stored raw or zstd in the ``order`` named (noise does
+    not compress, a short cycle does): (data, params, payload)."""
     n, w = 4096, 4
     rng = np.random.default_rng(1)
     noise, flat = rng.integers(0, 256, n, dtype=np.uint8), (np.arange(n) % 3).astype(np.uint8)
@@ -185,7 +187,14 @@ def test_a_payload_decodes_in_its_room_to_the_same_bytes(order):
               "all-zstd": [flat, flat ^ 1, flat ^ 2, flat ^ 3]}[order]
     data = np.stack(planes, axis=1).reshape(-1)
     params, payload = bytegroup.encode_planes(data, w, 1)
-    payload = bytes(payload)
+    return data, params, bytes(payload)
+
+
+@pytest.mark.parametrize("order", PLANE_ORDERS)
+def test_a_payload_decodes_in_its_room_to_the_same_bytes(order):
+    """decode_planes_in_room builds the c-blosc frame where the payload lies (raw planes moving
+    forward when zstd planes come first) and gives exactly decode_planes' bytes."""
+    data, params, payload = mixed_planes(order)
     room, _buf = _room_for(payload, len(data))
     out = np.zeros(len(data), np.uint8)
     assert bytegroup.decode_planes_in_room(params, room, out, what="t")
