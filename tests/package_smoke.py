@@ -2,8 +2,9 @@
 sdist) and its dependencies are installed, from a folder outside the source tree.
 
 ``python tests/package_smoke.py wheel`` checks that the installed package (not the source tree) is
-imported, ships py.typed and its license, saves and loads bit-identically, records its version in
-the manifest, and that the ``deltackpt`` console script lists the version.  Not collected by pytest
+imported, ships py.typed, its license and (where a C compiler is) its compiled loops, saves and
+loads bit-identically, records its version in the manifest, and that the ``deltackpt`` console
+script lists the version.  Not collected by pytest
 (its name does not start with test_): it needs the fresh venv `make package` builds."""
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def main(kind: str) -> None:
     assert os.path.exists(os.path.join(os.path.dirname(deltackpt.__file__), "py.typed")), "py.typed is not shipped"
     files = [str(f) for f in metadata.files("deltackpt") or []]
     assert any(f.endswith("LICENSE") for f in files), "the LICENSE file is not shipped"
+    from deltackpt.codecs import native_planes
+    if shutil.which("cc") is not None:   # built where the wheel was, and where the sdist installs
+        assert native_planes.compiled(), f"the compiled loops (codecs/_planes.c) are missing from the {kind}"
     folder = tempfile.mkdtemp(prefix="deltackpt-smoke-")
     try:
         repo = os.path.join(folder, "ckpt")
