@@ -17,7 +17,9 @@ Each load is checked bit-identical against the state that was saved (xxh3 of eve
 after the clock).  Recorded per load: wall seconds, CPU seconds (user + system, all threads), bytes
 read from storage (/proc/self/io, cold), minor page faults, peak RSS growth, and the peak thread
 count (in a second, untimed load: a thread polling for it would slow the timed one), and the
-time the interpreter's cyclic collector ran inside the call (``gc.callbacks``).
+time the interpreter's cyclic collector ran inside the call (``gc.callbacks``).  Bytes read
+(deltackpt) are counted by the store, in a third untimed load through a counting store: a warm pack
+span is decoded where the page cache holds it, so /proc/self/io's read calls no longer see it.
 
 ``--baseline PATH`` also times the deltackpt package found under PATH (e.g. a ``git archive`` of
 an older commit) in the same rounds, so before/after figures share a run.  ``--fixed`` adds the
@@ -188,10 +190,24 @@ def _measure_load(system: str, folder: str, cache: str) -> dict:
     return {"wall_s": wall, "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
             "io_read": io1 - io0, "minflt": ru1.ru_minflt - ru0.ru_minflt, "majflt": ru1.ru_majflt - ru0.ru_majflt,
             "read_calls_bytes": rchar1 - rchar0, "threads": _peak_threads(load),
+            "store_bytes": rchar1 - rchar0 if system == "torch" else _store_bytes(path),
             "peak_rss_growth": (rss1 - rss0) * 1024, "identical": identical,
             "gc_s": sum(b[2] - a[2] for a, b in zip(collections[::2], collections[1::2])),
             "full_collections": sum(1 for c in collections if c[0] == "start" and c[1] == 2),
             "file_bytes": sum(os.path.getsize(p) for p in files)}
+
+
+def _store_bytes(path: str) -> int:
+    """Bytes the repository's store hands a load, in a third, untimed load through a counting
+    store: read into buffers or lent in place (a warm pack span is decoded where the page cache
+    holds it, and no read call counts it)."""
+    import deltackpt
+    from deltackpt.store.counting import CountingStore
+    from deltackpt.store.local import LocalStore
+
+    store = CountingStore(LocalStore(path))
+    deltackpt.load(store)
+    return store.bytes_read
 
 
 def _peak_threads(load: Any) -> int:
@@ -312,16 +328,18 @@ def _rounds(workloads: list[str], rounds: int, baseline: str | None, folder: str
 def report(result: dict) -> str:
     lines = [f"load average before / after: {result['load_before']} / {result['load_after']}; "
              f"medians of {result['rounds']} rounds", "",
-             "| state | system | warm s | cold s | warm ratio | cold ratio | MiB read (syscalls) | MiB from disk cold "
+             "| state | system | warm s | cold s | warm ratio | cold ratio | MiB read (syscalls) "
+             "| MiB from the store (read or mapped) | MiB from disk cold "
              "| CPU s warm | CPU s cold | threads | minor faults warm | peak RSS growth MiB "
              "| first load s (imports in) | first ratio | collector s in the first load (full collections) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w, data in result["workloads"].items():
         s = data["summary"]
         for system in sorted({k.split("/")[0] for k in s}, key=lambda x: (x != "torch", x)):
             wa, co, fi = s[f"{system}/warm"], s[f"{system}/cold"], s[f"{system}/first"]
             lines.append(f"| {w} | {system} | {wa['wall_s']:.3f} | {co['wall_s']:.3f} | {wa['ratio']:.2f} | "
-                         f"{co['ratio']:.2f} | {wa['read_calls_bytes'] / 2**20:.0f} | {co['io_read'] / 2**20:.0f} | "
+                         f"{co['ratio']:.2f} | {wa['read_calls_bytes'] / 2**20:.0f} | "
+                         f"{wa.get('store_bytes', float('nan')) / 2**20:.0f} | {co['io_read'] / 2**20:.0f} | "
                          f"{wa['cpu_s']:.2f} | {co['cpu_s']:.2f} | {wa['threads']:.0f} | {wa['minflt']:.0f} | "
                          f"{wa['peak_rss_growth'] / 2**20:.0f} | {fi['wall_s']:.3f} | {fi['ratio']:.2f} | "
                          f"{fi['gc_s']:.3f} ({fi['full_collections']:.0f}) |")
