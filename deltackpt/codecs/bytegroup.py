@@ -253,8 +253,7 @@ def decode_planes(params: dict[str, Any], payload: bytes | memoryview, raw_len: 
         else:
             zstd_decompress_into(view[start:start + size], out, what=f"{what} plane 0")
         return out
-    if native_planes.compiled():
-        native_planes.interleave_from(_planes_where_they_lie(view, modes, spans, n, what), out)
+    if _interleave_compiled(view, modes, spans, n, out, what):
         return out
     # through c-blosc, every plane goes straight to its place in this thread's c-blosc frame; else
     # the zstd planes go to this thread's plane buffer and raw planes are read where they lie
@@ -277,10 +276,13 @@ def decode_planes(params: dict[str, Any], payload: bytes | memoryview, raw_len: 
     return out
 
 
-def _planes_where_they_lie(view: memoryview, modes: list, spans: list[tuple[int, int]], n: int,
-                           what: str) -> list[np.ndarray | memoryview]:
-    """Each plane of a payload for the compiled interleave: a raw plane as the slice of the payload
-    it is, a zstd plane decompressed into this thread's plane buffer."""
+def _interleave_compiled(view: memoryview, modes: list, spans: list[tuple[int, int]], n: int, out: np.ndarray,
+                         what: str) -> bool:
+    """The payload's planes into ``out`` by the compiled loop, each read where it lies: a raw plane
+    as the slice of the payload it is, a zstd plane decompressed into this thread's plane buffer.
+    False, with nothing done, where the loop was not built."""
+    if not native_planes.compiled():
+        return False
     packed = sum(modes)
     work = buffer("planes", packed * n) if packed else None
     planes: list[np.ndarray | memoryview] = []
@@ -294,7 +296,8 @@ def _planes_where_they_lie(view: memoryview, modes: list, spans: list[tuple[int,
             zstd_decompress_into(view[start:start + size], dest, what=f"{what} plane {k}")
             planes.append(dest)
             j += 1
-    return planes
+    native_planes.interleave_from(planes, out)
+    return True
 
 
 def decode_planes_in_room(params: dict[str, Any], room: Room, out: np.ndarray, *, what: str) -> bool:
@@ -313,10 +316,8 @@ def decode_planes_in_room(params: dict[str, Any], room: Room, out: np.ndarray, *
         raise CorruptObjectError(f"{what}: byte-group parameters are malformed")
     n = raw_len // width
     spans = _plane_spans(modes, sizes, room.length, n, what)
-    if native_planes.compiled() and width > 1:
-        # the compiled loops read every plane where it lies: the room is not needed as scratch
-        payload = room.buf[room.start:room.start + room.length]
-        native_planes.interleave_from(_planes_where_they_lie(payload, modes, spans, n, what), out)
+    # the compiled loop reads every plane where it lies: the room is not needed as scratch
+    if width > 1 and _interleave_compiled(room.buf[room.start:room.start + room.length], modes, spans, n, out, what):
         return True
     at = room.start - native_planes.Frame.HEAD
     if width == 1 or not native_planes.takes(width, n, out) or at < room.lo or room.start + raw_len > room.hi:

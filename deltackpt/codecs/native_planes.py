@@ -8,8 +8,8 @@ on a 2 MiB float32 chunk 0.17 ms against c-blosc's 0.32 ms, which copies its fra
 buffer before unshuffling.  A save's grouping goes through them too (:func:`group_from`: 0.19 ms
 against numpy's four shifts, 0.55 ms).
 
-**c-blosc**, where the loops were not built: numpy needs seven passes over a chunk to interleave four byte planes (widen, shift, or); c-blosc's
-unshuffle does it in one, near memcpy speed (bench/DELTAS.md, "Speed").  python-blosc offers it only
+**c-blosc**, where the loops were not built: numpy needs seven passes over a chunk to interleave
+four byte planes (widen, shift, or); c-blosc's unshuffle does it in one, near memcpy speed (bench/DELTAS.md, "Speed").  python-blosc offers it only
 inside its decoder, so the planes are framed as a c-blosc 1.x chunk (c-blosc's
 README_CHUNK_FORMAT.rst, format version 2) of one block that is not split into streams (flag 0x10):
 that block's one stream, stored raw, is the byte-shuffled block, which is exactly the planes back

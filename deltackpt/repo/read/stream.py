@@ -209,21 +209,15 @@ class _Decoded:
 
     def add(self, span: Span) -> None:
         with self._lock:
-            self._spans.append((span.pack_id, span.start, span.start + span.length))
+            self._spans.append((span.pack_id, span.start, span.length))
             self._bytes += span.length
             if self._bytes < RELEASE_BATCH:
                 return
             spans, self._spans, self._bytes = sorted(self._spans), [], 0
-        merged: list[list] = []
-        for pid, lo, hi in spans:
-            if merged and merged[-1][0] == pid and lo <= merged[-1][2]:
-                merged[-1][2] = max(merged[-1][2], hi)
-            else:
-                merged.append([pid, lo, hi])
-        for pid, lo, hi in merged:
+        for pid, start, length in _runs(spans):
             value = self._mapped.get(pid)
             if value is not None:
-                value.release(lo, hi - lo)
+                value.release(start, length)
 
 
 class _Prefetcher:
@@ -294,15 +288,21 @@ class _Prefetcher:
     def _hint(self, ranges: "list[tuple[str, int, int]]") -> None:
         """One hint per run of back-to-back (or overlapping) ranges of one pack (spans follow each
         other in a pack)."""
-        merged: list[list] = []
-        for pid, start, length in ranges:
-            last = merged[-1] if merged else None
-            if last is not None and last[0] == pid and last[1] <= start <= last[1] + last[2]:
-                last[2] = max(last[2], start + length - last[1])   # back to back, or read twice
-            else:
-                merged.append([pid, start, length])
-        for pid, start, length in merged:
+        for pid, start, length in _runs(ranges):
             self.store.prefetch(pack_key(pid), start, length)
+
+
+def _runs(ranges: "list[tuple[str, int, int]]") -> "list[list]":
+    """(pack id, start, length) ranges with each run of back-to-back (or overlapping) ranges of one
+    pack, in the order given, merged into one."""
+    merged: list[list] = []
+    for pid, start, length in ranges:
+        last = merged[-1] if merged else None
+        if last is not None and last[0] == pid and last[1] <= start <= last[1] + last[2]:
+            last[2] = max(last[2], start + length - last[1])   # back to back, or read twice
+        else:
+            merged.append([pid, start, length])
+    return merged
 
 
 def _anonymous(length: int) -> mmap.mmap:
