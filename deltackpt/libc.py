@@ -13,10 +13,13 @@ Example::
 from __future__ import annotations
 
 import ctypes
+import functools
+import mmap
 import sys
 from typing import Any
 
 MADV_DONTNEED = 4
+MADV_POPULATE_READ = 22    # Linux 5.14+
 MADV_POPULATE_WRITE = 23   # Linux 5.14+
 
 
@@ -37,3 +40,19 @@ madvise = _function("madvise")
 mincore = _function("mincore")
 """``mincore(address, length, vector) -> 0 or -1``: bit 0 of ``vector[i]`` set when page ``i``
 is in memory; or None."""
+
+
+@functools.lru_cache(maxsize=None)
+def knows(advice: int) -> bool:
+    """Whether this kernel accepts ``madvise`` ``advice`` (MADV_POPULATE_*: Linux 5.14+), asked once
+    of a page of its own."""
+    if madvise is None:
+        return False
+    page = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        buf = (ctypes.c_char * mmap.PAGESIZE).from_buffer(page)
+        ok = madvise(ctypes.addressof(buf), mmap.PAGESIZE, advice) == 0
+        del buf
+        return ok
+    finally:
+        page.close()

@@ -175,3 +175,39 @@ def proc_state(pid: int) -> str:
             return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def resident_pages(path) -> int:
+    """How many of the file's pages the kernel holds (mincore over a mapping of the test's own)."""
+    import mmap
+
+    import numpy as np
+
+    from deltackpt import libc
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    try:
+        probe = np.frombuffer(mm, dtype=np.uint8, count=1)
+        vec = np.empty(-(-size // mmap.PAGESIZE), dtype=np.uint8)
+        assert libc.mincore(probe.ctypes.data, size, vec.ctypes.data) == 0
+        del probe
+        return int(np.bitwise_and(vec, 1).sum())
+    finally:
+        mm.close()
+
+
+def evict_or_skip(paths) -> None:
+    """Drop the files' pages from the page cache (they are clean: written with fsync), or skip the
+    test where the filesystem keeps them."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    if any(resident_pages(p) for p in paths):
+        pytest.skip("this filesystem keeps a file's pages after POSIX_FADV_DONTNEED")

@@ -23,8 +23,9 @@ class MappedValue(Protocol):
     """A stored value mapped into memory for one read (:meth:`Store.map_value`)."""
 
     def view(self, start: int, length: int) -> memoryview | None:
-        """Bytes ``[start, start + length)`` of the value (fewer at its end), read-only, when the
-        store holds them in memory; None when the caller should read them with ``read_into``."""
+        """Bytes ``[start, start + length)`` of the value (fewer at its end), read-only, where the
+        store can lend them in place (fetching them first where it must); None when the caller
+        should read them with ``read_into``, which reports any error."""
 
     def release(self, start: int, length: int) -> None:
         """The caller is done with ``[start, start + length)``: the store may drop those bytes

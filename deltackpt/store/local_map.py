@@ -1,22 +1,24 @@
 """A local file's bytes read where the page cache holds them, without copying them out.
 
-A warm restore used to copy every pack byte out of the page cache into a buffer of its own before
+A restore used to copy every pack byte out of the page cache into a buffer of its own before
 decoding it (``preadv``: a fifth of a warm MiniLM load's CPU, all of it on the reading thread). A
-:class:`FileMapping` maps the file read-only and hands out views of the ranges the kernel already
-holds (``mincore``), so the decoders read the bytes where they lie; a range not all in memory gets
-None, and the caller reads it into its own buffer as before. That keeps a disk's read errors on
-the ``preadv`` path, where they are a typed error: a mapped page that had to come from a disk
-that fails would kill the process with SIGBUS instead.
+:class:`FileMapping` maps the file read-only and hands out views, so the decoders read the bytes
+where they lie.  A range whose pages are not all in memory (``mincore``) is read in by the kernel
+first, in one call (``MADV_POPULATE_READ``, Linux 5.14+): a cold span costs no buffer and no copy
+either, and a disk's read error there comes back as an error number, not as the SIGBUS that
+touching the page would raise.  A range that cannot be read in that way gets None, and the caller
+reads it into its own buffer with ``preadv``, which reports the error typed.
 
-What is left to that signal: a page the kernel evicts between the check and the decode and then
+What is left to that signal: a page the kernel evicts between the view and the decode and then
 fails to read back, or a file truncated by another program while it is mapped (packs are written
 once and never truncated by deltackpt; a view never reaches past the size the file had when
-mapped). ``torch.load(mmap=True)``, safetensors and numpy's memmap live with the same two.
+mapped, and a range past its new end is refused, not read).  ``torch.load(mmap=True)``,
+safetensors and numpy's memmap live with the same two.
 
 Example::
 
     m = FileMapping.open(fd, size)       # None where the platform cannot map or check residency
-    view = m.view(start, length)         # None unless every page of the range is in memory
+    view = m.view(start, length)         # None where the pages cannot be had without a read of ours
     ...
     m.release(start, length)             # done with it: out of the resident set, still cached
     m.close()
@@ -33,6 +35,12 @@ from .. import faults, libc
 from .local_writer import os_error
 
 _PAGE = mmap.PAGESIZE
+
+
+def _reads_in() -> bool:
+    """Whether the kernel can read pages in without their being touched (MADV_POPULATE_READ,
+    Linux 5.14+); where not, cold ranges are read with preadv."""
+    return libc.knows(libc.MADV_POPULATE_READ)
 
 
 class FileMapping:
@@ -60,19 +68,30 @@ class FileMapping:
         return cls(mapped, size)
 
     def view(self, start: int, length: int) -> memoryview | None:
-        """The file's bytes ``[start, start + length)`` (fewer at its end), read-only, when every
-        page of them is in memory; None otherwise."""
+        """The file's bytes ``[start, start + length)`` (fewer at its end), read-only, once every
+        page of them is in memory: pages that are not are read in first (this call then waits
+        for the disk, as a read would).  None where they cannot be: the read failed, the file
+        is shorter now, or the kernel cannot read pages in without touching them."""
         end = min(start + length, self.size)
         if start < 0 or end <= start:
             return None
         first, last = start // _PAGE * _PAGE, -(-end // _PAGE) * _PAGE
-        pages = (last - first) // _PAGE
-        vec = np.empty(pages, dtype=np.uint8)
-        if libc.mincore(self._address + first, last - first, vec.ctypes.data) != 0:
-            return None
-        if pages and not np.bitwise_and(vec, 1).all():
+        if not self._resident(first, last) and not self._read_in(first, last):
             return None
         return memoryview(self._map)[start:end]
+
+    def _resident(self, first: int, last: int) -> bool:
+        vec = np.empty((last - first) // _PAGE, dtype=np.uint8)
+        if libc.mincore(self._address + first, last - first, vec.ctypes.data) != 0:
+            return False
+        return bool(np.bitwise_and(vec, 1).all())
+
+    def _read_in(self, first: int, last: int) -> bool:
+        """Fault the pages of ``[first, last)`` in without touching them: the kernel reads what
+        the page cache lacks, and a failed read (or a page past the file's end) fails the call
+        (EFAULT, EIO) instead of signalling."""
+        return (_reads_in() and libc.madvise is not None
+                and libc.madvise(self._address + first, last - first, libc.MADV_POPULATE_READ) == 0)
 
     def release(self, start: int, length: int) -> None:
         """Drop the pages of ``[start, start + length)`` from this process's memory: a read done

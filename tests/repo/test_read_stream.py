@@ -22,6 +22,7 @@ from deltackpt.repo.repository import Repository
 from deltackpt.store.base import WrappingStore
 from deltackpt.store.local import LocalStore
 from tests.api.test_live_restore import _corrupt
+from tests.conftest import evict_or_skip
 
 
 class _Recording(WrappingStore):
@@ -114,6 +115,69 @@ def test_the_reader_stays_a_bounded_window_ahead_of_slow_decoders(tmp_path):
     assert reads == len(spans) and hinted == set(range(len(spans)))   # the first too: its pages queue first
     # hinted in batches, not span by span: the thread wakes once per half window read
     assert hints <= 2 + 2 * sum(s[2] for s in spans) // window, hints
+
+
+class _CountedViews(WrappingStore):
+    """A local store whose packs are mapped (as LocalStore maps them) and whose views are counted."""
+
+    def __init__(self, inner, on_view) -> None:
+        super().__init__(inner)
+        self.on_view = on_view
+
+    def map_value(self, key):
+        mapping = self.inner.map_value(key)
+        if mapping is None:
+            return None
+        on_view = self.on_view
+
+        class Counted:
+            def view(self, start, length):
+                on_view()
+                return mapping.view(start, length)
+
+            def release(self, start, length):
+                mapping.release(start, length)
+
+            def close(self):
+                mapping.close()
+        return Counted()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore is Linux's")
+def test_the_reader_holds_at_most_slots_spans_in_place_ahead_of_slow_decoders(tmp_path):
+    """A span read in place holds its pages in the process until decoded (a cold one is read in
+    by the view): with decoders far slower than the reader, it still never has more than
+    ``slots`` such spans waiting, and every span reaches its decoder intact."""
+    path = str(tmp_path / "repo")
+    with deltackpt.Repo(path, create=True, chunk_bytes=64 << 10) as repo:
+        repo.save(_state(16, 64 << 10))
+    spans = _spans(path)
+    started = finished = most_ahead = 0
+    lock = threading.Lock()
+
+    def viewed():
+        nonlocal started, most_ahead
+        with lock:
+            started += 1
+            most_ahead = max(most_ahead, started - finished)
+
+    seen: dict[int, bytes] = {}
+
+    def decode(i, data):
+        nonlocal finished
+        time.sleep(0.005)
+        assert data.readonly   # the pack's own bytes, not a buffer of the stream's
+        seen[i] = bytes(data)
+        with lock:
+            finished += 1
+
+    slots = 3
+    stream = SpanStream(_CountedViews(LocalStore(path), viewed), slots=slots, window=1 << 20)
+    with ThreadPoolExecutor(2) as pool:
+        stream.run(list(range(len(spans))), spans, decode, pool)
+    assert started == len(spans) >= 40 and most_ahead <= slots
+    raw = LocalStore(path)
+    assert seen == {i: raw.get(pack_key(s.pack_id), s.start, s.length) for i, s in enumerate(spans)}
 
 
 def test_memory_of_a_load_is_its_tensors_plus_a_bounded_window(tmp_path):
@@ -289,10 +353,12 @@ def _mapped_packs() -> list[str]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore is Linux's")
-def test_a_warm_load_decodes_the_page_cache_s_bytes_and_a_cold_one_reads_them(tmp_path, monkeypatch):
-    """Packs the kernel holds are decoded where they lie (no read into a buffer of ours); packs it
-    dropped are read as before.  Both loads give the state, count the same pack bytes, and leave
-    no pack mapped."""
+def test_warm_and_cold_loads_decode_the_packs_where_they_lie(tmp_path, monkeypatch):
+    """Packs the kernel holds are decoded where they lie, and so are packs it dropped: the mapping
+    has the kernel read them in (no read into a buffer of ours).  On a kernel that cannot, a cold
+    load reads them with preadv.  Every load gives the state, counts the same pack bytes, and
+    leaves no pack mapped."""
+    from deltackpt.store import local_map
     from deltackpt.store.counting import CountingStore
 
     path = tmp_path / "repo"
@@ -302,22 +368,23 @@ def test_a_warm_load_decodes_the_page_cache_s_bytes_and_a_cold_one_reads_them(tm
     for p in packs:
         p.read_bytes()
     reads = _pack_reads(monkeypatch)
-    warm = CountingStore(LocalStore(str(path)))
-    got = deltackpt.load(warm, threads=2)
-    assert reads == [] and warm.bytes_read_under("packs/") > 0
-    assert all(torch.equal(got[k], v) for k, v in state.items())
-    for p in packs:
-        fd = os.open(p, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-    cold = CountingStore(LocalStore(str(path)))
-    got = deltackpt.load(cold, threads=2)
-    if not reads:
-        pytest.skip("this filesystem keeps the packs' pages after POSIX_FADV_DONTNEED")
-    assert all(torch.equal(got[k], v) for k, v in state.items())
-    assert cold.bytes_read_under("packs/") == warm.bytes_read_under("packs/")
-    del got
-    assert _mapped_packs() == []
+    counted = []
+    for temperature in ("warm", "cold", "cold, no read-in"):
+        if temperature != "warm":
+            evict_or_skip(packs)
+        if temperature == "cold, no read-in":
+            monkeypatch.setattr(local_map, "_reads_in", lambda: False)
+        store = CountingStore(LocalStore(str(path)))
+        got = deltackpt.load(store, threads=2)
+        assert all(torch.equal(got[k], v) for k, v in state.items())
+        del got
+        counted.append(store.bytes_read_under("packs/"))
+        if temperature == "warm" or local_map._reads_in():
+            assert reads == [], temperature
+        else:
+            assert reads, temperature
+        assert _mapped_packs() == []
+    assert counted[0] > 0 and len(set(counted)) == 1
 
 
 _PEAK_CHILD = """

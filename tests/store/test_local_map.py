@@ -1,15 +1,21 @@
-"""A local file mapped for one read (deltackpt/store/local_map.py): views only of pages the kernel
-holds, never past the size the file had, and closing while a view is held frees nothing early."""
+"""A local file mapped for one read (deltackpt/store/local_map.py): views of pages the kernel holds
+or reads in for them, never past the size the file had (nor its end now), and closing while a
+view is held frees nothing early."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+import deltackpt
+from deltackpt.store import local_map
 from deltackpt.store.local import LocalStore
 from deltackpt.store.local_map import FileMapping
+from tests.conftest import evict_or_skip, resident_pages
 
 pytestmark = pytest.mark.skipif(not os.sys.platform.startswith("linux"), reason="mincore is Linux's")
 
@@ -23,14 +29,6 @@ def _file(path, size: int) -> bytes:
     return data
 
 
-def _evict(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _mapping(path) -> FileMapping:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -41,22 +39,48 @@ def _mapping(path) -> FileMapping:
     return m
 
 
-def test_views_of_pages_in_memory_and_none_of_others(tmp_path):
+def test_views_are_read_only_and_cut_at_the_file_s_end(tmp_path):
     path = tmp_path / "f"
     data = _file(path, 1 << 20)
     m = _mapping(path)
     try:
         assert bytes(m.view(4096 + 5, 10_000)) == data[4096 + 5:4096 + 5 + 10_000]
-        assert bytes(m.view((1 << 20) - 100, 4096)) == data[-100:]   # cut at the file's end
+        assert bytes(m.view((1 << 20) - 100, 4096)) == data[-100:]
         assert m.view(1 << 20, 10) is None and m.view(-1, 10) is None
         assert m.view(0, 1 << 20).readonly
     finally:
         m.close()
-    _evict(path)   # (pages this process still mapped would stay)
+
+
+def test_pages_the_kernel_dropped_are_read_in_for_a_view(tmp_path):
+    """A cold range is read into the page cache by the view itself (MADV_POPULATE_READ), so the
+    caller needs no buffer of its own; only the pages asked for come in with it, give or take
+    the kernel's read-ahead."""
+    path = tmp_path / "f"
+    data = _file(path, 8 << 20)
+    evict_or_skip([path])
     m = _mapping(path)
     try:
-        if m.view(0, 1 << 20) is not None:
-            pytest.skip("this filesystem keeps the file's pages after POSIX_FADV_DONTNEED")
+        view = m.view(3 << 20, 1 << 20)
+        if not local_map._reads_in():
+            pytest.skip("this kernel cannot read pages in without touching them (Linux < 5.14)")
+        assert view is not None and resident_pages(path) >= 256
+        assert bytes(view) == data[3 << 20:4 << 20]
+        view.release()
+    finally:
+        m.close()
+
+
+def test_without_read_in_views_are_only_of_pages_in_memory(tmp_path, monkeypatch):
+    """A kernel without MADV_POPULATE_READ: a range not all in memory gets None (the caller reads
+    it with preadv), a page read back gets a view."""
+    monkeypatch.setattr(local_map, "_reads_in", lambda: False)
+    path = tmp_path / "f"
+    data = _file(path, 1 << 20)
+    evict_or_skip([path])
+    m = _mapping(path)
+    try:
+        assert m.view(0, 1 << 20) is None
         with open(path, "rb") as f:
             f.seek(8192)
             f.read(4096)   # one page back in memory: a view of it alone, none of a range around it
@@ -64,6 +88,36 @@ def test_views_of_pages_in_memory_and_none_of_others(tmp_path):
         assert m.view(4096, 3 * 4096) is None
     finally:
         m.close()
+
+
+_TRUNCATED_CHILD = """
+import os, sys
+from deltackpt.store import local_map
+from deltackpt.store.local_map import FileMapping
+from tests.conftest import evict_or_skip, resident_pages
+path = sys.argv[1]
+fd = os.open(path, os.O_RDONLY)
+m = FileMapping.open(fd, os.fstat(fd).st_size)
+os.close(fd)
+os.truncate(path, 64 << 10)   # another program cuts the file while it is mapped
+print(m.view(512 << 10, 64 << 10) is None, local_map._reads_in(), bytes(m.view(0, 16)).hex())
+m.close()
+"""
+
+
+def test_a_range_past_the_end_of_a_file_cut_while_mapped_is_refused_not_signalled(tmp_path):
+    """Reading in a page past the file's new end fails the call, where touching it would kill the
+    process with SIGBUS (a child process: a signal there fails this test, not the run)."""
+    path = tmp_path / "f"
+    data = _file(path, 1 << 20)
+    evict_or_skip([path])
+    out = subprocess.run([sys.executable, "-c", _TRUNCATED_CHILD, str(path)], capture_output=True, text=True,
+                         timeout=120, cwd=os.path.dirname(os.path.dirname(deltackpt.__file__)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    refused, populates, head = out.stdout.split()
+    if populates != "True":
+        pytest.skip("this kernel cannot read pages in without touching them (Linux < 5.14)")
+    assert refused == "True" and head == data[:16].hex()
 
 
 def test_closing_while_a_view_is_held_keeps_its_bytes(tmp_path):

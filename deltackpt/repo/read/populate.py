@@ -15,8 +15,6 @@ Example::
 from __future__ import annotations
 
 import ctypes
-import functools
-import mmap
 
 from ... import libc
 
@@ -24,24 +22,9 @@ _PAGE = 4096
 _MIN_BYTES = 64 << 10  # below this the faults cost less than the call
 
 
-@functools.lru_cache(maxsize=1)
-def _supported() -> bool:
-    """Whether this kernel knows MADV_POPULATE_WRITE (Linux 5.14+), asked once of a page of its own."""
-    if libc.madvise is None:
-        return False
-    page = mmap.mmap(-1, _PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        buf = (ctypes.c_char * _PAGE).from_buffer(page)
-        ok = libc.madvise(ctypes.addressof(buf), _PAGE, libc.MADV_POPULATE_WRITE) == 0
-        del buf
-        return ok
-    finally:
-        page.close()
-
-
 def populate(view: memoryview) -> None:
     """Fault in the whole pages inside the writable buffer ``view`` (a hint: never an error)."""
-    if len(view) < _MIN_BYTES or view.readonly or not _supported():
+    if len(view) < _MIN_BYTES or view.readonly or not libc.knows(libc.MADV_POPULATE_WRITE):
         return
     addr = ctypes.addressof(ctypes.c_char.from_buffer(view))
     start = -(-addr // _PAGE) * _PAGE

@@ -42,9 +42,12 @@ READ_GAP = 0
 READ_SPAN = 4 * 1024 * 1024
 # While the pool decodes, the calling thread reads the next spans into SPARE_SPANS more buffers than
 # the pool has workers, and asks the store to prefetch READ_AHEAD bytes beyond the span it reads
-# (stream.py): a cold read keeps the disk busy while every core decodes.
+# (stream.py): a cold read keeps the disk busy while every core decodes.  16 MiB, not 64: the disk
+# serves what is asked of it side by side, so with 64 MiB in flight the span the reader waits for
+# came in with the rest of the window and the decoders sat idle (a cold MiniLM load on the project
+# machine: 60-110 ms of idle core time, 30-60 with 16 MiB).
 SPARE_SPANS = 2
-READ_AHEAD = 64 * 1024 * 1024
+READ_AHEAD = 16 * 1024 * 1024
 # Each object of a span is read into its own room of the span buffer (codecs.base.Room): ROOM_HEAD
 # bytes before it, where a c-blosc frame header (24 bytes) fits over the object's own header, and
 # after it as many bytes as it decodes to beyond its length plus ROOM_TAIL (the codec parameters:

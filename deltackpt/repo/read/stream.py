@@ -2,21 +2,23 @@
 reused buffers and hands each span to the decode pool, while a prefetch thread asks the store to
 fetch the spans after it, and the objects their deltas' bases are read from (a local store: the
 kernel reads them into the page cache in the background; a hint can block while the kernel queues
-the reads, so it gets a thread of its own).  A span the store already holds in memory (a local
-pack in the page cache: ``Store.map_value``) is not read at all: the pool decodes it where it
-lies, and its pages leave the process's resident set once it is decoded.
+the reads, so it gets a thread of its own).  A span of a pack the store maps (a local file:
+``Store.map_value``) is not read into a buffer at all: the mapping has the kernel bring in the
+pages the page cache lacks, the pool decodes the span where it lies, and its pages leave the
+process's resident set once it is decoded.
 
 So the cores decode while the disk reads, no decode worker waits in a read or a prefetch call,
-and memory stays bounded whatever the size of the state: ``slots`` span buffers (each as long as
-the longest span read, at most READ_SPAN bytes unless one object is longer), plus what the page
-cache holds for the prefetch window, which is the kernel's, not the process's.  The buffers and
+and memory stays bounded whatever the size of the state: at most ``slots`` spans read and not
+decoded yet, in span buffers (each as long as the longest span read, at most READ_SPAN bytes
+unless one object is longer) or in place, plus RELEASE_BATCH of decoded spans' pages, plus what
+the page cache holds for the prefetch window, which is the kernel's, not the process's.  The buffers and
 the prefetch thread are this call's: when it returns, every decode it started has finished, the
 thread is joined and the buffers are released.  A read of at most PREFETCH_MIN_BYTES starts no
 prefetch thread.
 
 Example::
 
-    stream = SpanStream(store, slots=4, window=64 << 20)
+    stream = SpanStream(store, slots=4, window=16 << 20)
     stream.run(groups, spans, decode, pool)   # decode(group, bytes of its span or None) on the pool
 """
 
@@ -79,8 +81,8 @@ class SpanStream:
             read_failed: "Callable[[Any, BaseException], None] | None" = None) -> None:
         """``decode(group, data)`` for every group, on ``pool`` (inline without one), with ``data``
         the bytes of its span (shorter at a pack's end; None when the pack is gone or the group
-        has no span): the pack's own bytes, read-only, where the store maps them and holds them
-        in memory (its objects at their offset from ``span.start``), else a span buffer, writable,
+        has no span): the pack's own bytes, read-only, where the store maps them (its
+        objects at their offset from ``span.start``), else a span buffer, writable,
         its objects where ``span.pieces`` put them.  The first failure stops the reading; the call
         returns once every decode it started has finished, raising the failure of the earliest
         group that failed (a read error is raised as it is, after ``read_failed(group, error)``
@@ -89,6 +91,10 @@ class SpanStream:
         mapped: dict[str, MappedValue | None] = {}
         decoded = _Decoded(mapped)
         free: queue.SimpleQueue[int] = queue.SimpleQueue()
+        # spans read (in a buffer or in place) and not decoded yet: a mapped span read in holds its
+        # pages in the process's memory until decoded, and a reader faster than the decoders would
+        # otherwise hold the whole read
+        undecoded = threading.BoundedSemaphore(self.slots)
         failed = threading.Event()
         futures: list[Future] = []
         ahead = _Prefetcher(self.store, spans, self.window) if (
@@ -108,6 +114,8 @@ class SpanStream:
                     free.put(slot)
                 elif span is not None and data is not None:   # the pack's own bytes: out of our memory
                     decoded.add(span)
+                if span is not None:
+                    undecoded.release()
 
         try:
             for i, (group, span) in enumerate(zip(groups, spans)):
@@ -117,12 +125,14 @@ class SpanStream:
                     ahead.reading(i)
                 slot, data = None, None
                 if span is not None:
+                    undecoded.acquire()
                     try:
-                        data = self._in_memory(mapped, span)
+                        data = self._in_place(mapped, span)
                         if data is None:
                             slot = self._slot(buffers, free, span.size)
                             data = self._read(buffers[slot], span)
                     except BaseException as exc:
+                        undecoded.release()
                         if slot is not None:
                             free.put(slot)
                         if read_failed is not None:
@@ -151,9 +161,9 @@ class SpanStream:
                 if value is not None:
                     value.close()
 
-    def _in_memory(self, mapped: "dict[str, MappedValue | None]", span: Span) -> "memoryview | None":
-        """The span's pack bytes where they lie, when the store maps the pack and holds them in
-        memory (a warm read: no copy into a span buffer); else None, and the span is read."""
+    def _in_place(self, mapped: "dict[str, MappedValue | None]", span: Span) -> "memoryview | None":
+        """The span's pack bytes where they lie, when the store maps the pack (no copy into a span
+        buffer; a cold span's pages are read in first); else None, and the span is read."""
         if span.pack_id not in mapped:
             mapped[span.pack_id] = self.store.map_value(pack_key(span.pack_id))
         value = mapped[span.pack_id]
@@ -232,7 +242,7 @@ class _Prefetcher:
     up to the whole window, back-to-back spans of one pack as one range (the store splits it into
     the pieces the kernel reads whole: store/local.py).  Woken and hinting span by span, it cost a
     warm read, where there is nothing to fetch, a wake-up and an open, hint and close per span
-    (MiniLM from the page cache: 182 hints and ~1,200 context switches a load, now 11 and ~600)."""
+    (MiniLM from the page cache: 182 hints and ~1,200 context switches a load, now 11-14 and ~550)."""
 
     def __init__(self, store: Store, spans: "Sequence[Span | None]", window: int) -> None:
         self.store, self.spans, self.window = store, spans, window
