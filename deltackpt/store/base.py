@@ -22,10 +22,11 @@ def check_key(key: str) -> str:
 class MappedValue(Protocol):
     """A stored value mapped into memory for one read (:meth:`Store.map_value`)."""
 
-    def view(self, start: int, length: int) -> memoryview | None:
+    def view(self, start: int, length: int, *, read_in: bool = True) -> memoryview | None:
         """Bytes ``[start, start + length)`` of the value (fewer at its end), read-only, where the
-        store can lend them in place (fetching them first where it must); None when the caller
-        should read them with ``read_into``, which reports any error."""
+        store can lend them in place: those it holds in memory, and with ``read_in`` those it
+        fetches first (into memory the caller then holds until :meth:`release`).  None when the
+        caller should read them with ``read_into``, which reports any error."""
 
     def release(self, start: int, length: int) -> None:
         """The caller is done with ``[start, start + length)``: the store may drop those bytes

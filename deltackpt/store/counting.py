@@ -89,8 +89,8 @@ class _CountedMapping:
     def __init__(self, store: CountingStore, key: str, inner: MappedValue) -> None:
         self._store, self._key, self._inner = store, key, inner
 
-    def view(self, start: int, length: int) -> memoryview | None:
-        data = self._inner.view(start, length)
+    def view(self, start: int, length: int, *, read_in: bool = True) -> memoryview | None:
+        data = self._inner.view(start, length, read_in=read_in)
         if data is not None:
             self._store._count_read(self._key, len(data))
         return data

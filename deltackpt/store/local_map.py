@@ -67,16 +67,17 @@ class FileMapping:
             return None
         return cls(mapped, size)
 
-    def view(self, start: int, length: int) -> memoryview | None:
+    def view(self, start: int, length: int, *, read_in: bool = True) -> memoryview | None:
         """The file's bytes ``[start, start + length)`` (fewer at its end), read-only, once every
-        page of them is in memory: pages that are not are read in first (this call then waits
-        for the disk, as a read would).  None where they cannot be: the read failed, the file
-        is shorter now, or the kernel cannot read pages in without touching them."""
+        page of them is in memory: with ``read_in``, pages that are not are read in first (this
+        call then waits for the disk, as a read would, and the pages count in the process's
+        resident set until released).  None where they are not: the read failed, the file is
+        shorter now, or the kernel cannot read pages in without touching them."""
         end = min(start + length, self.size)
         if start < 0 or end <= start:
             return None
         first, last = start // _PAGE * _PAGE, -(-end // _PAGE) * _PAGE
-        if not self._resident(first, last) and not self._read_in(first, last):
+        if not self._resident(first, last) and not (read_in and self._read_in(first, last)):
             return None
         return memoryview(self._map)[start:end]
 
@@ -122,18 +123,21 @@ class FileMapping:
 
 
 class KeyMapping:
-    """A store key's mapping: every view is a read site for the fault tests, as ``read_into`` is,
-    and an error there is the read's typed error."""
+    """A store key's mapping: every view it lends is a read site for the fault tests, as
+    ``read_into`` is, and an error there is the read's typed error."""
 
     def __init__(self, mapping: FileMapping, key: str) -> None:
         self._mapping, self._key = mapping, key
 
-    def view(self, start: int, length: int) -> memoryview | None:
-        try:
-            faults.hit(f"read.{self._key.split('/', 1)[0]}")
-        except OSError as exc:
-            raise os_error(exc, "read", self._key) from None
-        return self._mapping.view(start, length)
+    def view(self, start: int, length: int, *, read_in: bool = True) -> memoryview | None:
+        got = self._mapping.view(start, length, read_in=read_in)
+        if got is not None:
+            try:
+                faults.hit(f"read.{self._key.split('/', 1)[0]}")
+            except OSError as exc:
+                got.release()
+                raise os_error(exc, "read", self._key) from None
+        return got
 
     def release(self, start: int, length: int) -> None:
         self._mapping.release(start, length)

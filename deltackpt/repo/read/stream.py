@@ -9,9 +9,9 @@ process's resident set once it is decoded.
 
 So the cores decode while the disk reads, no decode worker waits in a read or a prefetch call,
 and memory stays bounded whatever the size of the state: at most ``slots`` spans read and not
-decoded yet, in span buffers (each as long as the longest span read, at most READ_SPAN bytes
-unless one object is longer) or in place, plus RELEASE_BATCH of decoded spans' pages, plus what
-the page cache holds for the prefetch window, which is the kernel's, not the process's.  The buffers and
+decoded yet in span buffers (each as long as the longest span read, at most READ_SPAN bytes
+unless one object is longer), as many read in place, RELEASE_BATCH of decoded spans' pages, plus
+what the page cache holds for the prefetch window, which is the kernel's, not the process's.  The buffers and
 the prefetch thread are this call's: when it returns, every decode it started has finished, the
 thread is joined and the buffers are released.  A read of at most PREFETCH_MIN_BYTES starts no
 prefetch thread.
@@ -91,10 +91,11 @@ class SpanStream:
         mapped: dict[str, MappedValue | None] = {}
         decoded = _Decoded(mapped)
         free: queue.SimpleQueue[int] = queue.SimpleQueue()
-        # spans read (in a buffer or in place) and not decoded yet: a mapped span read in holds its
-        # pages in the process's memory until decoded, and a reader faster than the decoders would
-        # otherwise hold the whole read
-        undecoded = threading.BoundedSemaphore(self.slots)
+        # spans the mapping read in and not decoded yet: their pages are the process's until decoded,
+        # and a reader faster than the decoders would otherwise hold the whole read (spans already
+        # in memory are mapped as the decoder reads them, and a bound on them cost a warm GPT-2
+        # load ~3% in the reader's extra wake-ups)
+        read_in = threading.BoundedSemaphore(self.slots)
         failed = threading.Event()
         futures: list[Future] = []
         ahead = _Prefetcher(self.store, spans, self.window) if (
@@ -102,7 +103,7 @@ class SpanStream:
             and sum(s.fetched for s in spans if s is not None) > PREFETCH_MIN_BYTES) else None
 
         def decode_and_free(group: Any, data: "memoryview | None", slot: int | None,
-                            span: "Span | None" = None) -> None:
+                            span: "Span | None" = None, held: bool = False) -> None:
             try:
                 if not failed.is_set():
                     decode(group, data)
@@ -114,8 +115,8 @@ class SpanStream:
                     free.put(slot)
                 elif span is not None and data is not None:   # the pack's own bytes: out of our memory
                     decoded.add(span)
-                if span is not None:
-                    undecoded.release()
+                if held:
+                    read_in.release()
 
         try:
             for i, (group, span) in enumerate(zip(groups, spans)):
@@ -123,25 +124,31 @@ class SpanStream:
                     break
                 if ahead is not None:
                     ahead.reading(i)
-                slot, data = None, None
+                slot, data, held = None, None, False
                 if span is not None:
-                    undecoded.acquire()
                     try:
-                        data = self._in_place(mapped, span)
+                        data = self._in_place(mapped, span, read_in=False)
                         if data is None:
+                            held = read_in.acquire()
+                            data = self._in_place(mapped, span, read_in=True)
+                        if data is None:
+                            if held:
+                                read_in.release()
+                                held = False
                             slot = self._slot(buffers, free, span.size)
                             data = self._read(buffers[slot], span)
                     except BaseException as exc:
-                        undecoded.release()
+                        if held:
+                            read_in.release()
                         if slot is not None:
                             free.put(slot)
                         if read_failed is not None:
                             read_failed(group, exc)
                         raise
                 if pool is None:
-                    decode_and_free(group, data, slot, span)
+                    decode_and_free(group, data, slot, span, held)
                 else:
-                    futures.append(pool.submit(decode_and_free, group, data, slot, span))
+                    futures.append(pool.submit(decode_and_free, group, data, slot, span, held))
         finally:
             if ahead is not None:
                 ahead.close()
@@ -161,13 +168,13 @@ class SpanStream:
                 if value is not None:
                     value.close()
 
-    def _in_place(self, mapped: "dict[str, MappedValue | None]", span: Span) -> "memoryview | None":
-        """The span's pack bytes where they lie, when the store maps the pack (no copy into a span
-        buffer; a cold span's pages are read in first); else None, and the span is read."""
+    def _in_place(self, mapped: "dict[str, MappedValue | None]", span: Span, *, read_in: bool) -> "memoryview | None":
+        """The span's pack bytes where they lie, when the store maps the pack and holds them in
+        memory, or with ``read_in`` reads them in (no copy into a span buffer); else None."""
         if span.pack_id not in mapped:
             mapped[span.pack_id] = self.store.map_value(pack_key(span.pack_id))
         value = mapped[span.pack_id]
-        return None if value is None else value.view(span.start, span.length)
+        return None if value is None else value.view(span.start, span.length, read_in=read_in)
 
     def _slot(self, buffers: list[mmap.mmap], free: "queue.SimpleQueue[int]", length: int) -> int:
         """A free buffer of at least ``length`` bytes: a new one while fewer than ``slots`` exist,
