@@ -400,6 +400,45 @@ def test_warm_and_cold_loads_decode_the_packs_where_they_lie(tmp_path, monkeypat
     assert counted[0] > 0 and len(set(counted)) == 1
 
 
+class _MappedAndHinted(WrappingStore):
+    """A local store as a load sees it (packs mapped), recording the bytes of every prefetch hint."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(LocalStore(root))
+        self.hinted = 0
+
+    def map_value(self, key):
+        return self.inner.map_value(key)
+
+    def prefetch(self, key, start, length):
+        self.hinted += length
+        self.inner.prefetch(key, start, length)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore is Linux's")
+def test_a_warm_load_hints_one_window_and_a_cold_one_hints_every_span(tmp_path):
+    """Hints fetch nothing the page cache holds: after its first window the read-ahead thread
+    hints only once the reader has met a span not in memory."""
+    from deltackpt.repo.read.reader import READ_AHEAD
+    path = tmp_path / "repo"
+    state = _state(48, 1 << 18)   # 48 MiB of noise: ~3 windows of packs
+    deltackpt.save(state, str(path))
+    packs = [p for p in (path / "packs").rglob("*") if p.is_file()]
+    stored = sum(p.stat().st_size for p in packs)
+    assert stored > 2 * READ_AHEAD
+    for p in packs:
+        p.read_bytes()
+    warm = _MappedAndHinted(str(path))
+    got = deltackpt.load(warm, threads=2)
+    assert all(torch.equal(got[k], v) for k, v in state.items())
+    del got
+    evict_or_skip(packs)
+    cold = _MappedAndHinted(str(path))
+    got = deltackpt.load(cold, threads=2)
+    assert all(torch.equal(got[k], v) for k, v in state.items())
+    assert warm.hinted <= READ_AHEAD and cold.hinted >= stored - (1 << 20), (warm.hinted, cold.hinted, stored)
+
+
 _PEAK_CHILD = """
 import sys
 import deltackpt

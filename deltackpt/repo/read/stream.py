@@ -11,10 +11,10 @@ So the cores decode while the disk reads, no decode worker waits in a read or a 
 and memory stays bounded whatever the size of the state: at most ``slots`` spans read and not
 decoded yet in span buffers (each as long as the longest span read, at most READ_SPAN bytes
 unless one object is longer), as many read in place, RELEASE_BATCH of decoded spans' pages, plus
-what the page cache holds for the prefetch window, which is the kernel's, not the process's.  The buffers and
-the prefetch thread are this call's: when it returns, every decode it started has finished, the
-thread is joined and the buffers are released.  A read of at most PREFETCH_MIN_BYTES starts no
-prefetch thread.
+what the page cache holds for the prefetch window, which is the kernel's, not the process's.
+The buffers and the prefetch thread are this call's: when it returns, every decode it started
+has finished, the thread is joined and the buffers are released.  A read of at most
+PREFETCH_MIN_BYTES starts no prefetch thread.
 
 Example::
 
@@ -81,9 +81,9 @@ class SpanStream:
             read_failed: "Callable[[Any, BaseException], None] | None" = None) -> None:
         """``decode(group, data)`` for every group, on ``pool`` (inline without one), with ``data``
         the bytes of its span (shorter at a pack's end; None when the pack is gone or the group
-        has no span): the pack's own bytes, read-only, where the store maps them (its
-        objects at their offset from ``span.start``), else a span buffer, writable,
-        its objects where ``span.pieces`` put them.  The first failure stops the reading; the call
+        has no span): the pack's own bytes, read-only, where the store maps them (its objects at
+        their offset from ``span.start``), else a span buffer, writable, its objects where
+        ``span.pieces`` put them.  The first failure stops the reading; the call
         returns once every decode it started has finished, raising the failure of the earliest
         group that failed (a read error is raised as it is, after ``read_failed(group, error)``
         has seen it)."""
@@ -129,6 +129,8 @@ class SpanStream:
                     try:
                         data = self._in_place(mapped, span, read_in=False)
                         if data is None:
+                            if ahead is not None:
+                                ahead.missing()
                             held = read_in.acquire()
                             data = self._in_place(mapped, span, read_in=True)
                         if data is None:
@@ -168,7 +170,8 @@ class SpanStream:
                 if value is not None:
                     value.close()
 
-    def _in_place(self, mapped: "dict[str, MappedValue | None]", span: Span, *, read_in: bool) -> "memoryview | None":
+    def _in_place(self, mapped: "dict[str, MappedValue | None]", span: Span, *,
+                  read_in: bool) -> "memoryview | None":
         """The span's pack bytes where they lie, when the store maps the pack and holds them in
         memory, or with ``read_in`` reads them in (no copy into a span buffer); else None."""
         if span.pack_id not in mapped:
@@ -249,13 +252,17 @@ class _Prefetcher:
     up to the whole window, back-to-back spans of one pack as one range (the store splits it into
     the pieces the kernel reads whole: store/local.py).  Woken and hinting span by span, it cost a
     warm read, where there is nothing to fetch, a wake-up and an open, hint and close per span
-    (MiniLM from the page cache: 182 hints and ~1,200 context switches a load, now 11-14 and ~550)."""
+    (MiniLM from the page cache: 182 hints and ~1,200 context switches a load).  And after its
+    first window it hints only once the reader has met a span the store does not hold in memory
+    (:meth:`missing`): a warm read gets one round of hints, where a 16 MiB window hinted half at a
+    time gave warm MiniLM 11-14 and cost it ~3%."""
 
     def __init__(self, store: Store, spans: "Sequence[Span | None]", window: int) -> None:
         self.store, self.spans, self.window = store, spans, window
         self._ends = list(itertools.accumulate((0 if s is None else s.fetched for s in spans), initial=0))
         self._read = 0      # spans [0, _read) are being read or done
         self._next = 0      # the next span to hint
+        self._cold = False  # the reader met a span not in memory
         self._stop = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="deltackpt-read-ahead", daemon=True)
@@ -269,7 +276,14 @@ class _Prefetcher:
         """The reader starts on span ``i``."""
         with self._cond:
             self._read = i + 1
-            if self._next < len(self.spans) and self._ahead() <= self.window // 2:
+            if self._cold and self._next < len(self.spans) and self._ahead() <= self.window // 2:
+                self._cond.notify()
+
+    def missing(self) -> None:
+        """The reader found the bytes of the span it reads not in memory: the read is cold."""
+        with self._cond:
+            if not self._cold:
+                self._cold = True
                 self._cond.notify()
 
     def close(self) -> None:
@@ -281,10 +295,11 @@ class _Prefetcher:
     def _run(self) -> None:
         worker_threads.leave_signals_to_main()   # at the reader's priority (a drill's: idle), inherited
         n = len(self.spans)
-        low = self.window   # the first round fills the window; later ones wait for half of it to be read
+        first = True   # the first round fills the window; later ones wait for half of it to be read, cold
         while True:
             with self._cond:
-                while not self._stop and self._next < n and self._ahead() > low:
+                while not (self._stop or self._next >= n or first
+                           or (self._cold and self._ahead() <= self.window // 2)):
                     self._cond.wait()
                 if self._stop or self._next >= n:
                     return
@@ -296,7 +311,7 @@ class _Prefetcher:
                     if span is not None:
                         batch.append((span.pack_id, span.start, span.length))
                         batch.extend(span.bases)
-            low = self.window // 2
+            first = False
             self._hint(batch)
 
     def _fetched(self, i: int) -> int:
