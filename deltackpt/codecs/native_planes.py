@@ -9,14 +9,15 @@ buffer before unshuffling.  A save's grouping goes through them too (:func:`grou
 against numpy's four shifts, 0.55 ms).
 
 **c-blosc**, where the loops were not built: numpy needs seven passes over a chunk to interleave
-four byte planes (widen, shift, or); c-blosc's unshuffle does it in one, near memcpy speed (bench/DELTAS.md, "Speed").  python-blosc offers it only
-inside its decoder, so the planes are framed as a c-blosc 1.x chunk (c-blosc's
-README_CHUNK_FORMAT.rst, format version 2) of one block that is not split into streams (flag 0x10):
-that block's one stream, stored raw, is the byte-shuffled block, which is exactly the planes back
-to back.  So a decoder writes each plane straight into its place in the frame (a raw plane copied
-from the payload, a zstd plane decompressed there, by :func:`bytegroup.zstd_decompress_into` with
-the spec's checks) and c-blosc, in C with the GIL released, copies the stream to its block buffer
-and unshuffles it into the destination; c-blosc decompresses nothing.
+four byte planes (widen, shift, or); c-blosc's unshuffle does it in one, near memcpy speed
+(bench/DELTAS.md, "Speed"). python-blosc offers it only inside its decoder, so the planes are framed
+as a c-blosc 1.x chunk (c-blosc's README_CHUNK_FORMAT.rst, format version 2) of one block that is
+not split into streams (flag 0x10): that block's one stream, stored raw, is the byte-shuffled block,
+which is exactly the planes back to back. So a decoder writes each plane straight into its place in
+the frame (a raw plane copied from the payload, a zstd plane decompressed there, by
+:func:`bytegroup.zstd_decompress_into` with the spec's checks) and c-blosc, in C with the GIL
+released, copies the stream to its block buffer and unshuffles it into the destination; c-blosc
+decompresses nothing.
 
 The on-disk bytes do not change: the frame is a per-thread buffer reused from chunk to chunk.  The
 one block costs c-blosc a block-sized buffer for the call (a 2 MiB chunk: 2 MiB); the earlier

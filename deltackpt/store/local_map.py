@@ -69,15 +69,17 @@ class FileMapping:
 
     def view(self, start: int, length: int, *, read_in: bool = True) -> memoryview | None:
         """The file's bytes ``[start, start + length)`` (fewer at its end), read-only, once every
-        page of them is in memory: with ``read_in``, pages that are not are read in first (this
-        call then waits for the disk, as a read would, and the pages count in the process's
-        resident set until released).  None where they are not: the read failed, the file is
-        shorter now, or the kernel cannot read pages in without touching them."""
+        page of them is in memory: with ``read_in``, the pages are read in first, those the page
+        cache lacks from the disk (this call then waits for it, as a read would, and the pages
+        count in the process's resident set until released).  None where they are not: the read
+        failed, the file is shorter now, or the kernel cannot read pages in without touching
+        them.  (A caller that asked without ``read_in`` first has had the residency check: read
+        in, it is not made twice.)"""
         end = min(start + length, self.size)
         if start < 0 or end <= start:
             return None
         first, last = start // _PAGE * _PAGE, -(-end // _PAGE) * _PAGE
-        if not self._resident(first, last) and not (read_in and self._read_in(first, last)):
+        if not (read_in and self._read_in(first, last)) and not self._resident(first, last):
             return None
         return memoryview(self._map)[start:end]
 
@@ -91,8 +93,7 @@ class FileMapping:
         """Fault the pages of ``[first, last)`` in without touching them: the kernel reads what
         the page cache lacks, and a failed read (or a page past the file's end) fails the call
         (EFAULT, EIO) instead of signalling."""
-        return (_reads_in() and libc.madvise is not None
-                and libc.madvise(self._address + first, last - first, libc.MADV_POPULATE_READ) == 0)
+        return _reads_in() and libc.madvise(self._address + first, last - first, libc.MADV_POPULATE_READ) == 0
 
     def release(self, start: int, length: int) -> None:
         """Drop the pages of ``[start, start + length)`` from this process's memory: a read done

@@ -255,7 +255,7 @@ class _Prefetcher:
     (MiniLM from the page cache: 182 hints and ~1,200 context switches a load).  And after its
     first window it hints only once the reader has met a span the store does not hold in memory
     (:meth:`missing`): a warm read gets one round of hints, where a 16 MiB window hinted half at a
-    time gave warm MiniLM 11-14 and cost it ~3%."""
+    time gave warm MiniLM 11-14 and ~100 more context switches."""
 
     def __init__(self, store: Store, spans: "Sequence[Span | None]", window: int) -> None:
         self.store, self.spans, self.window = store, spans, window
