@@ -85,6 +85,29 @@ def test_ctrl_c_during_a_blocking_save_leaves_no_pack(tmp_path):
     assert [v.step for v in deltackpt.Repo(repo).log()] == [0]
 
 
+def test_ctrl_c_while_a_full_pack_is_fsynced_leaves_no_pack(tmp_path):
+    """The same Ctrl-C landing exactly where it is most likely to: during the fsync that seals a
+    full pack (frozen there, SIGINT queued, then let go).  The KeyboardInterrupt is raised once
+    the fsync returns, while that pack is between being written and being sealed; the save must
+    still delete it (a CI run once found it left under tmp/)."""
+    repo = str(tmp_path / "repo")
+    deltackpt.save({"w": torch.ones(8)}, repo, step=0)
+    before = {d: _files(repo, d) for d in ("packs", "index")}
+    proc = _start(repo, 1, fault="pack.fsync:1:stop")
+    try:
+        _until(lambda: proc_state(proc.pid) == "T", "the save to freeze at its first fsync")
+        os.kill(proc.pid, signal.SIGINT)
+        os.kill(proc.pid, signal.SIGCONT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
+    assert {d: _files(repo, d) for d in ("packs", "index")} == before
+    assert _files(repo, "tmp") == [] and _files(repo, "locks") == []
+    assert [v.step for v in deltackpt.Repo(repo).log()] == [0]
+
+
 def test_the_next_save_removes_what_a_killed_save_left_and_nothing_of_a_live_one(tmp_path):
     """Save A is SIGKILLed after its first pack; save B, alive, is frozen at the same point.  The
     next save deletes A's temp files and lock (A is provably dead) and touches none of B's; B then
@@ -137,3 +160,26 @@ def test_gc_removes_a_killed_saves_temp_files_without_waiting_for_the_grace_peri
     deltackpt.Repo(repo).gc(keep_last=5)
     assert _files(repo, "tmp") == [] and _files(repo, "locks") == []
     assert _unindexed_packs(repo) == []
+
+
+def test_an_aborted_save_deletes_its_temp_pack_even_one_no_list_recorded(tmp_path):
+    """A Ctrl-C can land after a writer created its temp file and before the packer recorded that
+    writer: abort() finds the file by the save lock's mark in its name, and leaves another save's."""
+    from types import SimpleNamespace
+    from deltackpt.repo.write.packer import Packer
+    path = str(tmp_path / "repo")
+    deltackpt.save({"w": torch.ones(8)}, path, step=0)
+    core = deltackpt.Repo(path).core
+    packer = Packer(core, SimpleNamespace(packs=0, objects_bytes=0), owner="save-mine-1")
+    stray = core.store.writer(site="pack", owner="save-mine-1")      # created, never handed to the packer
+    stray.write(b"x" * 4096)
+    other = core.store.writer(site="pack", owner="save-other-2")
+    other.write(b"y" * 4096)
+    try:
+        packer.abort()
+        left = _files(path, "tmp")
+        assert len(left) == 1 and left[0].startswith("pack.save-other-2."), left
+    finally:
+        stray.abort()
+        other.abort()
+    assert _files(path, "tmp") == []

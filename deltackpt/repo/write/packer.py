@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from ...errors import DeltackptError
 from ...format.ids import hex_id
 from ...format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
 from ...format.pack import PackStream
@@ -79,10 +80,13 @@ class Packer:
             self._seal(lane)
 
     def _seal(self, lane: bool) -> None:
-        stream, writer = self.open.pop(lane)
+        # the writer leaves ``open`` only once it is in ``sealed``: a Ctrl-C lands after the
+        # syscall it interrupted (the fsync of 64 MiB, most likely), and abort() must still find it
+        stream, writer = self.open[lane]
         pid = stream.finish()
         writer.seal(pack_key(pid))
         self.sealed.append(writer)
+        del self.open[lane]
         self.written[pid] = (stream.size, list(stream.entries))
         self.stats.packs += 1
         self.stats.objects_bytes += stream.size
@@ -93,10 +97,18 @@ class Packer:
 
     def abort(self) -> None:
         """Delete every pack of this save not yet published (those being written included)."""
-        for w in [*(w for _s, w in self.open.values()), *self.sealed]:
+        for w in {id(w): w for w in [*(w for _s, w in self.open.values()), *self.sealed]}.values():
             w.abort()
         self.open = {}
         self.sealed = []
+        # a Ctrl-C between a writer creating its temp file and add() recording that writer leaves
+        # a file no list names; the owner's mark in its name finds it (only this save has it)
+        delete_owned = getattr(self.repo.store, "delete_owned_temps", None)
+        if self.owner and delete_owned is not None:
+            try:
+                delete_owned(self.owner)
+            except (DeltackptError, OSError):
+                pass   # the caller's own error matters more; gc deletes temp files past its grace
 
     def finish(self) -> None:
         self.flush()
