@@ -62,19 +62,16 @@ def _unindexed_packs(repo: str) -> list[str]:
     return [p for p in _files(repo, "packs") if os.path.basename(p) not in named]
 
 
-def test_ctrl_c_during_a_blocking_save_leaves_no_pack(tmp_path):
-    """SIGINT once the first 64 MiB pack is written and the second is being written: the save
-    stops (KeyboardInterrupt) and deletes every pack it wrote; nothing is left anywhere."""
-    repo, trace = str(tmp_path / "repo"), str(tmp_path / "trace")
+def _interrupt_save(tmp_path, interrupt, **start) -> None:
+    """Start a save of the big state into a repository that already holds version 0, call
+    ``interrupt(proc)`` to Ctrl-C it, and check that the save stopped (KeyboardInterrupt) and
+    deleted every pack it wrote: nothing of it is left anywhere."""
+    repo = str(tmp_path / "repo")
     deltackpt.save({"w": torch.ones(8)}, repo, step=0)       # the repository exists: only the save's files matter
     before = {d: _files(repo, d) for d in ("packs", "index")}
-    proc = _start(repo, 1, trace=trace)
+    proc = _start(repo, 1, **start)
     try:
-        def second_pack_started() -> bool:
-            sites = open(trace).read().split() if os.path.exists(trace) else []
-            return "pack.fsync" in sites and "pack.write" in sites[sites.index("pack.fsync"):]
-        _until(second_pack_started, "the second pack")
-        os.kill(proc.pid, signal.SIGINT)
+        interrupt(proc)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -83,6 +80,21 @@ def test_ctrl_c_during_a_blocking_save_leaves_no_pack(tmp_path):
     assert {d: _files(repo, d) for d in ("packs", "index")} == before
     assert _files(repo, "tmp") == [] and _files(repo, "locks") == []
     assert [v.step for v in deltackpt.Repo(repo).log()] == [0]
+
+
+def test_ctrl_c_during_a_blocking_save_leaves_no_pack(tmp_path):
+    """SIGINT once the first 64 MiB pack is written and the second is being written."""
+    trace = str(tmp_path / "trace")
+
+    def second_pack_started() -> bool:
+        sites = open(trace).read().split() if os.path.exists(trace) else []
+        return "pack.fsync" in sites and "pack.write" in sites[sites.index("pack.fsync"):]
+
+    def interrupt(proc: subprocess.Popen) -> None:
+        _until(second_pack_started, "the second pack")
+        os.kill(proc.pid, signal.SIGINT)
+
+    _interrupt_save(tmp_path, interrupt, trace=trace)
 
 
 def test_ctrl_c_while_a_full_pack_is_fsynced_leaves_no_pack(tmp_path):
@@ -90,22 +102,12 @@ def test_ctrl_c_while_a_full_pack_is_fsynced_leaves_no_pack(tmp_path):
     full pack (frozen there, SIGINT queued, then let go).  The KeyboardInterrupt is raised once
     the fsync returns, while that pack is between being written and being sealed; the save must
     still delete it (a CI run once found it left under tmp/)."""
-    repo = str(tmp_path / "repo")
-    deltackpt.save({"w": torch.ones(8)}, repo, step=0)
-    before = {d: _files(repo, d) for d in ("packs", "index")}
-    proc = _start(repo, 1, fault="pack.fsync:1:stop")
-    try:
+    def interrupt(proc: subprocess.Popen) -> None:
         _until(lambda: proc_state(proc.pid) == "T", "the save to freeze at its first fsync")
         os.kill(proc.pid, signal.SIGINT)
         os.kill(proc.pid, signal.SIGCONT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
-    assert {d: _files(repo, d) for d in ("packs", "index")} == before
-    assert _files(repo, "tmp") == [] and _files(repo, "locks") == []
-    assert [v.step for v in deltackpt.Repo(repo).log()] == [0]
+
+    _interrupt_save(tmp_path, interrupt, fault="pack.fsync:1:stop")
 
 
 def test_the_next_save_removes_what_a_killed_save_left_and_nothing_of_a_live_one(tmp_path):
