@@ -177,9 +177,16 @@ def live_save_locks(store: Store) -> list[tuple[str, Holder | None]]:
 def _delete_temps_of(store: Store, key: str) -> None:
     """Delete the temp files the save holding ``key`` wrote for itself (its packs held aside until
     published); only ever called once that holder is provably dead, so nobody else can use them."""
+    delete_save_temps(store, key[len(LOCKS):])
+
+
+def delete_save_temps(store: Store, owner: str) -> None:
+    """Delete the temp files named after the save lock ``owner`` (:func:`save_lock` yields the
+    name): by the next save once that save is provably dead, or by the save itself when it stops.
+    Only stores that hold temp files aside (local ones) have any."""
     delete = getattr(store, "delete_owned_temps", None)
     if delete is not None:
-        delete(key[len(LOCKS):])
+        delete(owner)
 
 
 def clear_dead_saves(store: Store, own: str) -> None:

@@ -9,6 +9,7 @@ from ...format.ids import hex_id
 from ...format.limits import PACK_MAX_OBJECTS, PACK_TARGET_BYTES
 from ...format.pack import PackStream
 from ..layout import INDEX, pack_key
+from ..locks import delete_save_temps
 from ...store.base import AtomicWriter
 from ..repository import Repository
 
@@ -97,16 +98,16 @@ class Packer:
 
     def abort(self) -> None:
         """Delete every pack of this save not yet published (those being written included)."""
+        # once each: a Ctrl-C inside _seal can leave a writer in both lists
         for w in {id(w): w for w in [*(w for _s, w in self.open.values()), *self.sealed]}.values():
             w.abort()
         self.open = {}
         self.sealed = []
         # a Ctrl-C between a writer creating its temp file and add() recording that writer leaves
         # a file no list names; the owner's mark in its name finds it (only this save has it)
-        delete_owned = getattr(self.repo.store, "delete_owned_temps", None)
-        if self.owner and delete_owned is not None:
+        if self.owner:
             try:
-                delete_owned(self.owner)
+                delete_save_temps(self.repo.store, self.owner)
             except (DeltackptError, OSError):
                 pass   # the caller's own error matters more; gc deletes temp files past its grace
 
