@@ -32,6 +32,7 @@ decoded chunk either way.
 
 from __future__ import annotations
 
+import functools
 import struct
 from types import ModuleType
 
@@ -45,15 +46,22 @@ try:
 except ImportError:   # no C compiler where the package was installed: c-blosc, else numpy
     _planes = None
 
-try:
-    import blosc as _blosc
-except ImportError:  # optional at run time: the numpy path decodes the same bytes
-    _blosc = None
-else:
+
+@functools.cache
+def _c_blosc() -> ModuleType | None:
+    """python-blosc, imported at first need: only where the compiled loops are missing does a
+    decode call it, and importing it costs a fresh process ~9 ms (it imports its own tests, and
+    psutil with them).  None where it is not installed: the numpy path decodes the same bytes."""
+    try:
+        import blosc
+    except ImportError:
+        return None
     # a call with more than one c-blosc thread starts a thread pool; the read path runs chunks on
     # its own threads, so each call must release the GIL.  Both are python-blosc's process-wide settings.
-    _blosc.set_nthreads(1)
-    _blosc.set_releasegil(True)
+    blosc.set_nthreads(1)
+    blosc.set_releasegil(True)
+    return blosc
+
 
 _HEADER = struct.Struct("<BBBBIII")    # version, versionlz, flags, typesize, nbytes, blocksize, cbytes
 _FLAGS = 0x01 | 0x10                   # byte shuffle, blocks not split (blosclz, never called: the stream is raw)
@@ -67,7 +75,7 @@ _MAX_BYTES = 0x7FFF0000 - _BODY        # c-blosc's sizes are signed 32-bit
 
 def available() -> bool:
     """Whether python-blosc is installed (the native path can run at all)."""
-    return _blosc is not None
+    return _c_blosc() is not None
 
 
 def compiled() -> bool:
@@ -99,7 +107,7 @@ def group_from(data: np.ndarray, width: int, planes: np.ndarray) -> bool:
 
 def takes(width: int, n: int, out: np.ndarray) -> bool:
     """Whether ``width`` planes of ``n`` bytes into ``out`` go the native way (:func:`frame`'s test)."""
-    return not (_blosc is None or not _MIN_WIDTH <= width <= 16 or n < _MIN_PLANE or len(out) != width * n
+    return not (_c_blosc() is None or not _MIN_WIDTH <= width <= 16 or n < _MIN_PLANE or len(out) != width * n
                 or not out.flags.writeable or not out.flags.c_contiguous or len(out) > _MAX_BYTES)
 
 
@@ -123,7 +131,7 @@ class Frame:
         """Interleave the planes into ``out``; False (``out`` may be partly written) when c-blosc
         refuses, for the numpy path to write it all again."""
         try:
-            return _blosc.decompress_ptr(self._chunk, out.ctypes.data) == len(out)
+            return _c_blosc().decompress_ptr(self._chunk, out.ctypes.data) == len(out)  # type: ignore[union-attr]  # frame() made it: installed
         except Exception:  # noqa: BLE001 - any refusal: the numpy path decodes instead
             return False
 
@@ -131,7 +139,7 @@ class Frame:
 def frame(width: int, n: int, out: np.ndarray) -> Frame | None:
     """A frame for ``width`` planes of ``n`` bytes to be interleaved into ``out``, or None when
     this case belongs to the numpy path."""
-    if (_blosc is None or not _MIN_WIDTH <= width <= 16 or n < _MIN_PLANE or len(out) != width * n
+    if (_c_blosc() is None or not _MIN_WIDTH <= width <= 16 or n < _MIN_PLANE or len(out) != width * n
             or not out.flags.writeable or not out.flags.c_contiguous or len(out) > _MAX_BYTES):
         return None   # the same test as takes(), inline: one Python call fewer per chunk
     return Frame(width, n)

@@ -103,19 +103,29 @@ def test_pauses_from_two_threads_end_with_the_last_one():
 
 def test_a_load_in_a_fresh_process_imports_neither_the_write_path_nor_maintenance(repo_path):
     """``deltackpt.load`` imports what reading needs: not the write path (a handle makes its write
-    session at its first save), deltification, gc, verify or the Repo class built on them (a
+    session at its first save), deltification, gc, verify or the Repo class built on them; of the
+    codecs, only those the version's objects name (a keyframe: no delta or lossy codec); of the
+    stores, only the local one; and not python-blosc where the compiled loops decode instead (a
     restart's first load pays for every module it imports)."""
+    from deltackpt.codecs import native_planes
     deltackpt.save({"w": torch.arange(10.0)}, repo_path)
     script = ("import sys, json, torch, deltackpt\n"
               f"deltackpt.load({repo_path!r})\n"
-              "print(json.dumps(sorted(m for m in sys.modules if m.startswith('deltackpt'))))\n")
+              "print(json.dumps(sorted(sys.modules)))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": ROOT}, check=True).stdout
     modules = json.loads(out.strip().splitlines()[-1])
     assert "deltackpt.repo.read.reader" in modules   # it did load through the read path
+    assert {"deltackpt.codecs.raw", "deltackpt.codecs.zstd"} & set(modules)   # and decoded its chunk
     unneeded = [m for m in modules if m.startswith(("deltackpt.repo.maintain", "deltackpt.api.saving",
                                                     "deltackpt.api.repo", "deltackpt.repo.write",
                                                     "deltackpt.repo.delta_cache", "deltackpt.snapshot"))]
+    codecs = ("xor_delta", "sub_delta", "sparse", "quantize", "cast", "scaled_delta", "scaled_quantize", "pipeline")
+    unneeded += [m for m in modules if m in {f"deltackpt.codecs.{c}" for c in codecs}]
+    stores = ("fsspec_store", "memory", "counting", "cache")
+    unneeded += [m for m in modules if m in {f"deltackpt.store.{s}" for s in stores} or m == "fsspec"]
+    if native_planes.compiled():
+        unneeded += [m for m in modules if m == "blosc" or m.startswith("blosc.")]
     assert unneeded == []
 
 

@@ -29,7 +29,7 @@ def test_the_loops_are_built_where_a_compiler_is():
 def _numpy(fn, *args, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(native_planes, "_planes", None)
-        m.setattr(native_planes, "_blosc", None)
+        m.setattr(native_planes, "_c_blosc", lambda: None)
         return fn(*args)
 
 

@@ -21,7 +21,7 @@ def _without_compiled_loops(monkeypatch):
 
 def _numpy_decode(params, payload, raw_len, monkeypatch):
     with monkeypatch.context() as m:
-        m.setattr(native_planes, "_blosc", None)
+        m.setattr(native_planes, "_c_blosc", lambda: None)
         return bytegroup.decode_planes(params, payload, raw_len, what="t").tobytes()
 
 
