@@ -13,7 +13,9 @@ files dropped from the page cache, bench/common/coldcache.py), and one layer war
 take turns within each version (the order rotates) because write timings on a shared machine
 depend on what ran just before; a ratio to torch.save is taken within each version and the median
 is reported.  After the last version: the newest version loaded by a fresh process (the restart
-after a crash; imports before the clock) with the files in the page cache and without them, the
+after a crash; the system's package imported before the clock, what its first load imports inside
+it; deltackpt run from compiled bytecode as an install leaves it, bench/common/bytecode.py) with
+the files in the page cache and without them, the
 live rollback by one version for each system that can do one, deltackpt's rollback rows and its
 restore throughput by read threads, and peak memory of a save and a load in a child process.
 """
@@ -34,6 +36,7 @@ import time
 import torch
 
 from bench.common import coldcache
+from bench.common.bytecode import compiled
 from bench.common.measure import digests, machine_limits, same, tensor_bytes, timed, timed_cpu
 from bench.common.memory import settled_rss
 from bench.common.repo_internals import open_counted
@@ -367,7 +370,8 @@ def run(a: argparse.Namespace) -> int:
         limits = machine_limits(a.quick, tmp)
         probe = coldcache.probe(tmp, 16 if a.quick else 128)
         print(f"machine: {limits}; page-cache drop works: {probe['works']}", flush=True)
-        results = _workloads(a, tmp)
+        with compiled(ROOT):   # the fresh processes run deltackpt from bytecode, as torch's (bench/common/bytecode.py)
+            results = _workloads(a, tmp)
         argv = sys.argv[1:]
         meta = {
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -6,8 +6,9 @@
 
 ``rss-*`` print {"base": RSS MiB before the operation, "peak": the process's high-water mark MiB};
 ``rss-save`` first loads the state from a torch.save file (that memory is in "base"), then saves it
-into a fresh DIR.  ``load`` is the restart after a crash: imports happen before the clock, then
-SYSTEM's loader reads the newest version in DIR (``--cold``: its files dropped from the page cache
+into a fresh DIR.  ``load`` is the restart after a crash: the systems' packages are imported
+before the clock, then SYSTEM's loader reads the newest version in DIR (what that first call
+imports, it imports inside the clock) (``--cold``: its files dropped from the page cache
 first); it prints {SYSTEM: {"s", "io_read": bytes from disk, "resident_after_drop", "digests"}} so
 that the parent checks the restore bit-identical.  Several pairs load one after the other in the
 same process (only the first is a fresh process's load: what a quick run accepts to save children).
