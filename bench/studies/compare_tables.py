@@ -195,8 +195,9 @@ def fresh_loads(r: dict) -> list[str]:
     f = r.get("fresh")
     if not f:
         return []
-    out = ["The newest version loaded by a fresh process (imports before the clock; warm: its files in the page "
-           "cache, cold: dropped first), seconds per round:", "",
+    out = ["The newest version loaded by a fresh process (the system's package imported before the clock, what "
+           "its first load imports inside it, deltackpt's modules from bytecode as installed; warm: its files in "
+           "the page cache, cold: dropped first), seconds per round:", "",
            "| system | warm s | cold s | MiB from disk (cold) | bit-identical |", "|---|---|---|---|---|"]
     for n, x in f.items():
         out.append(f"| {n} | {_mm(x['warm'])} | {_mm(x['cold'])} | {_mib(_med(x['io_read']))} | {'yes' if x['ok'] else 'NO'} |")
