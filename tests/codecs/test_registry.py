@@ -5,6 +5,7 @@ are typed errors."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -21,6 +22,15 @@ def test_each_id_makes_the_codec_of_that_id_and_name():
 
 
 def test_threads_asking_at_once_get_one_instance(monkeypatch):
+    """Eight threads miss the table together, each makes a codec (slowly, so that they overlap),
+    and every one of them gets the instance the first one stored."""
+    from deltackpt.codecs import sub_delta
+
+    class SlowToMake(sub_delta.SubDelta):
+        def __init__(self) -> None:
+            time.sleep(0.05)
+            super().__init__()
+    monkeypatch.setattr(sub_delta, "SubDelta", SlowToMake)
     monkeypatch.setattr(registry, "_MADE", {})
     start, got = threading.Barrier(8), []
 
@@ -32,7 +42,7 @@ def test_threads_asking_at_once_get_one_instance(monkeypatch):
         t.start()
     for t in threads:
         t.join(10)
-    assert len(got) == 8 and len({id(c) for c in got}) == 1
+    assert len(got) == 8 and len({id(c) for c in got}) == 1 and isinstance(got[0], SlowToMake)
 
 
 @pytest.mark.parametrize("bad", [12, 255, -1, None, "1", [1]])
