@@ -2,7 +2,7 @@
 
 ``pip install`` compiles every module of a wheel (torch's included) into ``__pycache__``; an
 editable checkout gets its bytecode written at first import, unless the environment forbids it
-(``PYTHONDONTWRITEBYTECODE``, set on the project machine and in CI).  There, every fresh process
+(``PYTHONDONTWRITEBYTECODE``, set on the project machine).  There, every fresh process
 compiled deltackpt's ~55 read-path modules from source (~70 ms on the project machine) while
 ``torch.load``'s ran from bytecode: a cost no installed user pays.  The studies that time a fresh
 process's first load wrap their children in :func:`compiled`.

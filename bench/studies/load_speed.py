@@ -249,8 +249,9 @@ def _import_load_modules() -> None:
 
     import deltackpt
     deltackpt.load  # noqa: B018 - the API module
+    # the registry imports a codec at its first use: a keyframe load's two, before the clock too
     for name in ("api.loading", "api.repo", "torchstate.flatten", "torchstate.materialize", "torchstate.planner",
-                 "codecs.registry", "repo.read.reader"):
+                 "codecs.registry", "codecs.raw", "codecs.zstd", "repo.read.reader"):
         try:
             importlib.import_module(f"deltackpt.{name}")
         except ImportError:  # an older tree being compared may lay its modules out otherwise

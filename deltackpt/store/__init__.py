@@ -5,8 +5,7 @@ What it may import: ``errors``, ``faults``, ``libc``, ``deps`` (fsspec is option
 value's bytes in place (``Store.map_value``: a local file in the page cache, read without a copy).
 
 Each backend is imported at first use of its name: a restart from a local folder imports neither
-the fsspec backend nor the memory, counting and caching stores (bench/RESTART.md, "A fresh
-process's first load").
+the fsspec backend nor the memory, counting and caching stores (bench/RESTART.md, stop 49).
 
 Example::
 
