@@ -45,6 +45,7 @@ STUDIES: dict[str, str] = {
     "larger_than_memory": "bench.studies.larger_than_memory",
     "trainer_checkpoints": "bench.studies.trainer_checkpoints",
     "cuda_checkpoint": "bench.studies.cuda_checkpoint",
+    "pinned_staging": "bench.studies.pinned_staging",
 }
 
 

@@ -9,7 +9,8 @@ a :class:`~.runtime.BackgroundOptions`, and ``close()`` ends all of it.  ``async
 process-wide record, for what belongs to the process: it finishes the saves in flight when the
 script ends (normal exit, an exception, Ctrl-C, SIGTERM) and lets a save wait for earlier ones to
 the same repository.  ``staging`` makes the host copy (pinned, shared-memory or plain buffers,
-reused between saves); ``lazy`` defers the copy of an optimizer's tensors until its next
+reused between saves; ``pinned_slabs`` carves a CUDA state's pinned buffers out of power-of-two
+slabs, so torch's pinned allocator rounds nothing up); ``lazy`` defers the copy of an optimizer's tensors until its next
 ``step()``; ``prefault`` faults staging memory in before the first save needs it.  Their threads
 run at idle CPU priority (:mod:`deltackpt.priority`).
 

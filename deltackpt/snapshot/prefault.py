@@ -21,25 +21,13 @@ import torch
 
 from .. import priority, threads
 from . import staging
+from .pinned_slabs import PinnedSlabs
 
 PREFAULT_IDLE = False
 """Fault staging memory in under SCHED_IDLE (:mod:`.priority`).  Off: measured (bench/first_save.py,
 268 MB, 2 cores, 03:45 UTC run) the idle pre-fault thread, started by the first save, held the GIL
 while torch's normal-priority threads kept both cores, and the caller's stall waited for it: first
 save 120-378 ms at idle against 56-58 ms at normal priority (torch.save+fsync: ~200 ms)."""
-
-
-def _layout(leaves: list, shared: dict[int, list[int]]) -> list[tuple[tuple, torch.dtype, bool]]:
-    """The staging buffers :func:`.staging._plan` takes for ``leaves``: (shape, dtype, pinned) each."""
-    out = []
-    for i, leaf in enumerate(leaves):
-        t, group = leaf.tensor, shared.get(i)
-        pin = t.device.type == "cuda" and torch.cuda.is_available()
-        if group is None:
-            out.append((tuple(t.shape), t.dtype, pin))
-        elif group[0] == i:
-            out.append(((t.untyped_storage().nbytes(),), torch.uint8, pin))
-    return out
 
 
 def _fault_in(t: torch.Tensor) -> torch.Tensor:
@@ -53,7 +41,7 @@ def layout_key(leaves: list, shared_memory: bool) -> tuple:
     shared = staging.sharing(leaves)
     if shared_memory:
         return ("segment", staging.segment_size(leaves, shared))
-    return ("buffers", tuple((s, str(d), p) for s, d, p in _layout(leaves, shared)))
+    return ("buffers", tuple((s, str(d), p) for s, d, p in staging.buffer_layout(leaves, shared)))
 
 
 def fault_in(pool: staging.StagingPool, leaves: list, shared_memory: bool, sets: int) -> None:
@@ -70,6 +58,11 @@ def fault_in(pool: staging.StagingPool, leaves: list, shared_memory: bool, sets:
             _fault_in(seg.tensor)
             pool.pool([], [], seg)
         return
-    layout = _layout(leaves, shared)
+    layout = staging.buffer_layout(leaves, shared)
+    plain = [(s, d) for s, d, p in layout if not p]
+    pinned = [(s, d) for s, d, p in layout if p]
     for _ in range(sets):
-        pool.pool([_fault_in(torch.empty(s, dtype=d, pin_memory=p)) for s, d, p in layout], layout)
+        slabs = PinnedSlabs(pinned) if pinned else None
+        for slab in slabs.slabs if slabs is not None else []:
+            _fault_in(slab)
+        pool.pool([_fault_in(torch.empty(s, dtype=d)) for s, d in plain], plain, slabs=slabs)

@@ -1,7 +1,7 @@
 """Where a background save's snapshot goes, and how long that memory lives.
 
-:func:`stage` copies each tensor into host memory: reusable per-shape buffers (pinned for CUDA
-tensors), or one shared segment (:class:`~deltackpt.repo.write.encoder_process.SharedSegment`) for the
+:func:`stage` copies each tensor into host memory: reusable per-shape buffers, pinned buffers
+carved out of power-of-two slabs for CUDA tensors (:mod:`.pinned_slabs`), or one shared segment (:class:`~deltackpt.repo.write.encoder_process.SharedSegment`) for the
 encoder process.  Tensors sharing a storage are copied as one storage and rebuilt as views of it.
 
 The memory belongs to one repository handle's :class:`StagingPool` (held by its save runtime,
@@ -27,6 +27,7 @@ import torch
 
 from .. import threads as worker_threads
 from ..repo.write.encoder_process import EncoderProcess, SharedSegment
+from .pinned_slabs import PinnedSlabs
 
 ALIGN = 64  # staged tensors start on cache-line boundaries (and on any element size)
 
@@ -41,11 +42,13 @@ MAX_COPY_THREADS = 4
 """Threads that copy one snapshot at most (memory bandwidth is saturated well before more)."""
 
 Alloc = Callable[[torch.Size, torch.dtype, bool], torch.Tensor]
+Layout = list[tuple[tuple[int, ...], torch.dtype, bool]]
 
 
 class StagingPool:
-    """The staging memory of one repository handle's background saves: free per-shape buffers and
-    shared segments kept for the next saves (at most ``keep`` states' worth), and a count of what
+    """The staging memory of one repository handle's background saves: free per-shape buffers,
+    pinned slab sets and shared segments kept for the next saves (at most ``keep`` states'
+    worth), and a count of what
     was allocated while a save waited.
 
     Example::
@@ -58,8 +61,9 @@ class StagingPool:
     def __init__(self, keep: int) -> None:
         self.keep = keep
         self._lock = threading.Lock()
-        self._buffers: dict[tuple, list[torch.Tensor]] = {}   # (shape, dtype, pinned) -> free buffers
+        self._buffers: dict[tuple, list[torch.Tensor]] = {}   # (shape, dtype) -> free buffers
         self._buffer_bytes = 0
+        self._slabs: list[PinnedSlabs] = []                   # free pinned staging, newest first
         self._segments: list[SharedSegment] = []              # free staging segments (encoder process)
         self.fresh_bytes = 0
         """Staging bytes ever allocated while a save waited (not by :mod:`.prefault`): tests pin it."""
@@ -70,39 +74,64 @@ class StagingPool:
     def free_bytes(self) -> int:
         """Bytes of free buffers and segments kept for the next saves."""
         with self._lock:
-            return self._buffer_bytes + sum(s.size for s in self._segments)
+            return (self._buffer_bytes + sum(s.size for s in self._segments)
+                    + sum(s.nbytes for s in self._slabs))
 
-    def take(self, shape: torch.Size, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+    def take(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """A free plain buffer of ``shape`` and ``dtype``, or a new one."""
         with self._lock:
-            free = self._buffers.get((tuple(shape), dtype, pinned))
+            free = self._buffers.get((tuple(shape), dtype))
             if free:
                 t = free.pop()
                 self._buffer_bytes -= t.numel() * t.element_size()
                 return t
-        t = torch.empty(shape, dtype=dtype, pin_memory=pinned)
+        t = torch.empty(shape, dtype=dtype)
         with self._lock:
             self.fresh_bytes += t.numel() * t.element_size()
         return t
 
-    def give_back(self, buffers: list[torch.Tensor], pinned: list[bool]) -> None:
+    def give_back(self, buffers: list[torch.Tensor]) -> None:
         nbytes = sum(t.numel() * t.element_size() for t in buffers)
         with self._lock:
             if self._buffer_bytes + nbytes > self.keep * nbytes:
                 # buffers of older shapes nobody reused: keep at most ``keep`` states' worth
                 self._buffers.clear()
                 self._buffer_bytes = 0
-            for t, p in zip(buffers, pinned):
-                self._buffers.setdefault((tuple(t.shape), t.dtype, p), []).append(t)
+            for t in buffers:
+                self._buffers.setdefault((tuple(t.shape), t.dtype), []).append(t)
             self._buffer_bytes += nbytes
 
-    def pool(self, buffers: list[torch.Tensor], layout: list, segment: SharedSegment | None = None) -> None:
-        """Put memory faulted in ahead of a save (:mod:`.prefault`) where the next saves look first."""
+    def take_slabs(self, layout: list[tuple[tuple[int, ...], torch.dtype]]) -> PinnedSlabs:
+        """Free pinned staging for the pinned buffers of ``layout`` (shape, dtype each), or new."""
+        key = tuple((tuple(shape), dtype) for shape, dtype in layout)
+        with self._lock:
+            found = next((s for s in self._slabs if s.layout == key), None)
+            if found is not None:
+                self._slabs.remove(found)
+                return found
+        slabs = PinnedSlabs(key)
+        with self._lock:
+            self.fresh_bytes += slabs.nbytes
+        return slabs
+
+    def give_back_slabs(self, slabs: PinnedSlabs) -> None:
+        with self._lock:
+            # the newest ``keep`` sets (a layout that changed leaves its older sets behind)
+            self._slabs.insert(0, slabs)
+            del self._slabs[self.keep:]
+
+    def pool(self, buffers: list[torch.Tensor], layout: list, segment: SharedSegment | None = None,
+             slabs: PinnedSlabs | None = None) -> None:
+        """Put memory faulted in ahead of a save (:mod:`.prefault`) where the next saves look first:
+        plain ``buffers`` of ``layout`` (shape, dtype each), a ``segment`` or pinned ``slabs``."""
         with self._lock:
             if segment is not None:
                 self._segments.append(segment)
                 self._segments.sort(key=lambda s: s.size, reverse=True)
-            for t, (shape, dtype, pin) in zip(buffers, layout):
-                self._buffers.setdefault((shape, dtype, pin), []).append(t)
+            if slabs is not None:
+                self._slabs.append(slabs)
+            for t, (shape, dtype) in zip(buffers, layout):
+                self._buffers.setdefault((shape, dtype), []).append(t)
                 self._buffer_bytes += t.numel() * t.element_size()
 
     def take_segment(self, total: int) -> SharedSegment:
@@ -133,7 +162,7 @@ class StagingPool:
     def release(self, staged: "Staged", encoder: EncoderProcess | None) -> None:
         """A background save is done (committed or failed): its staging goes back to the pool."""
         self.last_ids = frozenset([staged.segment.id]) if staged.segment is not None else \
-            frozenset(id(t) for t in staged.buffers)
+            frozenset([id(t) for t in staged.buffers] + ([id(staged.slabs)] if staged.slabs is not None else []))
         staged.release(self, encoder)
 
     def release_all(self, encoder: EncoderProcess | None) -> None:
@@ -141,6 +170,7 @@ class StagingPool:
         with self._lock:
             segments, self._segments = self._segments, []
             self._buffers.clear()
+            self._slabs.clear()
             self._buffer_bytes = 0
         for s in segments:
             if encoder is not None:
@@ -149,19 +179,23 @@ class StagingPool:
 
 
 class Staged:
-    """One save's staging memory: per-shape ``buffers`` or a shared ``segment``."""
+    """One save's staging memory: a shared ``segment``, or per-shape plain ``buffers`` and the
+    pinned ``slabs`` of its CUDA tensors.  ``nbytes``: the state's bytes staged."""
 
-    def __init__(self, buffers: list[torch.Tensor], pinned: list[bool], segment: SharedSegment | None) -> None:
-        self.buffers, self.pinned, self.segment = buffers, pinned, segment
-        self.nbytes = sum(b.numel() * b.element_size() for b in buffers)
+    def __init__(self, nbytes: int, buffers: list[torch.Tensor], segment: SharedSegment | None,
+                 slabs: PinnedSlabs | None) -> None:
+        self.nbytes, self.buffers, self.segment, self.slabs = nbytes, buffers, segment, slabs
 
     def release(self, pool: StagingPool, encoder: EncoderProcess | None) -> None:
         """Pool this memory for the next snapshot (once: a second call does nothing)."""
         if self.segment is not None:
             segment, self.segment = self.segment, None
             pool.give_back_segment(segment, encoder)
-        elif self.buffers:
-            pool.give_back(self.buffers, self.pinned)
+        if self.buffers:
+            pool.give_back(self.buffers)
+        if self.slabs is not None:
+            slabs, self.slabs = self.slabs, None
+            pool.give_back_slabs(slabs)
         self.buffers = []
 
 
@@ -174,8 +208,13 @@ def stage(pool: StagingPool, leaves: list, shared_memory: bool,
     copies for :class:`.lazy.LazyCopy`.  ``pool.fresh_bytes`` grows when this allocated staging
     memory (a state of a new layout)."""
     shared = sharing(leaves)
-    segment, alloc = _segment_allocator(pool, leaves, shared) if shared_memory else (None, None)
-    out, buffers, pinned, copies = _plan(leaves, alloc or pool.take, shared)
+    segment: SharedSegment | None = None
+    slabs: PinnedSlabs | None = None
+    if shared_memory:
+        segment, alloc = _segment_allocator(pool, leaves, shared)
+    else:
+        slabs, alloc = _buffer_allocator(pool, leaves, shared)
+    out, buffers, pinned, copies = _plan(leaves, alloc, shared)
     deferred: tuple[list, list] = ([], [])
     if lazy_keys:
         from .lazy import storage_key
@@ -187,8 +226,44 @@ def stage(pool: StagingPool, leaves: list, shared_memory: bool,
                 now.append((dst, src, pin))
         copies = now
     event = _copy_and_fence(copies)
-    memory = Staged(buffers, pinned, segment)
-    return out, memory, event, deferred
+    nbytes = sum(b.numel() * b.element_size() for b in buffers)
+    plain = [] if segment is not None else [b for b, p in zip(buffers, pinned) if not p]
+    return out, Staged(nbytes, plain, segment, slabs), event, deferred
+
+
+# per-shape buffers and pinned slabs -----------------------------------------------------------
+
+def buffer_layout(leaves: list, shared: dict[int, list[int]]) -> Layout:
+    """The staging buffers :func:`_plan` takes for ``leaves``, in its order: (shape, dtype,
+    pinned) each."""
+    out: Layout = []
+    for i, leaf in enumerate(leaves):
+        t, group = leaf.tensor, shared.get(i)
+        pin = t.device.type == "cuda" and torch.cuda.is_available()
+        if group is None:
+            out.append((tuple(t.shape), t.dtype, pin))
+        elif group[0] == i:
+            out.append(((t.untyped_storage().nbytes(),), torch.uint8, pin))
+    return out
+
+
+def _buffer_allocator(pool: StagingPool, leaves: list, shared: dict[int, list[int]]) -> tuple[PinnedSlabs | None, Alloc]:
+    """Pinned staging for the CUDA tensors of ``leaves`` (None when there are none) and an
+    allocator that hands out its buffers in :func:`_plan`'s order, and per-shape plain buffers
+    from the pool for the others."""
+    pinned = [(shape, dtype) for shape, dtype, pin in buffer_layout(leaves, shared) if pin]
+    slabs = pool.take_slabs(pinned) if pinned else None
+    views = iter(slabs.buffers if slabs is not None else [])
+
+    def alloc(shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+        if not pin:
+            return pool.take(shape, dtype)
+        buf = next(views)
+        if buf.shape != shape or buf.dtype != dtype:   # buffer_layout and _plan out of step: a bug
+            raise RuntimeError(f"pinned staging for {tuple(buf.shape)} {buf.dtype}, not {tuple(shape)} {dtype}")
+        return buf
+
+    return slabs, alloc
 
 
 # shared segments --------------------------------------------------------------------------------

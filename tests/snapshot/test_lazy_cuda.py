@@ -60,6 +60,18 @@ def _assert_same(a, b):
         assert a == b
 
 
+def _assert_all_pinned(pool) -> None:
+    """Every staging buffer of CUDA tensors is pinned: the slabs, and the buffers carved out of them
+    (CUDA sees a pointer into a pinned block as pinned, so the device -> host copy is asynchronous)."""
+    with pool._lock:
+        sets = list(pool._slabs)
+        plain = [b for bs in pool._buffers.values() for b in bs]
+    assert sets and not plain
+    for s in sets:
+        assert all(slab.is_pinned() for slab in s.slabs)
+        assert all(b.is_pinned() for b in s.buffers)
+
+
 def test_cuda_lazy_version_is_the_state_at_the_call(repo_path):
     """A lazy save of a CUDA model and AdamW state, with optimizer steps queued right after it
     returns, stores the state at the call bit for bit (the step's kernels wait on the copy's event)."""
@@ -101,7 +113,7 @@ def test_cuda_eager_background_save_stages_into_pinned_memory(repo_path):
         h = repo.save(model.state_dict(), step=1, blocking=False)
         one_step()
         v = h.wait()
-        assert all(b.is_pinned() for bs in repo.runtime.staging._buffers.values() for b in bs)
+        _assert_all_pinned(repo.runtime.staging)
     _assert_same(expected, deltackpt.load(repo_path, v.id))
 
 
@@ -116,6 +128,27 @@ def test_cuda_prepare_pins_the_staging_ahead_of_the_first_save(repo_path):
     fresh = pool.fresh_bytes
     ckpt.step(model.state_dict(), step=1).wait()
     assert pool.fresh_bytes == fresh
-    assert all(b.is_pinned() for bs in pool._buffers.values() for b in bs)
+    _assert_all_pinned(pool)
     assert ckpt.repo.runtime._prefaults
     ckpt.close()
+
+
+def test_cuda_pinned_staging_of_a_gpt2_sized_state_is_its_own_size(repo_path):
+    """Stop 39 kept 1.66x a GPT-2 + AdamW state pinned (one power-of-two block per tensor).  A
+    background save of GPT-2 small's weights on the GPU now stages into slabs that take under 1.05x
+    the state, every buffer pinned, and the version is the state of the call."""
+    torch.manual_seed(0)
+    d, shapes = 768, {"wte": (50257, 768), "wpe": (1024, 768)}
+    for i in range(12):
+        shapes.update({f"h{i}.attn.w": (d, 3 * d), f"h{i}.attn.b": (3 * d,), f"h{i}.proj.w": (d, d),
+                       f"h{i}.fc.w": (d, 4 * d), f"h{i}.fc.b": (4 * d,), f"h{i}.out.w": (4 * d, d),
+                       f"h{i}.ln.w": (d,)})
+    state = {k: torch.randn(s, device="cuda") for k, s in shapes.items()}
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    expected = _cpu(state)
+    with deltackpt.Repo(repo_path, create=True) as repo:
+        v = repo.save(state, step=1, blocking=False).wait()
+        pool = repo.runtime.staging
+        _assert_all_pinned(pool)
+        assert nbytes <= pool.free_bytes <= 1.05 * nbytes
+    _assert_same(expected, deltackpt.load(repo_path, v.id))
