@@ -20,6 +20,7 @@ ALIGN bytes) did.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -116,6 +117,7 @@ class PinnedSlabs:
 
     def __init__(self, layout: Sequence[tuple[tuple[int, ...], torch.dtype]], pin_memory: bool = True) -> None:
         self.layout = tuple((tuple(shape), dtype) for shape, dtype in layout)
+        self.pinned = pin_memory
         sizes = [_numel(shape) * dtype.itemsize for shape, dtype in self.layout]
         plan = pack(sizes)
         self.slabs = [torch.empty(n, dtype=torch.uint8, pin_memory=pin_memory) for n in plan.slabs]
@@ -131,6 +133,28 @@ class PinnedSlabs:
     def buffer_bytes(self) -> int:
         """Bytes of the buffers (the state's own size)."""
         return sum(b.numel() * b.element_size() for b in self.buffers)
+
+
+def allocate(layout: Sequence[tuple[tuple[int, ...], torch.dtype]], pin_memory: bool = True) -> PinnedSlabs:
+    """Slabs for ``layout``, pinned where they can be.  Where pinning fails (no usable CUDA
+    driver, or the host's page-locked memory exhausted: torch raises and clears the CUDA error)
+    the same slabs are made of pageable memory, with a warning: the save still happens, and its
+    device -> host copies are then synchronous, so a background save stalls the loop longer.
+
+    Example::
+
+        slabs = allocate([((768, 768), torch.float32)])
+        slabs.pinned     # False on a machine without CUDA
+    """
+    if pin_memory:
+        try:
+            return PinnedSlabs(layout, pin_memory=True)
+        except RuntimeError as exc:
+            nbytes = sum(_numel(tuple(shape)) * dtype.itemsize for shape, dtype in layout)
+            warnings.warn(f"deltackpt: could not pin {nbytes / 2**20:.0f} MiB of staging ({str(exc).splitlines()[0]:.200}); "
+                          "staging in pageable memory, so the copies from the GPU are synchronous",
+                          RuntimeWarning, stacklevel=2)
+    return PinnedSlabs(layout, pin_memory=False)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

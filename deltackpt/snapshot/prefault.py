@@ -21,7 +21,7 @@ import torch
 
 from .. import priority, threads
 from . import staging
-from .pinned_slabs import PinnedSlabs
+from .pinned_slabs import allocate
 
 PREFAULT_IDLE = False
 """Fault staging memory in under SCHED_IDLE (:mod:`.priority`).  Off: measured (bench/first_save.py,
@@ -62,7 +62,7 @@ def fault_in(pool: staging.StagingPool, leaves: list, shared_memory: bool, sets:
     plain = [(s, d) for s, d, p in layout if not p]
     pinned = [(s, d) for s, d, p in layout if p]
     for _ in range(sets):
-        slabs = PinnedSlabs(pinned) if pinned else None
+        slabs = allocate(pinned, pin_memory=pool.pin_memory) if pinned else None
         for slab in slabs.slabs if slabs is not None else []:
             _fault_in(slab)
         pool.pool([_fault_in(torch.empty(s, dtype=d)) for s, d in plain], plain, slabs=slabs)

@@ -27,7 +27,7 @@ import torch
 
 from .. import threads as worker_threads
 from ..repo.write.encoder_process import EncoderProcess, SharedSegment
-from .pinned_slabs import PinnedSlabs
+from .pinned_slabs import PinnedSlabs, allocate
 
 ALIGN = 64  # staged tensors start on cache-line boundaries (and on any element size)
 
@@ -58,8 +58,11 @@ class StagingPool:
         pool.release_all(None)      # the handle closes: every buffer goes
     """
 
-    def __init__(self, keep: int) -> None:
+    def __init__(self, keep: int, pin_memory: bool = True) -> None:
         self.keep = keep
+        self.pin_memory = pin_memory
+        """Whether to pin the slabs of CUDA tensors' staging (:func:`.pinned_slabs.allocate`); False
+        carves plain memory the same way (what the tests check on a machine without CUDA)."""
         self._lock = threading.Lock()
         self._buffers: dict[tuple, list[torch.Tensor]] = {}   # (shape, dtype) -> free buffers
         self._buffer_bytes = 0
@@ -109,7 +112,7 @@ class StagingPool:
             if found is not None:
                 self._slabs.remove(found)
                 return found
-        slabs = PinnedSlabs(key)
+        slabs = allocate(key, pin_memory=self.pin_memory)
         with self._lock:
             self.fresh_bytes += slabs.nbytes
         return slabs

@@ -68,7 +68,7 @@ def _assert_all_pinned(pool) -> None:
         plain = [b for bs in pool._buffers.values() for b in bs]
     assert sets and not plain
     for s in sets:
-        assert all(slab.is_pinned() for slab in s.slabs)
+        assert s.pinned and all(slab.is_pinned() for slab in s.slabs)
         assert all(b.is_pinned() for b in s.buffers)
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import gc
 import random
 
+import pytest
 import torch
 
-from deltackpt.snapshot.pinned_slabs import ALIGN, SLAB_BYTES, PinnedSlabs, pack, power_of_two_above
+from deltackpt.snapshot.pinned_slabs import ALIGN, SLAB_BYTES, PinnedSlabs, allocate, pack, power_of_two_above
 from deltackpt.torchstate.flatten import TensorLeaf
 from deltackpt.torchstate.planner import plan_blobs
 
@@ -104,3 +105,39 @@ def test_a_buffer_keeps_its_slab_alive():
     junk = [torch.full((SLAB_BYTES // 4,), 7.0) for _ in range(4)]
     assert bool((buf == 2.5).all())
     del junk
+
+
+def test_the_pool_reuses_a_layouts_slabs_and_keeps_at_most_keep_sets():
+    """A handle's staging pool hands the same slabs to the next save of the same layout (nothing
+    allocated), keeps the newest ``keep`` sets when the layout changes, and frees them all on close."""
+    from deltackpt.snapshot.staging import Staged, StagingPool
+    a = [((1000, 300), torch.float32), ((300,), torch.float32)]
+    b = [((2000, 300), torch.bfloat16)]
+    pool = StagingPool(keep=1, pin_memory=False)
+    first = pool.take_slabs(a)
+    assert pool.fresh_bytes == first.nbytes and pool.free_bytes == 0
+    staged = Staged(first.buffer_bytes, [], None, first)
+    pool.release(staged, None)
+    assert pool.last_ids == frozenset([id(first)])
+    staged.release(pool, None)                     # a second release gives nothing back twice
+    assert pool.free_bytes == first.nbytes
+    assert pool.take_slabs(a) is first and pool.fresh_bytes == first.nbytes
+    pool.give_back_slabs(first)
+    other = pool.take_slabs(b)                     # a new layout: new slabs
+    assert other is not first and pool.fresh_bytes == first.nbytes + other.nbytes
+    pool.give_back_slabs(other)
+    assert pool.free_bytes == other.nbytes         # keep=1: the older layout's set is dropped
+    pool.release_all(None)
+    assert pool.free_bytes == 0
+
+
+def test_where_pinning_fails_the_slabs_are_pageable_and_the_caller_is_warned():
+    """Pinning fails on a machine without CUDA as it does when the host's page-locked memory runs
+    out: torch raises.  The staging is then made of pageable memory, so the save still happens, and
+    the caller is told why its stall grows."""
+    if torch.cuda.is_available():
+        pytest.skip("pinning works here")
+    with pytest.warns(RuntimeWarning, match="could not pin 1 MiB of staging"):
+        slabs = allocate([((512, 512), torch.float32)])
+    assert not slabs.pinned and tuple(slabs.buffers[0].shape) == (512, 512)
+    assert allocate([((4,), torch.float32)], pin_memory=False).pinned is False
