@@ -10,7 +10,8 @@ process-wide record, for what belongs to the process: it finishes the saves in f
 script ends (normal exit, an exception, Ctrl-C, SIGTERM) and lets a save wait for earlier ones to
 the same repository.  ``staging`` makes the host copy (pinned, shared-memory or plain buffers,
 reused between saves; ``pinned_slabs`` carves a CUDA state's pinned buffers out of power-of-two
-slabs, so torch's pinned allocator rounds nothing up); ``lazy`` defers the copy of an optimizer's tensors until its next
+slabs, so torch's pinned allocator rounds nothing up; ``host_copy`` makes the copy, across the
+cores torch leaves free); ``lazy`` defers the copy of an optimizer's tensors until its next
 ``step()``; ``prefault`` faults staging memory in before the first save needs it.  Their threads
 run at idle CPU priority (:mod:`deltackpt.priority`).
 

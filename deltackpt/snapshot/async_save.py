@@ -62,7 +62,7 @@ import time
 from typing import Any, Callable
 
 from ..repo.versions import Version
-from . import at_exit, lazy, staging
+from . import at_exit, host_copy, lazy, staging
 from .handle import SaveHandle as SaveHandle
 
 from .runtime import SaveRuntime, go_idle, spare_cores, timed
@@ -109,7 +109,7 @@ def submit(runtime: SaveRuntime, leaves: list, tree: Any, write: Callable[..., V
     deferred = None
     if host or cuda:
         deferred = lazy.LazyCopy(host, cuda, optimizers or [], runtime.options.idle and runtime.options.lazy_copy_idle,
-                                 lambda pairs: staging.copy_host(pairs, threads=spare_cores()), runtime.streams)
+                                 lambda pairs: host_copy.copy_host(pairs, threads=spare_cores()), runtime.streams)
         runtime.add_lazy(deferred)
     stall = time.perf_counter() - t0
     timing: dict[str, float] = {}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import deltackpt
-from deltackpt.snapshot import runtime, staging
+from deltackpt.snapshot import host_copy, runtime
 
 
 def _model() -> torch.nn.Module:
@@ -184,17 +184,17 @@ def test_a_large_snapshot_is_copied_by_two_threads(repo_path, monkeypatch):
     """Above PARALLEL_COPY_BYTES, with cores the training threads leave free, the copies beyond the
     caller's share run on helper threads: every tensor on every side of the cuts (a shared storage
     included) is in the version, bit for bit, and a helper ran."""
-    monkeypatch.setattr(staging, "PARALLEL_COPY_BYTES", 1)
-    monkeypatch.setattr(staging.os, "cpu_count", lambda: 4)
-    monkeypatch.setattr(staging.torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(host_copy, "PARALLEL_COPY_BYTES", 1)
+    monkeypatch.setattr(host_copy.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(host_copy.torch, "get_num_threads", lambda: 1)
     copiers = set()
-    real = staging._copy_list
+    real = host_copy._copy_list
 
     def copy_list(pairs):
         copiers.add(threading.current_thread().name)
         real(pairs)
 
-    monkeypatch.setattr(staging, "_copy_list", copy_list)
+    monkeypatch.setattr(host_copy, "_copy_list", copy_list)
     w = torch.randn(64, 64)
     state = {f"t{i}": torch.randn(1000 * (i + 1)) for i in range(6)}
     state.update({"w": w, "rows": w[10:20], "last": torch.arange(7, dtype=torch.int64)})

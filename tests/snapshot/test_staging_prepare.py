@@ -10,7 +10,7 @@ import torch
 
 import deltackpt
 from tests.conftest import drain_background
-from deltackpt.snapshot import staging
+from deltackpt.snapshot import host_copy
 from deltackpt.training import Checkpointer
 
 
@@ -98,17 +98,17 @@ def test_prepare_for_the_encoder_process_pools_a_faulted_segment(repo_path, monk
 def test_one_large_tensor_is_copied_by_several_threads(repo_path, monkeypatch):
     """Above PARALLEL_COPY_BYTES a snapshot is cut into one share per free core (4 here), a single
     large tensor into flat slices: helper threads copy some, and the version holds it bit for bit."""
-    monkeypatch.setattr(staging, "PARALLEL_COPY_BYTES", 1)
-    monkeypatch.setattr(staging.os, "cpu_count", lambda: 4)
-    monkeypatch.setattr(staging.torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(host_copy, "PARALLEL_COPY_BYTES", 1)
+    monkeypatch.setattr(host_copy.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(host_copy.torch, "get_num_threads", lambda: 1)
     copied_by: list[str] = []
-    real = staging._copy_list
+    real = host_copy._copy_list
 
     def recording(pairs):
         copied_by.append(threading.current_thread().name)
         real(pairs)
 
-    monkeypatch.setattr(staging, "_copy_list", recording)
+    monkeypatch.setattr(host_copy, "_copy_list", recording)
     big = torch.randn(3, 40_001)
     v = deltackpt.save({"big": big, "small": torch.arange(5)}, repo_path, step=1, blocking=False).wait()
     assert len(copied_by) == 4 and len(set(copied_by)) >= 2   # four shares, helpers took some
@@ -121,10 +121,10 @@ def test_split_covers_every_byte_once():
     contiguous tensors, non-contiguous sources whole)."""
     a, b, c = torch.arange(1000.0), torch.arange(10.0).reshape(2, 5).t(), torch.arange(333, dtype=torch.int16)
     pairs = [(torch.empty_like(a), a), (torch.empty(5, 2), b), (torch.empty_like(c), c)]
-    shares = staging._split(pairs, 3)
+    shares = host_copy._split(pairs, 3)
     assert 2 <= len(shares) <= 4
     for share in shares:
-        staging._copy_list(share)
+        host_copy._copy_list(share)
     assert all(torch.equal(d, s) for d, s in pairs)
     assert sum(d.numel() * d.element_size() for share in shares for d, _ in share) == sum(
         d.numel() * d.element_size() for d, _ in pairs)
