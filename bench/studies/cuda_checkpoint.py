@@ -201,6 +201,9 @@ def _saves(run: _Run, folder: str, rounds: int, steps: int) -> tuple[list[dict],
         row["deltackpt_background_peak_host_MiB"] = mem.extra / 2**20
         row["deltackpt_background_kept_host_MiB"] = (settled_rss() - base) / 2**20
         row["deltackpt_staged_MiB"] = h.staged_bytes / 2**20
+        # the staging the handle keeps for the next background save (pinned slabs: their bytes,
+        # what torch's pinned allocator was asked for) beside the resident figure above
+        row["deltackpt_staging_pool_MiB"] = repo.runtime.staging.free_bytes / 2**20
         row["deltackpt_lazy_MiB"] = h.lazy_bytes / 2**20
         row["deltackpt_handle_stall_s"] = h.stall_seconds
 
@@ -342,6 +345,9 @@ def _summary(result: dict) -> str:
              f"({med('steps_during_dcp_s') / alone:.2f}x alone) | {med('dcp_async_peak_host_MiB'):.0f} |",
              f"first background save stall {saves[0]['deltackpt_background_stall_s']:.3f} s; "
              f"written per blocking save {med('deltackpt_blocking_written_MiB'):.0f} MiB",
+             f"host memory kept after the background save {med('deltackpt_background_kept_host_MiB'):.0f} MiB "
+             f"(state {result['floors']['state_bytes'] / 2**20:.0f} MiB); staging the handle keeps "
+             f"{med('deltackpt_staging_pool_MiB'):.0f} MiB",
              "| restore | cache | s (median) | x torch | host peak MiB | GPU extra MiB | bit-identical |",
              "|---|---|---|---|---|---|---|"]
     for cache in ("warm", "cold"):
