@@ -37,8 +37,7 @@ Layout = list[tuple[tuple[int, ...], torch.dtype, bool]]
 class StagingPool:
     """The staging memory of one repository handle's background saves: free per-shape buffers,
     pinned slab sets and shared segments kept for the next saves (at most ``keep`` states'
-    worth), and a count of what
-    was allocated while a save waited.
+    worth), and a count of what was allocated while a save waited.
 
     Example::
 
@@ -64,7 +63,7 @@ class StagingPool:
 
     @property
     def free_bytes(self) -> int:
-        """Bytes of free buffers and segments kept for the next saves."""
+        """Bytes of free buffers, slabs and segments kept for the next saves."""
         with self._lock:
             return (self._buffer_bytes + sum(s.size for s in self._segments)
                     + sum(s.nbytes for s in self._slabs))
