@@ -87,3 +87,24 @@ def test_a_stage_the_thread_fails_to_write_fails_the_file_and_leaves_nothing(tmp
         signal.signal(signal.SIGXFSZ, old_handler)
     assert "File too large" in str(err.value), err.value
     assert store.list("tmp/") == [] and not store.exists("packs/ab/x")
+
+
+def test_one_thread_writes_every_stage_of_a_file_and_is_joined_by_the_commit(tmp_path, monkeypatch):
+    """A 21 MiB file fills five stages: one writing thread takes them all (a thread per stage made
+    a first save of 260 MB start 39 threads), and none is left once the commit returns."""
+    import threading
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def counting_start(self):
+        started.append(self.name)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    store = LocalStore(tmp_path / "repo")
+    data = os.urandom((21 << 20) + 1234)
+    _write(store, "packs/ab/x", data, seed=3)
+    writers = [n for n in started if n.startswith("deltackpt-stage-write")]
+    assert len(writers) == 1
+    assert not [t for t in threading.enumerate() if t.name.startswith("deltackpt-stage-write")]
+    assert store.get("packs/ab/x") == data
