@@ -92,7 +92,13 @@ def check_storable(manifest: Manifest) -> None:
     first pack is written rather than after its packs and index.  The torch-facing caller names the exact key
     path; this is the guard for every other writer of the repository layer."""
     blank = Manifest(parent=None, time=0.0, tree=None, tensors=[], blobs=[])
-    for field in ("step", "metrics", "meta", "tree", "tensors", "writer", "extra"):
+    fields = ("step", "metrics", "meta", "tree", "tensors", "writer", "extra")
+    try:   # all at once (one pass over the tree); field by field only to name a failure
+        replace(blank, **{field: getattr(manifest, field) for field in fields}).to_bytes()
+        return
+    except (TypeError, ValueError, OverflowError):
+        pass
+    for field in fields:
         try:
             replace(blank, **{field: getattr(manifest, field)}).to_bytes()
         except (TypeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
