@@ -69,7 +69,8 @@ def _states(quick: bool) -> list[tuple[str, Any]]:
 
 def _pinned_sizes(state: dict) -> list[int]:
     """The bytes of each staging buffer a background save of ``state`` takes, as if every tensor
-    were on a GPU, except the optimizer's step counters, which AdamW keeps on the CPU."""
+    were on a GPU, except 0-dim tensors (AdamW keeps its step counters on the CPU; a few bytes
+    either way)."""
     from deltackpt.snapshot import staging
     from deltackpt.torchstate.flatten import flatten
     _, leaves = flatten(state)

@@ -20,6 +20,7 @@ ALIGN bytes) did.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Sequence
@@ -31,11 +32,19 @@ SLAB_BYTES = 64 << 20
 filled slab costs little next to a GPU state; large enough that a state of a few hundred
 tensors takes tens of slabs, not hundreds of pinned allocations."""
 
-ALIGN = 64   # buffers start on cache-line boundaries (and on any element size)
+ALIGN = 64
+"""Staged buffers start on cache-line boundaries (and so on any element size): here, and in the
+encoder process's shared segment (:mod:`.staging`)."""
 
 
-def _aligned(n: int) -> int:
+def aligned(n: int) -> int:
+    """``n`` rounded up to a multiple of ALIGN."""
     return -(-n // ALIGN) * ALIGN
+
+
+def layout_bytes(layout: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> list[int]:
+    """The bytes of each (shape, dtype) buffer of ``layout``."""
+    return [math.prod(shape) * dtype.itemsize for shape, dtype in layout]
 
 
 def power_of_two_above(n: int) -> int:
@@ -86,7 +95,7 @@ def _first_fit(sizes: Sequence[int], slab_bytes: int) -> list[tuple[int, list[tu
     room: list[int] = []
     slabs: list[tuple[int, list[tuple[int, int]]]] = []
     for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
-        n = _aligned(sizes[i])
+        n = aligned(sizes[i])
         slab = next((s for s in range(len(room)) if slabs[s][0] + n <= room[s]), None)
         if slab is None:
             room.append(max(slab_bytes, power_of_two_above(n)))
@@ -118,7 +127,7 @@ class PinnedSlabs:
     def __init__(self, layout: Sequence[tuple[tuple[int, ...], torch.dtype]], pin_memory: bool = True) -> None:
         self.layout = tuple((tuple(shape), dtype) for shape, dtype in layout)
         self.pinned = pin_memory
-        sizes = [_numel(shape) * dtype.itemsize for shape, dtype in self.layout]
+        sizes = layout_bytes(self.layout)
         plan = pack(sizes)
         self.slabs = [torch.empty(n, dtype=torch.uint8, pin_memory=pin_memory) for n in plan.slabs]
         self.buffers = [_own_storage(self.slabs[s], off, n).view(dtype).view(shape)
@@ -150,15 +159,8 @@ def allocate(layout: Sequence[tuple[tuple[int, ...], torch.dtype]], pin_memory: 
         try:
             return PinnedSlabs(layout, pin_memory=True)
         except RuntimeError as exc:
-            nbytes = sum(_numel(tuple(shape)) * dtype.itemsize for shape, dtype in layout)
+            nbytes = sum(layout_bytes(layout))
             warnings.warn(f"deltackpt: could not pin {nbytes / 2**20:.0f} MiB of staging ({str(exc).splitlines()[0]:.200}); "
                           "staging in pageable memory, so the copies from the GPU are synchronous",
                           RuntimeWarning, stacklevel=2)
     return PinnedSlabs(layout, pin_memory=False)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

@@ -26,9 +26,7 @@ import torch
 
 from ..repo.write.encoder_process import EncoderProcess, SharedSegment
 from .host_copy import copy_and_fence
-from .pinned_slabs import PinnedSlabs, allocate
-
-ALIGN = 64  # staged tensors start on cache-line boundaries (and on any element size)
+from .pinned_slabs import PinnedSlabs, aligned, allocate
 
 Alloc = Callable[[torch.Size, torch.dtype, bool], torch.Tensor]
 Layout = list[tuple[tuple[int, ...], torch.dtype, bool]]
@@ -224,13 +222,18 @@ def stage(pool: StagingPool, leaves: list, shared_memory: bool,
 
 # per-shape buffers and pinned slabs -----------------------------------------------------------
 
+def _pinned(t: torch.Tensor) -> bool:
+    """Whether ``t`` stages into pinned memory (a CUDA tensor, CUDA usable)."""
+    return t.device.type == "cuda" and torch.cuda.is_available()
+
+
 def buffer_layout(leaves: list, shared: dict[int, list[int]]) -> Layout:
     """The staging buffers :func:`_plan` takes for ``leaves``, in its order: (shape, dtype,
     pinned) each."""
     out: Layout = []
     for i, leaf in enumerate(leaves):
         t, group = leaf.tensor, shared.get(i)
-        pin = t.device.type == "cuda" and torch.cuda.is_available()
+        pin = _pinned(t)
         if group is None:
             out.append((tuple(t.shape), t.dtype, pin))
         elif group[0] == i:
@@ -259,10 +262,6 @@ def _buffer_allocator(pool: StagingPool, leaves: list, shared: dict[int, list[in
 
 # shared segments --------------------------------------------------------------------------------
 
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
 def _segment_allocator(pool: StagingPool, leaves: list, shared: dict[int, list[int]]) -> tuple[SharedSegment, Alloc]:
     """A staging segment big enough for ``leaves`` (reused from an earlier save when one is free)
     and an allocator that carves it, in snapshot order, into contiguous tensors."""
@@ -274,7 +273,7 @@ def _segment_allocator(pool: StagingPool, leaves: list, shared: dict[int, list[i
         # torch's stub wants a stride too; the runtime defaults it to contiguous, which this is
         out = torch.empty(0, dtype=dtype).set_(seg.tensor.untyped_storage(), pos // dtype.itemsize,  # type: ignore[call-overload]
                                                shape)
-        pos += _aligned(math.prod(shape) * dtype.itemsize)
+        pos += aligned(math.prod(shape) * dtype.itemsize)
         return out
 
     return seg, alloc
@@ -291,9 +290,9 @@ def segment_size(leaves: list, shared: dict[int, list[int]]) -> int:
     for i, leaf in enumerate(leaves):
         group = shared.get(i)
         if group is None:
-            total += _aligned(leaf.tensor.numel() * leaf.tensor.element_size())
+            total += aligned(leaf.tensor.numel() * leaf.tensor.element_size())
         elif group[0] == i:
-            total += _aligned(leaf.tensor.untyped_storage().nbytes())
+            total += aligned(leaf.tensor.untyped_storage().nbytes())
     return total
 
 
@@ -322,7 +321,7 @@ def _plan(leaves: list, alloc: Alloc, shared: dict[int, list[int]]) -> tuple[lis
     copies: list[tuple[torch.Tensor, torch.Tensor, bool]] = []
     for i, leaf in enumerate(leaves):
         t = leaf.tensor
-        pin = t.device.type == "cuda" and torch.cuda.is_available()
+        pin = _pinned(t)
         group = shared.get(i)
         if group is None:
             dst = alloc(t.shape, t.dtype, pin)

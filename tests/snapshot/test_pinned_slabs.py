@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from deltackpt.snapshot.pinned_slabs import ALIGN, SLAB_BYTES, PinnedSlabs, allocate, pack, power_of_two_above
+from deltackpt.snapshot.pinned_slabs import ALIGN, SLAB_BYTES, PinnedSlabs, aligned, allocate, pack, power_of_two_above
 from deltackpt.torchstate.flatten import TensorLeaf
 from deltackpt.torchstate.planner import plan_blobs
 
@@ -42,7 +42,7 @@ def _check_plan(sizes: list[int]) -> int:
         assert all(a[1] <= b[0] for a, b in zip(slab_spans, slab_spans[1:]))
     assert all(s == power_of_two_above(s) for s in plan.slabs)
     # buffers start on ALIGN boundaries, so a buffer takes at least ALIGN bytes
-    assert sum(plan.slabs) <= max(1, sum(power_of_two_above(-(-n // ALIGN) * ALIGN) for n in sizes))
+    assert sum(plan.slabs) <= max(1, sum(power_of_two_above(aligned(n)) for n in sizes))
     return sum(plan.slabs)
 
 
