@@ -63,6 +63,7 @@ def fault_in(pool: staging.StagingPool, leaves: list, shared_memory: bool, sets:
     pinned = [(s, d) for s, d, p in layout if p]
     for _ in range(sets):
         slabs = allocate(pinned, pin_memory=pool.pin_memory) if pinned else None
-        for slab in slabs.slabs if slabs is not None else []:
+        # page-locked memory is resident once allocated: only pageable slabs (pinning failed) fault
+        for slab in slabs.slabs if slabs is not None and not slabs.pinned else []:
             _fault_in(slab)
         pool.pool([_fault_in(torch.empty(s, dtype=d)) for s, d in plain], plain, slabs=slabs)
