@@ -20,6 +20,7 @@ and a live rollback by one version (the model holds the newest version; bytes th
     python -m bench maintenance_payback --workloads recsys,minilm-frozen --paybacks off,0.05,1
     python -m bench maintenance_payback --workloads minilm-full --versions 10 --paybacks off,0.05,1
     python -m bench maintenance_payback --workloads minilm-full --every 2 --versions 8 --paybacks 1   # frequent saves
+    python -m bench maintenance_payback --workloads cnn --versions 40 --paybacks off,1   # a 4 MB state, long
     python -m bench maintenance_payback --quick           # CI: tiny states, every version restores
 
 Writes bench/results/maintenance_payback.json (``--record KEY``) and prints a table; the chart of
@@ -126,8 +127,12 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         paybacks = ["off", "0.05", "1"]
     by_name = {w.name: w for w in workloads(args.quick, cache=args.cache)}
+    from bench.common import workloads as wl
+    # a 4 MB state of many small tensors (not among compare's workloads): where a save's fixed costs
+    # and maintenance's per-chunk costs show (bench/MAINTENANCE.md, "Small positions")
+    cnn_versions = args.versions or (3 if args.quick else 12)
+    by_name["cnn"] = wl.Workload("cnn", lambda live=None: wl.cnn(cnn_versions, live=live), "4", cnn_versions)
     if (args.versions or args.every) and not args.quick:   # a longer run, or another interval
-        from bench.common import workloads as wl
         every = args.every or 20
         longer = {"minilm-full": lambda n, live=None: wl.minilm(n, every=every, live=live),
                   "minilm-frozen": lambda n, live=None: wl.minilm(n, every=every, frozen=True, live=live),

@@ -15,7 +15,8 @@ chunk against the next newer one, so a period of sparse row updates keeps about 
 period's rows); only when that is no smaller is the keyframe re-stored alone.
 
 What it is worth (it pays back, or it is not done): a position whose last change was dense (the
-save's hint, bases.py) is not even tried; a delta must save at least ``session.payback`` x the
+save's hint, bases.py), or whose chunks are under 4 KiB (deltify_plan.MIN_POSITION_BYTES: too
+small to pay for the read, decode and encode that measure them), is not even tried; a delta must save at least ``session.payback`` x the
 bytes it writes (at most ``1 / (1 + payback)`` of what it replaces: head.PAYBACK), and it is written
 only when every pack it frees ends at least half redundant (supersede.py rewrites a pack at that
 fraction: each byte a rewrite copies then frees at least one); the rest waits until more of its

@@ -10,12 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+from ...codecs.pipeline import SAMPLE_MIN
 from ..repository import Repository
 from .bases import DENSE_KEY, WHOLE_KEY, dense_bits
 from .supersede import REWRITE_DEAD_FRACTION
 
 #: forward deltas a period may hold (a writer keeps chains within K; this bounds a damaged repository)
 MAX_PERIOD = 1024
+#: positions whose chunks are smaller than this are never re-stored.  A reverse delta there saves
+#: at most the chunk's few KiB per version, and measuring it costs a read, a decode and an encode:
+#: ~0.5 ms of CPU a chunk, under 8 MB saved per CPU second where the save's own compression buys
+#: ~500 (bench/MAINTENANCE.md, "Small positions").  It is also the size under which a save cannot
+#: sample a change, so these positions never carry the save's hint that their change was dense:
+#: a 4 MB CNN's 32 BatchNorm and bias chunks were measured at every step, for nothing.
+MIN_POSITION_BYTES = SAMPLE_MIN
 
 
 @dataclass(frozen=True)
@@ -109,8 +117,10 @@ def plan(repo: Repository, lag: int, *, skip_dense: bool = True, positions: dict
             if cid in seen or final.get(cid) == history[i]:
                 continue
             seen.add(cid)
+            if raw_len < MIN_POSITION_BYTES:
+                continue  # too small to pay for measuring it (above)
             depth = res.depth.get(cid)
-            if depth is None or not raw_len:
+            if depth is None:
                 continue  # unreadable: verify reports it, nothing to gain here
             succ: list[bytes] = []
             for j in range(i - 1, -1, -1):
