@@ -15,15 +15,15 @@ chunk against the next newer one, so a period of sparse row updates keeps about 
 period's rows); only when that is no smaller is the keyframe re-stored alone.
 
 What it is worth (it pays back, or it is not done): a position whose last change was dense (the
-save's hint, bases.py), or whose chunks are under 4 KiB (deltify_plan.MIN_POSITION_BYTES: too
-small to pay for the read, decode and encode that measure them), is not even tried; a delta must save at least ``session.payback`` x the
-bytes it writes (at most ``1 / (1 + payback)`` of what it replaces: head.PAYBACK), and it is written
-only when every pack it frees ends at least half redundant (supersede.py rewrites a pack at that
-fraction: each byte a rewrite copies then frees at least one); the rest waits until more of its
-pack is redundant.  What a run found not worth it is remembered in the write session
-(:class:`~.session.WriteSession`), so the steps after each save do not encode it again; so are
-the sizes of the deltas it measured, so that a conversion dropped because its pack fell short is
-judged again from its size and encoded only once it is kept.
+save's hint, bases.py), or whose chunks are under 4 KiB (deltify_plan.MIN_POSITION_BYTES: too small
+to pay for the read, decode and encode that measure them), is not even tried; a delta must save at
+least ``session.payback`` x the bytes it writes (at most ``1 / (1 + payback)`` of what it replaces:
+head.PAYBACK), and it is written only when every pack it frees ends at least half redundant
+(supersede.py rewrites a pack at that fraction: each byte a rewrite copies then frees at least one);
+the rest waits until more of its pack is redundant. What a run found not worth it is remembered in
+the write session (:class:`~.session.WriteSession`), so the steps after each save do not encode it
+again; so are the sizes of the deltas it measured, so that a conversion dropped because its pack
+fell short is judged again from its size and encoded only once it is kept.
 
 What it never touches: the ``lag`` newest versions (by default the newest alone, so a repository
 keeps about format 2's bytes; a ``keep_last`` policy raises it to the versions it is about to drop),
