@@ -16,7 +16,7 @@ CPU for the same written bytes varies ~10x with the state of free memory, so an 
 apart from the saves is no anchor); then the repository's stored bytes per version,
 and a live rollback by one version (the model holds the newest version; bytes the restore reads).
 
-    python -m bench maintenance_payback                   # MiniLM full and frozen, recsys, GPT-2 small
+    python -m bench maintenance_payback                   # MiniLM full and frozen, recsys, the CNN, GPT-2 small
     python -m bench maintenance_payback --workloads recsys,minilm-frozen --paybacks off,0.05,1
     python -m bench maintenance_payback --workloads minilm-full --versions 10 --paybacks off,0.05,1
     python -m bench maintenance_payback --workloads minilm-full --every 2 --versions 8 --paybacks 1   # frequent saves
@@ -122,7 +122,7 @@ def _summary(res: dict[str, Any]) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> int:
     chosen = (args.workloads.split(",") if args.workloads else
-              ["minilm-frozen", "recsys"] if args.quick else ["minilm-full", "minilm-frozen", "recsys", "gpt2-adamw"])
+              ["minilm-frozen", "recsys"] if args.quick else ["minilm-full", "minilm-frozen", "recsys", "cnn", "gpt2-adamw"])
     paybacks = args.paybacks.split(",")
     if args.quick:
         paybacks = ["off", "0.05", "1"]
