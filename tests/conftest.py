@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import getpass
 import hashlib
 import os
 import shutil
@@ -41,9 +42,21 @@ if _COMPILE_CACHE:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = _COMPILE_CACHE
 
 
+# pytest's own root for tmp_path, <temp>/pytest-of-<user>: a passing run leaves it empty
+# (tmp_path_retention_policy), and the suite removes it too when this run made it
+_PYTEST_ROOT = os.path.join(os.environ.get("PYTEST_DEBUG_TEMPROOT") or tempfile.gettempdir(),
+                            f"pytest-of-{getpass.getuser()}")
+_PYTEST_ROOT_WAS_THERE = os.path.exists(_PYTEST_ROOT)
+
+
 def pytest_unconfigure(config):
     if _COMPILE_CACHE:
         shutil.rmtree(_COMPILE_CACHE, ignore_errors=True)
+    if not _PYTEST_ROOT_WAS_THERE:
+        try:
+            os.rmdir(_PYTEST_ROOT)   # only when empty: a failed test's files stay to be read
+        except OSError:
+            pass
 
 
 #: The second tier (marker ``reliability``): `make test` leaves it out to stay within 6 minutes on
