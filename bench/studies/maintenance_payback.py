@@ -40,6 +40,7 @@ from bench.common.measure import digests, measured, same
 from bench.common.record import record
 from bench.common.scratch import scratch
 from bench.common.systems import folder_bytes, torch_save_file
+from bench.common import workloads as wl
 from bench.common.workloads import workloads
 
 SUMMARY = "deltification's cost (bytes written, CPU) against what it saves (stored bytes, rollback reads), per payback"
@@ -127,7 +128,6 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         paybacks = ["off", "0.05", "1"]
     by_name = {w.name: w for w in workloads(args.quick, cache=args.cache)}
-    from bench.common import workloads as wl
     # a 4 MB state of many small tensors (not among compare's workloads): where a save's fixed costs
     # and maintenance's per-chunk costs show (bench/MAINTENANCE.md, "Small positions")
     cnn_versions = args.versions or (3 if args.quick else 12)

@@ -63,12 +63,12 @@ class _TooDeep(Exception):
     """Raised out of the one-call packing of a tree whose tuples nest deeper than it takes."""
 
 
-def _tensor_ext(value: TensorRef) -> msgpack.ExtType:
-    return msgpack.ExtType(EXT_TENSOR, msgpack.packb(value.index))
-
-
-def _unpackable(value: Any) -> TypeError:
-    return TypeError(f"cannot pack {type(value).__name__}")
+def _leaf(value: Any) -> msgpack.ExtType:
+    """msgpack's ``default`` for a value it has no form for: a tensor reference's ext, else a
+    refusal (a tuple never reaches it: each path packs tuples its own way first)."""
+    if isinstance(value, TensorRef):
+        return msgpack.ExtType(EXT_TENSOR, msgpack.packb(value.index))
+    raise TypeError(f"cannot pack {type(value).__name__}")
 
 
 class _Spent:
@@ -100,10 +100,8 @@ def pack_tree(body: Any) -> bytes:
 
     def hook(value: Any) -> Any:
         nonlocal depth
-        if isinstance(value, TensorRef):
-            return _tensor_ext(value)
         if type(value) is not tuple:
-            raise _unpackable(value)
+            return _leaf(value)
         if depth >= DIRECT_TUPLE_DEPTH:
             raise _TooDeep
         depth += 1
@@ -127,13 +125,8 @@ def _pack_copying(body: Any) -> bytes:
     MAX_MSGPACK_DEPTH deep packs as any other tree that deep does."""
     spent = _Spent()
 
-    def default(value: Any) -> Any:
-        if isinstance(value, TensorRef):
-            return _tensor_ext(value)
-        raise _unpackable(value)
-
     def freeze(items: list) -> msgpack.ExtType:
-        payload = msgpack.packb(items, use_bin_type=True, default=default, strict_types=True)
+        payload = msgpack.packb(items, use_bin_type=True, default=_leaf, strict_types=True)
         spent.add(payload)
         return msgpack.ExtType(EXT_TUPLE, payload)
 
@@ -166,7 +159,7 @@ def _pack_copying(body: Any) -> bytes:
         else:
             out.append(None)
             place(item, out, len(out) - 1)
-    return msgpack.packb(root[0], use_bin_type=True, default=default, strict_types=True)
+    return msgpack.packb(root[0], use_bin_type=True, default=_leaf, strict_types=True)
 
 
 def _small_index(payload: bytes) -> int | None:

@@ -401,6 +401,7 @@ def test_positions_too_small_to_judge_are_never_measured(tmp_path, monkeypatch):
     40-version run: 18-34 ms of a 30 ms save, for nothing).  They are left alone: the steps after
     the saves read no chunk under 4 KiB, and the repository is the same as when they were measured."""
     from deltackpt.repo.write import deltify_plan
+    floor = deltify_plan.MIN_POSITION_BYTES   # 4 KiB
 
     def run(path: str) -> tuple[int, int, int]:
         torch.manual_seed(0)
@@ -428,7 +429,7 @@ def test_positions_too_small_to_judge_are_never_measured(tmp_path, monkeypatch):
                 report = repo.deltify(lag=1)
                 assert report.chunks == 0   # nothing pays back here, small or not
                 measured += len(reads)
-                small += sum(1 for cid in reads if sizes.get(cid, 1 << 30) < 4096)
+                small += sum(1 for cid in reads if sizes.get(cid, 1 << 30) < floor)
         return small, measured, _pack_bytes(path)
 
     small, measured, stored = run(str(tmp_path / "now"))
