@@ -83,7 +83,8 @@ class PackEntry(NamedTuple):
 class PackStream:
     """Lays out a pack as its parts are produced, handing each part to ``sink`` (which may write
     it to a file) so a pack never needs to sit in memory whole.  The pack id is the xxh3-128 of
-    all its bytes, known after :meth:`finish`."""
+    all its bytes, known after :meth:`finish`.  A part is hashed when it is added and may be
+    written later (store/staged_write.py holds a small file's parts): it must not change after."""
 
     def __init__(self, sink: Callable[[bytes | memoryview], None]) -> None:
         self._sink = sink

@@ -54,6 +54,9 @@ class AtomicWriter:
         self.size = 0
 
     def write(self, data: bytes | memoryview) -> None:
+        """Append ``data``.  A store's writer may hold it until :meth:`seal` or :meth:`commit`
+        instead of copying it (the local store does, for a small file): the caller hands over bytes
+        it no longer changes."""
         self._parts.append(bytes(data))
         self.size += len(data)
 

@@ -108,3 +108,60 @@ def test_one_thread_writes_every_stage_of_a_file_and_is_joined_by_the_commit(tmp
     assert len(writers) == 1
     assert not [t for t in threading.enumerate() if t.name.startswith("deltackpt-stage-write")]
     assert store.get("packs/ab/x") == data
+
+
+def test_a_small_file_is_written_from_the_given_bytes_without_a_copy(tmp_path):
+    """Under a stage, a file is written straight from the views it was given (one pwritev at the
+    commit): writing 3 MiB faults in no fresh stage pages (a copy through a stage faulted 768)."""
+    import resource
+
+    store = LocalStore(tmp_path / "repo")
+    data = os.urandom(3 << 20)
+    parts = [memoryview(data)[i:i + (64 << 10) + 7] for i in range(0, len(data), (64 << 10) + 7)]
+    w = store.writer(site="pack")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for part in parts:
+        w.write(part)
+    w.commit("packs/ab/x")
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert faults < 256, faults
+    assert store.get("packs/ab/x") == data
+
+
+def test_a_file_of_many_tiny_parts_is_copied_into_a_stage_and_holds_its_bytes(tmp_path):
+    """More parts than one pwritev takes (HELD_VIEWS): the held ones are copied into a stage and
+    the file is written from it, every byte in order."""
+    store = LocalStore(tmp_path / "repo")
+    data = os.urandom(staged_write.HELD_VIEWS * 3 * 7 + 5)
+    w = store.writer(site="pack")
+    for i in range(0, len(data), 7):
+        w.write(memoryview(data)[i:i + 7])
+    w.commit("packs/ab/x")
+    assert store.get("packs/ab/x") == data
+
+
+def test_a_short_write_of_a_small_file_goes_on_mid_part_and_its_failure_leaves_nothing(tmp_path):
+    """A file size limit of 1 MiB + 100 bytes: the pwritev of a 3 MiB file is cut inside a part,
+    the write goes on from there and the kernel then refuses it (EFBIG): a StoreError naming the
+    file, no temp left, nothing published."""
+    import resource
+    import signal
+
+    from deltackpt.errors import StoreError
+
+    store = LocalStore(tmp_path / "repo")
+    data = os.urandom(3 << 20)
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    w = store.writer(site="pack")
+    for i in range(0, len(data), 1 << 19):
+        w.write(memoryview(data)[i:i + (1 << 19)])
+    resource.setrlimit(resource.RLIMIT_FSIZE, ((1 << 20) + 100, old_limit[1]))
+    try:
+        with pytest.raises(StoreError) as err:
+            w.commit("packs/ab/x")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert "File too large" in str(err.value), err.value
+    assert store.list("tmp/") == [] and not store.exists("packs/ab/x")
