@@ -83,6 +83,24 @@ def default_workers() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+INLINE_STATE_BYTES = 6 << 20
+"""A save of fewer bytes than this encodes its chunks on the thread that writes it, whatever
+``workers`` says.  Why: starting a pool's threads and passing the interpreter lock between them
+costs more than a second thread saves on a few MB of encoding.  Measured on the 2-core machine
+(stop 52, CPU per save, medians): a 3.8 MiB CNN with AdamW 25-27 -> 16-21 ms, its page faults
+~1,000 -> ~12 a save (the pool threads' malloc arenas hand their freed pages back after every
+save); a 4 MB MLP 21-24 -> 19 ms; at 8 MB the CPU ties and the wall grows 10-20% (28-31 -> 32-34
+ms); at 16 MB the pool wins (wall 37 ms against 50-54)."""
+
+
+def encoder_threads(state_bytes: int, workers: int | None) -> int:
+    """The encoder threads a save of ``state_bytes`` starts: none under :data:`INLINE_STATE_BYTES`
+    (the writing thread encodes), else ``workers``, by default :func:`default_workers`."""
+    if state_bytes < INLINE_STATE_BYTES:
+        return 0
+    return workers or default_workers()
+
+
 def write_version(session: WriteSession, blobs: list[BlobInput], tensors: list[TensorEntry], tree: Any, *,
                   step: int | None = None, metrics: dict | None = None, meta: Any = None,
                   tag: str | None = None, extra: dict | None = None, workers: int | None = None,
@@ -223,7 +241,7 @@ def _write_blobs(sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, mani
     # positions the handle holds no base for take the previous version's chunk (read on demand)
     parent = ParentBases.of(sv.repo, sv.repo.latest(),
                             star=settings.keyframe_interval if settings.delta_base == "keyframe" else 0)
-    with _EncoderPool(workers or default_workers()) as pool:
+    with _EncoderPool(encoder_threads(window.total, workers)) as pool:
         for bi, b in enumerate(blobs):
             bounds = chunk_bounds(len(b.data), b.row_bytes, b.itemsize, settings.chunk_bytes)
             # a source with read_range (a GPU tensor staged through a host buffer) is read a chunk
@@ -253,11 +271,14 @@ def _write_blobs(sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, mani
 
 
 class _EncoderPool:
-    """The chunk encoders' threads; inline in the caller's thread once the interpreter refuses new
-    ones (a save made by an ``atexit`` handler runs after concurrent.futures shut down)."""
+    """The chunk encoders' threads; inline in the caller's thread when there are none
+    (``workers`` 0: a small state) or once the interpreter refuses new ones (a save made by an
+    ``atexit`` handler runs after concurrent.futures shut down)."""
 
     def __init__(self, workers: int) -> None:
-        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(max_workers=workers, initializer=threads.leave_signals_to_main)
+        self._pool: ThreadPoolExecutor | None = (
+            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="deltackpt-encode",
+                               initializer=threads.leave_signals_to_main) if workers > 0 else None)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         if self._pool is not None:

@@ -1,0 +1,41 @@
+"""Who encodes a save's chunks: a state under INLINE_STATE_BYTES is encoded by the thread that
+writes it (a pool's start and its interpreter-lock hand-offs cost more than they save on a few
+MB), a larger one by a pool of encoder threads, joined before the save returns; both store the
+same bytes."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+import deltackpt
+from deltackpt.repo.write import saver
+
+
+def _save_counting_encoders(monkeypatch, path, state) -> int:
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def counting_start(self):
+        started.append(self.name)
+        real_start(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(threading.Thread, "start", counting_start)
+        deltackpt.save(state, path, step=0)
+    assert not [t for t in threading.enumerate() if t.name.startswith("deltackpt-encode")]
+    return sum(name.startswith("deltackpt-encode") for name in started)
+
+
+def test_a_small_state_starts_no_encoder_thread_and_a_large_one_a_pool(tmp_path, monkeypatch):
+    small_elems = (saver.INLINE_STATE_BYTES - 4096) // 4
+    large_elems = (saver.INLINE_STATE_BYTES + (1 << 20)) // 4
+    g = torch.Generator().manual_seed(0)
+    small = {"w": torch.randn(small_elems, generator=g), "b": torch.randn(3, generator=g)}
+    large = {"w": torch.randn(large_elems, generator=g), "b": torch.randn(3, generator=g)}
+    assert _save_counting_encoders(monkeypatch, tmp_path / "small", small) == 0
+    assert _save_counting_encoders(monkeypatch, tmp_path / "large", large) >= 1
+    for name, state in (("small", small), ("large", large)):
+        back = deltackpt.load(tmp_path / name)
+        assert all(torch.equal(back[k].view(torch.int32), state[k].view(torch.int32)) for k in state)
