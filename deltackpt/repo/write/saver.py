@@ -33,7 +33,7 @@ from ..delta_cache import ChunkMemo
 from .chunk_encoder import SaveContext, encode_one
 from .chunking import chunk_bounds
 from .consolidate import consolidate
-from .deltify import STEP_BYTES, deltify, step_window
+from .deltify import STEP_BYTES, deltify, deltify_locked, step_window
 from .packer import Packer
 from .presence import ChunkPresence
 from .session import WriteSession
@@ -144,7 +144,7 @@ def write_version(session: WriteSession, blobs: list[BlobInput], tensors: list[T
         if not latest:  # the delta bases of the training line's next save are not the import's bytes
             session.delta_cache.clear()
         _tidy_index(repo)
-    _maintain(session)
+        _maintain(session, locked=True)   # under the save's own lock: one lock file and renewer, not two
     stats.seconds = time.perf_counter() - t0
     return vid, stats
 
@@ -184,15 +184,17 @@ def commit_manifest(session: WriteSession, manifest: Manifest, *, tag: str | Non
     return vid
 
 
-def _maintain(session: WriteSession) -> None:
+def _maintain(session: WriteSession, *, locked: bool = False) -> None:
     """After a commit: re-store what it made older as reverse deltas, one bounded step
     (``STEP_BYTES`` of replaced copies), in the caller's thread, so that nothing of a save runs
-    once it has returned.  A failure is left for the next save or gc: nothing is lost, the
-    repository is only larger meanwhile."""
+    once it has returned.  ``locked``: the caller holds a save lock (else the step takes one).  A
+    failure is left for the next save or gc: nothing is lost, the repository is only larger
+    meanwhile."""
     try:
         if session.deltify and session.settings.reverse_deltas:
-            session.last_maintenance = deltify(session, lag=session.deltify_lag, max_bytes=STEP_BYTES,
-                                               window=step_window(session.settings.keyframe_interval))
+            step = deltify_locked if locked else deltify
+            session.last_maintenance = step(session, lag=session.deltify_lag, max_bytes=STEP_BYTES,
+                                            window=step_window(session.settings.keyframe_interval))
     except (DeltackptError, OSError) as exc:
         session.last_maintenance = exc
     finally:
