@@ -50,7 +50,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--workloads", default=None,
-                    help="comma-separated (default minilm-full,minilm-frozen,recsys,gpt2-adamw; quick: the tiny ones)")
+                    help="comma-separated (default minilm-full,minilm-frozen,recsys,cnn,gpt2-adamw; quick: the tiny ones)")
     ap.add_argument("--paybacks", default="off,0.05,0.25,1,4", help="comma-separated payback values, 'off' for none")
     ap.add_argument("--cache", default=os.environ.get("DELTACKPT_BENCH_CACHE"), help="the GPT-2 run's trained versions")
     ap.add_argument("--versions", type=int, default=None,

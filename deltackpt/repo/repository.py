@@ -175,12 +175,19 @@ class Repository:
                 self._manifests.move_to_end(vid)
                 return m
         m = manifest_fmt.decode(self._manifest_bytes(vid), version_id=vid)
+        self.remember_manifest(vid, m)
+        return m
+
+    def remember_manifest(self, vid: str, m: Manifest) -> None:
+        """Keep ``m`` as version ``vid``'s manifest: a save that just committed it hands it over,
+        so the step after the save and the next save do not read and decode it back (1-8 ms a save
+        on the 4 MB CNN and MiniLM).  ``m`` must be what decoding the committed bytes gives."""
         with self._cache_lock:
             self._heads[vid] = _head_of(m)
             self._manifests[vid] = m
+            self._manifests.move_to_end(vid)
             while len(self._manifests) > MANIFESTS_KEPT:
                 self._manifests.popitem(last=False)
-        return m
 
     def _manifest_bytes(self, vid: str) -> bytes:
         try:

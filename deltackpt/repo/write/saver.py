@@ -425,4 +425,5 @@ def _count(stats: SaveStats, encoding: int) -> None:
 def _commit(repo: Repository, manifest: Manifest, stats: SaveStats, tag: str | None, move_latest: bool = True) -> str:
     vid, stats.manifest_bytes = commit.commit(repo, manifest, tag, move_latest=move_latest)
     stats.manifest = manifest
+    repo.remember_manifest(vid, manifest)
     return vid
