@@ -180,8 +180,8 @@ class Repository:
 
     def remember_manifest(self, vid: str, m: Manifest) -> None:
         """Keep ``m`` as version ``vid``'s manifest: a save that just committed it hands it over,
-        so the step after the save and the next save do not read and decode it back (1-8 ms a save
-        on the 4 MB CNN and MiniLM).  ``m`` must be what decoding the committed bytes gives."""
+        so the step after the save and the next save do not read and decode it back (0.8 ms a save
+        on the 4 MB CNN, 4.6 ms on MiniLM).  ``m`` must be what decoding the committed bytes gives."""
         with self._cache_lock:
             self._heads[vid] = _head_of(m)
             self._manifests[vid] = m
