@@ -12,6 +12,7 @@ from ..layout import INDEX, pack_key
 from ..locks import delete_save_temps
 from ...store.base import AtomicWriter
 from ..repository import Repository
+from .deltify_plan import MIN_POSITION_BYTES
 
 
 class PackCounts(Protocol):
@@ -50,7 +51,10 @@ class Packer:
 
     Keyframes likely to stay whole (``r.lasting``: head.stays_whole) go to a pack of their own,
     so that deltification, which later drops the packs of the keyframes it re-stores as deltas,
-    finds those packs wholly redundant and never copies the lasting ones out of them.
+    finds those packs wholly redundant and never copies the lasting ones out of them.  Objects of
+    chunks under ``MIN_POSITION_BYTES`` join them: deltification never rewrites those either
+    (deltify_plan.py), and a save of a small model whose large chunks all stay whole then writes
+    one pack, not a second one of a few KiB (two fsyncs and a folder more).
 
     A full pack is sealed (durable, held aside as a temp file named after ``owner``, the save
     lock), and every pack is published under its final name only in :meth:`finish`, right before
@@ -70,7 +74,7 @@ class Packer:
 
     def add(self, r: PackObject) -> None:
         assert r.parts is not None
-        lane = bool(getattr(r, "lasting", False))
+        lane = bool(getattr(r, "lasting", False)) or r.raw_len < MIN_POSITION_BYTES
         if lane not in self.open:
             writer = self.repo.store.writer(site="pack", owner=self.owner)
             self.open[lane] = (PackStream(writer.write), writer)

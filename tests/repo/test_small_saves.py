@@ -1,7 +1,7 @@
-"""Who encodes a save's chunks: a state under INLINE_STATE_BYTES is encoded by the thread that
+"""What a small save skips.  A state under INLINE_STATE_BYTES is encoded by the thread that
 writes it (a pool's start and its interpreter-lock hand-offs cost more than they save on a few
 MB), a larger one by a pool of encoder threads, joined before the save returns; both store the
-same bytes."""
+same bytes.  And a small model whose large chunks stay whole writes one pack a save."""
 
 from __future__ import annotations
 
@@ -39,3 +39,30 @@ def test_a_small_state_starts_no_encoder_thread_and_a_large_one_a_pool(tmp_path,
     for name, state in (("small", small), ("large", large)):
         back = deltackpt.load(tmp_path / name)
         assert all(torch.equal(back[k].view(torch.int32), state[k].view(torch.int32)) for k in state)
+
+
+def test_a_small_model_whose_large_chunks_stay_whole_writes_one_pack_a_save(tmp_path):
+    """Chunks under MIN_POSITION_BYTES are packed with the keyframes that stay whole (neither is
+    ever rewritten by deltification): once the large chunks are known to change densely, a save
+    writes one pack, not a second one of a few KiB."""
+    from deltackpt.repo.write.deltify_plan import MIN_POSITION_BYTES
+
+    g = torch.Generator().manual_seed(1)
+    small = MIN_POSITION_BYTES // 4 // 2
+
+    def state():   # every value new: each change is dense
+        return {"w1": torch.randn(64, 1024, generator=g), "w2": torch.randn(128, 512, generator=g),
+                **{f"b{i}": torch.randn(small, generator=g) for i in range(5)}}
+
+    packs = tmp_path / "r" / "packs"
+
+    def count() -> int:
+        return sum(1 for p in packs.rglob("*") if p.is_file()) if packs.exists() else 0
+
+    added = []
+    with deltackpt.Repo(tmp_path / "r", create=True) as repo:
+        for step in range(4):
+            before = count()
+            repo.save(state(), step=step)
+            added.append(count() - before)
+    assert added[2:] == [1, 1], added
