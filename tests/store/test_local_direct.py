@@ -4,8 +4,10 @@ cache; either way the file holds exactly the bytes given, in writes of any size.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+from typing import Iterator
 
 import pytest
 
@@ -22,6 +24,23 @@ def _write(store: LocalStore, key: str, data: bytes, seed: int) -> None:
         w.write(memoryview(data)[pos:pos + n])
         pos += n
     w.commit(key)
+
+
+@contextlib.contextmanager
+def _file_size_limit(limit: int) -> Iterator[None]:
+    """RLIMIT_FSIZE at ``limit`` bytes for the block, SIGXFSZ ignored: a write past it is cut
+    short or refused with EFBIG, as on a real quota, instead of killing the process."""
+    import resource
+    import signal
+
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old_limit[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
 
 
 def _direct_refused(path: str) -> bool:
@@ -67,24 +86,15 @@ def test_a_large_file_is_written_past_the_page_cache_and_a_small_one_through_it(
 def test_a_stage_the_thread_fails_to_write_fails_the_file_and_leaves_nothing(tmp_path):
     """A write the stage thread gets refused (a file size limit: EFBIG past 10 MiB) is raised by
     the writer's next write or its seal, as a StoreError naming the file, and no temp is left."""
-    import resource
-    import signal
-
     from deltackpt.errors import StoreError
 
     store = LocalStore(tmp_path / "repo")
-    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # EFBIG instead of the signal
-    resource.setrlimit(resource.RLIMIT_FSIZE, (10 << 20, old_limit[1]))
-    try:
+    with _file_size_limit(10 << 20):
         w = store.writer(site="pack")
         with pytest.raises(StoreError) as err:
             for _ in range(8):   # 32 MiB in 4 MiB writes: the third stage crosses the limit
                 w.write(os.urandom(4 << 20))
             w.commit("packs/ab/x")
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
-        signal.signal(signal.SIGXFSZ, old_handler)
     assert "File too large" in str(err.value), err.value
     assert store.list("tmp/") == [] and not store.exists("packs/ab/x")
 
@@ -144,24 +154,14 @@ def test_a_short_write_of_a_small_file_goes_on_mid_part_and_its_failure_leaves_n
     """A file size limit of 1 MiB + 100 bytes: the pwritev of a 3 MiB file is cut inside a part,
     the write goes on from there and the kernel then refuses it (EFBIG): a StoreError naming the
     file, no temp left, nothing published."""
-    import resource
-    import signal
-
     from deltackpt.errors import StoreError
 
     store = LocalStore(tmp_path / "repo")
     data = os.urandom(3 << 20)
-    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     w = store.writer(site="pack")
     for i in range(0, len(data), 1 << 19):
         w.write(memoryview(data)[i:i + (1 << 19)])
-    resource.setrlimit(resource.RLIMIT_FSIZE, ((1 << 20) + 100, old_limit[1]))
-    try:
-        with pytest.raises(StoreError) as err:
-            w.commit("packs/ab/x")
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
-        signal.signal(signal.SIGXFSZ, old_handler)
+    with _file_size_limit((1 << 20) + 100), pytest.raises(StoreError) as err:
+        w.commit("packs/ab/x")
     assert "File too large" in str(err.value), err.value
     assert store.list("tmp/") == [] and not store.exists("packs/ab/x")
