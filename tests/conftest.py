@@ -36,10 +36,16 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 # transformers' model classes touch torch's compile cache, whose default folder,
 # <temp>/torchinductor_<user>, would outlive the suite: the suite and the processes it starts use
-# a folder of their own, removed at the end (pytest_unconfigure)
-_COMPILE_CACHE = None if "TORCHINDUCTOR_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="deltackpt-tests-inductor-")
-if _COMPILE_CACHE:
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _COMPILE_CACHE
+# a folder of their own, made in pytest_configure (a run pytest refuses for its arguments never
+# gets to pytest_unconfigure, and left one behind when it was made at import) and removed at the end
+_COMPILE_CACHE: str | None = None
+
+
+def pytest_configure(config):
+    global _COMPILE_CACHE
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        _COMPILE_CACHE = tempfile.mkdtemp(prefix="deltackpt-tests-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = _COMPILE_CACHE
 
 
 # pytest's own root for tmp_path, <temp>/pytest-of-<user>: a passing run leaves it empty
