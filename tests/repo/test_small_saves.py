@@ -66,3 +66,36 @@ def test_a_small_model_whose_large_chunks_stay_whole_writes_one_pack_a_save(tmp_
             repo.save(state(), step=step)
             added.append(count() - before)
     assert added[2:] == [1, 1], added
+
+
+def test_a_ctrl_c_during_an_inline_encode_stops_the_save_at_once_and_leaves_nothing(tmp_path, monkeypatch):
+    """Encoding on the saving thread, a KeyboardInterrupt raised inside a chunk's encode ends the
+    save there (not after the chunks a window still holds), and the save leaves no version, no
+    pack and no temp file."""
+    from deltackpt.repo.write import saver as saver_mod
+
+    g = torch.Generator().manual_seed(2)
+    state = {f"t{i}": torch.randn(2048, generator=g) for i in range(12)}   # 96 KiB: encoded inline
+    calls: list[int] = []
+    real = saver_mod.encode_one
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    with deltackpt.Repo(tmp_path / "r", create=True) as repo:
+        monkeypatch.setattr(saver_mod, "encode_one", interrupted)
+        try:
+            repo.save(state, step=0)
+        except KeyboardInterrupt:
+            pass
+        else:
+            raise AssertionError("the save went on past the interrupt")
+        monkeypatch.setattr(saver_mod, "encode_one", real)
+        assert len(calls) == 2
+        assert repo.log() == []
+    left = [p for p in (tmp_path / "r").rglob("*") if p.is_file() and p.parts[-2] in ("packs", "tmp", "index")
+            or p.is_file() and len(p.parts) > 2 and p.parts[-3] == "packs"]
+    assert left == []

@@ -291,7 +291,9 @@ class _EncoderPool:
         fut: Future = Future()
         try:
             fut.set_result(fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever takes the result, as a pool does
+        except Exception as exc:  # noqa: BLE001 - handed to whoever takes the result, as a pool does
+            # (a Ctrl-C or SystemExit is not: it stops the save now, as it would while the
+            # caller waited on a pool's result, instead of after the chunks still in the window)
             fut.set_exception(exc)
         return fut
 
