@@ -87,7 +87,7 @@ INLINE_STATE_BYTES = 6 << 20
 """A save of fewer bytes than this encodes its chunks on the thread that writes it, whatever
 ``workers`` says.  Why: starting a pool's threads and passing the interpreter lock between them
 costs more than a second thread saves on a few MB of encoding.  Measured on the 2-core machine
-(stop 52, CPU per save, medians): a 3.8 MiB CNN with SGD momentum 25-27 -> 16-21 ms, its page faults
+(stop 52, CPU per save, medians): a 3.8 MiB CNN with SGD momentum 25-36 -> 16-24 ms, its page faults
 ~1,000 -> ~12 a save (the pool threads' malloc arenas hand their freed pages back after every
 save); a 4 MB MLP 20-28 -> 19-26 ms; at 8 MB the CPU ties and the wall grows 10-20% (28-31 -> 32-34
 ms); at 16 MB the pool wins (wall 37 ms against 50-54)."""
