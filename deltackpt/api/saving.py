@@ -82,9 +82,10 @@ def save(obj: State, repo: "str | os.PathLike[str] | Handle | Store", *, step: i
         workers: encoder threads.  By default a blocking save uses every core (up to 4) and a
             background save the cores the training loop leaves free (``os.cpu_count()`` minus
             ``torch.get_num_threads()``, at least 1).  A state under 6 MiB is encoded by the
-            thread that writes it, without a pool (cheaper than starting one).  On Linux a background save's threads run
-            under ``SCHED_IDLE`` until anyone waits for the save (:mod:`deltackpt.priority`;
-            ``Repo(..., background=BackgroundOptions(idle=False))`` turns it off).
+            thread that writes it, without a pool (cheaper than starting one).  On Linux a
+            background save's threads run under ``SCHED_IDLE`` until anyone waits for the save
+            (:mod:`deltackpt.priority`; ``Repo(..., background=BackgroundOptions(idle=False))``
+            turns it off).
         background: where a background save runs: ``"thread"``, or ``"process"`` (a persistent
             encoder process fed through shared memory, so the save's Python never takes the
             training loop's GIL; local repositories and CPU tensors only, others use the thread).

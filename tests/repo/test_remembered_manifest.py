@@ -29,6 +29,6 @@ def test_the_remembered_manifest_is_what_the_committed_bytes_decode_to(tmp_path,
                 m.setattr(repository.manifest_fmt, "decode", lambda *a, **k: decoded.append("x"))
                 kept = repo.core.manifest(v.id)
             assert decoded == []
-            data = repo.core.store.get(MANIFESTS + v.id)
-            assert kept == manifest_fmt.decode(data, version_id=v.id)
-            assert repr(kept) == repr(manifest_fmt.decode(data, version_id=v.id))
+            read_back = manifest_fmt.decode(repo.core.store.get(MANIFESTS + v.id), version_id=v.id)
+            assert kept == read_back
+            assert repr(kept) == repr(read_back)

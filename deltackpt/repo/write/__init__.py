@@ -1,6 +1,7 @@
 """The write path: how chunks get into the store and take their final form.
 
-``saver`` runs a save: ``chunking`` cuts blobs, ``chunk_encoder`` dedups each chunk against what is
+``saver`` runs a save: ``chunking`` cuts blobs, ``encoder_pool`` says which threads encode them (a
+pool, or the saving thread for a small state), ``chunk_encoder`` dedups each chunk against what is
 stored (``presence``: only chunks whose packs still exist) and chooses its form (``head``: whole or
 a small forward delta), ``packer`` streams the objects into packs and writes one index file, and
 ``commit`` names the manifest under the refs lock.  ``arena`` holds a save's private chunk copies,

@@ -7,17 +7,15 @@ store atomically and durably (temp, fsync, rename, directory fsync).
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
 
-from ... import threads
 from ...codecs import scratch
 from ...codecs.base import ChunkContext
 from ...codecs.registry import get as codec_of
@@ -33,6 +31,7 @@ from ..delta_cache import ChunkMemo
 from .chunk_encoder import SaveContext, encode_one
 from .chunking import chunk_bounds
 from .consolidate import consolidate
+from .encoder_pool import EncoderPool, encoder_threads
 from .deltify import STEP_BYTES, deltify, deltify_locked, step_window
 from .packer import Packer
 from .presence import ChunkPresence
@@ -77,28 +76,6 @@ class SaveStats:
     @property
     def written_bytes(self) -> int:
         return self.objects_bytes + self.manifest_bytes
-
-
-def default_workers() -> int:
-    return max(1, min(4, os.cpu_count() or 1))
-
-
-INLINE_STATE_BYTES = 6 << 20
-"""A save of fewer bytes than this encodes its chunks on the thread that writes it, whatever
-``workers`` says.  Why: starting a pool's threads and passing the interpreter lock between them
-costs more than a second thread saves on a few MB of encoding.  Measured on the 2-core machine
-(stop 52, CPU per save, medians): a 3.8 MiB CNN with SGD momentum 25-36 -> 16-24 ms, its page faults
-~1,000 -> ~12 a save (the pool threads' malloc arenas hand their freed pages back after every
-save); a 4 MB MLP 20-28 -> 19-26 ms; at 8 MB the CPU ties and the wall grows 10-20% (28-31 -> 32-34
-ms); at 16 MB the pool wins (wall 37 ms against 50-54)."""
-
-
-def encoder_threads(state_bytes: int, workers: int | None) -> int:
-    """The encoder threads a save of ``state_bytes`` starts: none under :data:`INLINE_STATE_BYTES`
-    (the writing thread encodes), else ``workers``, by default :func:`default_workers`."""
-    if state_bytes < INLINE_STATE_BYTES:
-        return 0
-    return workers or default_workers()
 
 
 def write_version(session: WriteSession, blobs: list[BlobInput], tensors: list[TensorEntry], tree: Any, *,
@@ -243,7 +220,7 @@ def _write_blobs(sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, mani
     # positions the handle holds no base for take the previous version's chunk (read on demand)
     parent = ParentBases.of(sv.repo, sv.repo.latest(),
                             star=settings.keyframe_interval if settings.delta_base == "keyframe" else 0)
-    with _EncoderPool(encoder_threads(window.total, workers)) as pool:
+    with EncoderPool(encoder_threads(window.total, workers)) as pool:
         for bi, b in enumerate(blobs):
             bounds = chunk_bounds(len(b.data), b.row_bytes, b.itemsize, settings.chunk_bytes)
             # a source with read_range (a GPU tensor staged through a host buffer) is read a chunk
@@ -270,40 +247,6 @@ def _write_blobs(sv: SaveContext, blobs: list[BlobInput], stats: SaveStats, mani
             window.consume_oldest()
     window.finish_ready()
     stats.bases_read += sv.bases_read
-
-
-class _EncoderPool:
-    """The chunk encoders' threads; inline in the caller's thread when there are none
-    (``workers`` 0: a small state) or once the interpreter refuses new ones (a save made by an
-    ``atexit`` handler runs after concurrent.futures shut down)."""
-
-    def __init__(self, workers: int) -> None:
-        self._pool: ThreadPoolExecutor | None = (
-            ThreadPoolExecutor(max_workers=workers, thread_name_prefix="deltackpt-encode",
-                               initializer=threads.leave_signals_to_main) if workers > 0 else None)
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        if self._pool is not None:
-            try:
-                return self._pool.submit(fn, *args)
-            except RuntimeError:  # 'cannot schedule new futures after interpreter shutdown'
-                pass
-        fut: Future = Future()
-        try:
-            fut.set_result(fn(*args))
-        except Exception as exc:  # noqa: BLE001 - handed to whoever takes the result, as a pool does
-            # (a Ctrl-C or SystemExit is not: it stops the save now, as it would while the
-            # caller waited on a pool's result, instead of after the chunks still in the window)
-            fut.set_exception(exc)
-        return fut
-
-    def __enter__(self) -> "_EncoderPool":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._pool is not None:
-            # an abandoned or failed save does not wait for chunks nobody will take
-            self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
 
 
 class _Window:
