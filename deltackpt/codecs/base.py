@@ -34,6 +34,8 @@ class ChunkContext:
     itemsize: int
     row_bytes: int    # bytes per row of the leading dimension (0 for 0-d)
     level: int = 1    # zstd level
+    planes: tuple[int, ...] | None = None  # the keyframe codec's choice per byte plane at this
+    # position last time (Encoded.planes): taken without sampling again (bytegroup.compress_planes_choosing)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Encoded:
     payload: bytes | memoryview
     recon: bytes | None = None       # lossy codecs: the bytes a decoder will produce
     max_abs_err: float = 0.0
+    planes: tuple[int, ...] | None = None  # the keyframe codec: what it chose for each byte plane
+    # (bytegroup.PLANE_*), for the next save at this position; never stored
 
 
 @dataclass(frozen=True)

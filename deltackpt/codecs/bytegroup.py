@@ -20,6 +20,9 @@ from .buffers import buffer
 
 _SAMPLE = 16 * 1024
 _PAYS = 0.97  # a plane whose sample compresses worse than this is stored raw
+#: what :func:`compress_planes_choosing` did with a long plane (its ``choices``): kept raw, or
+#: compressed with the literal-tuned parameters or with the level
+PLANE_RAW, PLANE_TUNED, PLANE_LEVEL = 0, 1, 2
 _local = threading.local()
 
 # zstd's level 1 hunts for 6-byte matches in a 2^13-entry table.  The byte planes of a float
@@ -72,18 +75,18 @@ def _plane_compressor(level: int) -> zstandard.ZstdCompressor:
     return c
 
 
-def _choose(sample: memoryview, level: int) -> tuple[zstandard.ZstdCompressor, int]:
-    """The compressor for a long plane and its size on ``sample``: whichever of the literal-tuned
-    parameters and the level does better on the sample (the level wins on some optimizer moments,
-    whose planes repeat more)."""
+def _choose(sample: memoryview, level: int) -> tuple[zstandard.ZstdCompressor, int, int]:
+    """The compressor for a long plane, its size on ``sample`` and which it is (``PLANE_TUNED`` or
+    ``PLANE_LEVEL``): whichever of the literal-tuned parameters and the level does better on the
+    sample (the level wins on some optimizer moments, whose planes repeat more)."""
     cctx = _compressor(level)
     size = len(cctx.compress(sample))
     tuned = _plane_compressor(level)
     if tuned is not cctx:
         tuned_size = len(tuned.compress(sample))
         if tuned_size <= size:
-            return tuned, tuned_size
-    return cctx, size
+            return tuned, tuned_size, PLANE_TUNED
+    return cctx, size, PLANE_LEVEL
 
 
 _WORDS = {2: "<u2", 4: "<u4", 8: "<u8"}
@@ -197,21 +200,57 @@ def encode_planes(data: bytes | memoryview | np.ndarray, width: int, level: int)
     return compress_planes(out, width, level)
 
 
+def encode_planes_choosing(data: bytes | memoryview | np.ndarray, width: int, level: int,
+                           choices: tuple[int, ...] | None = None
+                           ) -> tuple[dict[str, Any], memoryview, tuple[int, ...]]:
+    """:func:`encode_planes` through :func:`compress_planes_choosing`: also takes and returns the
+    choice for each plane."""
+    arr = _as_bytes(data)
+    n = len(arr) // width if width else 0
+    out = np.empty(width * n, dtype=np.uint8)
+    group_into(arr, width, out.reshape(width, n))
+    return compress_planes_choosing(out, width, level, choices)
+
+
 def compress_planes(out: np.ndarray, width: int, level: int) -> tuple[dict[str, Any], memoryview]:
     """The second half of :func:`encode_planes`: ``out`` holds ``width`` planes back to back
     (grouped by the caller); each plane that pays is compressed in place.  Returns (params, payload)."""
+    params, payload, _ = compress_planes_choosing(out, width, level)
+    return params, payload
+
+
+def compress_planes_choosing(out: np.ndarray, width: int, level: int, choices: tuple[int, ...] | None = None
+                             ) -> tuple[dict[str, Any], memoryview, tuple[int, ...]]:
+    """:func:`compress_planes`, also returning what it chose for each plane (``PLANE_*``).  Given
+    ``choices`` (what an earlier call chose for the same position's planes), a long plane takes
+    its choice without the two sample trials that would pick it: a plane's statistics barely move
+    from one save to the next, and the trials were 8% of a dense save's CPU (bench/MAINTENANCE.md,
+    "Remembered plane choices").  A remembered compression that no longer pays is recorded raw.
+    The bytes written are a valid payload whatever the choices: only their size depends on them."""
     n = len(out) // width if width else 0
     planes = out.reshape(width, n)
+    if choices is not None and len(choices) != width:
+        choices = None
     modes: list[int] = []
     sizes: list[int] = []
+    chosen: list[int] = []
     pos = 0
     for k in range(width):
         mv = memoryview(planes[k])
         comp = None
+        choice = PLANE_LEVEL
         if n > 2 * _SAMPLE:
-            cctx, size = _choose(mv[:_SAMPLE], level)
-            if size <= _PAYS * _SAMPLE:
+            if choices is None:
+                cctx, size, choice = _choose(mv[:_SAMPLE], level)
+                if size > _PAYS * _SAMPLE:
+                    choice = PLANE_RAW
+            else:
+                choice = choices[k]
+                cctx = _plane_compressor(level) if choice == PLANE_TUNED else _compressor(level)
+            if choice != PLANE_RAW:
                 comp = cctx.compress(mv)
+                if len(comp) > _PAYS * n:
+                    choice = PLANE_RAW   # no longer pays: the next save does not try
         elif n:
             comp = zstd_compress(mv, level)
         if comp is not None and len(comp) < n:
@@ -224,7 +263,8 @@ def compress_planes(out: np.ndarray, width: int, level: int) -> tuple[dict[str, 
         pos += size
         modes.append(mode)
         sizes.append(size)
-    return {"w": width, "m": modes, "s": sizes}, out.data[:pos]
+        chosen.append(choice)
+    return {"w": width, "m": modes, "s": sizes}, out.data[:pos], tuple(chosen)
 
 
 def decode_planes(params: dict[str, Any], payload: bytes | memoryview, raw_len: int, *, what: str,

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .base import ChunkContext, Codec, Encoded, Room
-from .bytegroup import decode_planes, decode_planes_in_room, encode_planes, width_for
+from .bytegroup import decode_planes, decode_planes_in_room, encode_planes_choosing, width_for
 
 
 class ByteGroupZstd(Codec):
@@ -15,8 +15,8 @@ class ByteGroupZstd(Codec):
     name = "bg-zstd"
 
     def encode(self, raw: bytes | memoryview, ctx: ChunkContext, base: bytes | memoryview | None = None) -> Encoded:
-        params, payload = encode_planes(raw, width_for(ctx.itemsize, len(raw)), ctx.level)
-        return Encoded(params, payload)
+        params, payload, planes = encode_planes_choosing(raw, width_for(ctx.itemsize, len(raw)), ctx.level, ctx.planes)
+        return Encoded(params, payload, planes=planes)
 
     def decode_into(self, out: memoryview, params: dict[str, Any], payload: bytes | memoryview, base: bytes | memoryview | None = None) -> None:
         decode_planes(params, payload, len(out), what=self.name, out=np.frombuffer(out, dtype=np.uint8))

@@ -40,6 +40,8 @@ class ChunkMemo:
     raw_len: int = 0       # the chunk's length when ``data`` is None
     sample: bytes | None = None  # "child", dense: the chunk's bytes at its probe slice (pipeline.probe_slice),
                            # so the next save judges the position again without reading the chunk back
+    planes: tuple[int, ...] | None = None  # "child": the keyframe codec's choice for each byte plane of the
+                           # position's last keyframe, taken by the next one without sampling (bytegroup.py)
 
     @property
     def size(self) -> int:

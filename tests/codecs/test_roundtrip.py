@@ -358,7 +358,7 @@ def test_keyframe_planes_past_the_sample_round_trip_and_pick_the_smaller_compres
     assert bytes(codec.decode(enc.params, bytes(enc.payload), len(raw))) == raw
     planes = bytegroup.group(raw, 4)
     sample = memoryview(planes[3])[:bytegroup._SAMPLE]
-    cctx, size = bytegroup._choose(sample, 1)
+    cctx, size, _which = bytegroup._choose(sample, 1)
     assert size <= len(bytegroup.zstd_compress(sample, 1))
     assert enc.params["m"][3] == 1 and enc.params["s"][3] <= len(bytegroup.zstd_compress(memoryview(planes[3]), 1)) * 1.02
 

@@ -177,6 +177,10 @@ def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: Chun
     rejudge = dense_before and memo is not None and len(data) >= SAMPLE_MIN and (
         memo.sample is not None or rejudge_due(memo.chunk_id))
     known_dense = dense_before and not rejudge
+    if memo is not None and memo.planes is not None and not rejudge_due(memo.chunk_id):
+        # a keyframe here takes the plane choices of the last one; about one save in REJUDGE_EVERY
+        # samples them again (bytegroup.compress_planes_choosing)
+        ctx = ChunkContext(ctx.dtype, ctx.itemsize, ctx.row_bytes, ctx.level, memo.planes)
     overhead = 12 + 24  # object header and the base id in its parameters
     chosen: HeadChoice | None = None
     sampled = False
@@ -213,11 +217,12 @@ def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: Chun
     if base_id is not None:
         assert memo is not None
         return r, ChunkMemo(src, data, choice.depth, src, winner=choice.encoding, sparse=True,
-                            anchor_bytes=memo.anchor_bytes, chain_bytes=memo.chain_bytes + size)
+                            anchor_bytes=memo.anchor_bytes, chain_bytes=memo.chain_bytes + size, planes=memo.planes)
     probe_at = probe_slice(len(data), ctx, REJUDGE_SAMPLE) if dense else None
     return r, ChunkMemo(src, data, 0, src, anchor_bytes=size, dense=dense, lasting=lasting,
                         winner=memo.winner if memo is not None else None, sparse=not dense and memo is not None,
-                        sample=bytes(data[probe_at]) if probe_at is not None else None)
+                        sample=bytes(data[probe_at]) if probe_at is not None else None,
+                        planes=choice.encoded.planes)
 
 
 def _head_base(sv: SaveContext, memo: ChunkMemo | None, n: int) -> tuple[BaseChunk | None, int]:

@@ -56,7 +56,9 @@ PAYBACK = 1.0
 #: deltification keeps a keyframe whole when its reverse delta would be above this fraction of it
 KEEP_WHOLE_ABOVE = 1 / (1 + PAYBACK)
 #: a writer without the sample of a dense position (a fresh handle, or a full delta cache) reads
-#: the position's chunk back to judge it again at about one save in this many
+#: the position's chunk back to judge it again at about one save in this many; and a keyframe
+#: samples its byte planes' compression again, instead of taking the last keyframe's choices
+#: (ChunkMemo.planes), at about one save in this many
 REJUDGE_EVERY = 8
 #: bytes of a dense position a handle keeps to judge it again at the next save without reading it
 #: back (an xor-delta trial on 16 KiB: ~0.05 ms; 11 MB and 0.03 s a save for a 1.4 GB state)
