@@ -74,3 +74,31 @@ def test_a_remembered_compression_that_no_longer_pays_is_dropped():
     params, payload, again = bytegroup.encode_planes_choosing(smooth, 4, 1, after)
     assert params["m"] == [0, 0, 0, 0] and again == after
     assert bytes(bytegroup.decode_planes(params, bytes(payload), n, what="t")) == smooth.tobytes()
+
+
+def test_a_dense_position_measures_whether_it_stays_whole_only_now_and_then(tmp_path, monkeypatch):
+    """A position whose change stays dense is judged again at every save on the sample the handle
+    kept (a sparse-rows trial: a change turning sparse is caught at the next save), but once the
+    position is flagged to stay whole, the dense delta's sample that says so is taken again at
+    about one save in REJUDGE_EVERY; in between the flag stands (its packs' placement with it).
+    A position not flagged is measured at every save, as before (bench/MAINTENANCE.md says why)."""
+    from deltackpt.repo.write import chunk_encoder
+    trials = {"sparse": 0, "dense": 0}
+    real = chunk_encoder.sample_delta_fraction
+
+    def counted(*args, **kwargs):
+        trials["sparse" if kwargs.get("sparse") else "dense"] += 1
+        return real(*args, **kwargs)
+    monkeypatch.setattr(chunk_encoder, "sample_delta_fraction", counted)
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(16384, 64, generator=g) * 0.05
+    with deltackpt.Repo(str(tmp_path / "r"), create=True, chunk_bytes=1 << 18, deltify=False) as repo:
+        for step in range(6):
+            w = w + 1e-3 * torch.randn(w.shape, generator=g)
+            trials["sparse"] = trials["dense"] = 0
+            repo.save({"w": w}, step=step)
+            if step >= 2:   # every position known dense, with its sample kept
+                assert trials["sparse"] == 16, (step, trials)
+                assert trials["dense"] <= 16 // 2, (step, trials)   # was 16 at every save
+        lasting = [m.lasting for m in repo.session.delta_cache._items.values()]
+    assert len(lasting) == 16 and all(lasting)   # a random walk's change: its keyframes stay whole

@@ -177,19 +177,26 @@ def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: Chun
     rejudge = dense_before and memo is not None and len(data) >= SAMPLE_MIN and (
         memo.sample is not None or rejudge_due(memo.chunk_id))
     known_dense = dense_before and not rejudge
-    if memo is not None and memo.planes is not None and not rejudge_due(memo.chunk_id):
-        # a keyframe here takes the plane choices of the last one; about one save in REJUDGE_EVERY
-        # samples them again (bytegroup.compress_planes_choosing)
+    # what the last keyframe here measured is taken again, and measured afresh at about one save
+    # in REJUDGE_EVERY: its byte planes' compression (bytegroup.compress_planes_choosing) and, once
+    # found, that a change this dense leaves the keyframe whole (head.stays_whole; not yet found:
+    # measured at every save, bench/MAINTENANCE.md "Remembered plane choices" says why)
+    remeasure = memo is None or rejudge_due(memo.chunk_id)
+    if memo is not None and memo.planes is not None and not remeasure:
         ctx = ChunkContext(ctx.dtype, ctx.itemsize, ctx.row_bytes, ctx.level, memo.planes)
+    carried = known_dense   # the position's "stays whole" flag is the last keyframe's
     overhead = 12 + 24  # object header and the base id in its parameters
     chosen: HeadChoice | None = None
     sampled = False
     if rejudge and memo is not None and memo.sample is not None:
         frac = sample_delta_fraction(data, ctx, None, base_sample=memo.sample, size=REJUDGE_SAMPLE, sparse=True)
         if not sample_fits(frac, len(data), delta_budget(memo.anchor_bytes, memo.chain_bytes), overhead):
-            # still dense: nothing read (the dense delta's sample says whether the keyframe stays whole)
-            chosen = keyframe_choice(data, ctx, frac, sample_delta_fraction(
-                data, ctx, None, base_sample=memo.sample, size=REJUDGE_SAMPLE), overhead)
+            # still dense: nothing read (the dense delta's sample, when taken, says whether the
+            # keyframe stays whole)
+            dense_frac = sample_delta_fraction(data, ctx, None, base_sample=memo.sample,
+                                               size=REJUDGE_SAMPLE) if remeasure or not memo.lasting else None
+            carried = dense_frac is None
+            chosen = keyframe_choice(data, ctx, frac, dense_frac, overhead)
         sampled = True
     if chosen is None:
         if not known_dense:   # a dense position's bytes are not worth reading back: it is written whole
@@ -209,7 +216,7 @@ def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: Chun
     head = EncodedObject(choice.encoding, len(data), params, b"").head()
     size = len(head) + len(choice.encoded.payload)
     lasting = base_id is None and (stays_whole(chosen.delta_fraction, len(data), size, sv.session.keep_whole_above)
-                                   or (known_dense and memo is not None and memo.lasting))
+                                   or (carried and memo is not None and memo.lasting))
     # dense: a sparse delta would not fit even a fresh chain's budget (not merely this chain's, spent)
     dense = known_dense if chosen.dense is None else chosen.dense
     r = ChunkResult(src, len(data), [head, choice.encoded.payload], choice.encoding, base_id, choice.depth, 0.0, False,

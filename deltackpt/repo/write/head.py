@@ -57,8 +57,9 @@ PAYBACK = 1.0
 KEEP_WHOLE_ABOVE = 1 / (1 + PAYBACK)
 #: a writer without the sample of a dense position (a fresh handle, or a full delta cache) reads
 #: the position's chunk back to judge it again at about one save in this many; and a keyframe
-#: samples its byte planes' compression again, instead of taking the last keyframe's choices
-#: (ChunkMemo.planes), at about one save in this many
+#: measures again, instead of taking the last keyframe's answers, at about one save in this many:
+#: its byte planes' compression (ChunkMemo.planes) and, at a position still dense, whether a
+#: change this dense leaves it whole (stays_whole on the dense delta's sample; ChunkMemo.lasting)
 REJUDGE_EVERY = 8
 #: bytes of a dense position a handle keeps to judge it again at the next save without reading it
 #: back (an xor-delta trial on 16 KiB: ~0.05 ms; 11 MB and 0.03 s a save for a 1.4 GB state)
