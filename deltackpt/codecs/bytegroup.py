@@ -193,11 +193,8 @@ def encode_planes(data: bytes | memoryview | np.ndarray, width: int, level: int)
     own (already compressed) bytes, a raw plane stays where it is unless an earlier plane shrank.
     One chunk-sized buffer, no copy of raw planes in the usual case (float planes: raw mantissa
     bytes first, compressed exponent bytes last)."""
-    arr = _as_bytes(data)
-    n = len(arr) // width if width else 0
-    out = np.empty(width * n, dtype=np.uint8)
-    group_into(arr, width, out.reshape(width, n))
-    return compress_planes(out, width, level)
+    params, payload, _ = encode_planes_choosing(data, width, level)
+    return params, payload
 
 
 def encode_planes_choosing(data: bytes | memoryview | np.ndarray, width: int, level: int,
