@@ -172,16 +172,16 @@ def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: Chun
         return (ChunkResult(src, len(data), None, 0, None, 0, 0.0, False),
                 ChunkMemo(src, data, 0, src, anchor_bytes=size))
     dense_before = memo is not None and memo.dense and memo.data is None
-    # a dense position is judged again: on the sample this handle kept of it (no read), or, without
-    # one, by reading its chunk back at about one save in REJUDGE_EVERY (head.rejudge_due)
-    rejudge = dense_before and memo is not None and len(data) >= SAMPLE_MIN and (
-        memo.sample is not None or rejudge_due(memo.chunk_id))
-    known_dense = dense_before and not rejudge
-    # what the last keyframe here measured is taken again, and measured afresh at about one save
-    # in REJUDGE_EVERY: its byte planes' compression (bytegroup.compress_planes_choosing) and, once
-    # found, that a change this dense leaves the keyframe whole (head.stays_whole; not yet found:
-    # measured at every save, bench/MAINTENANCE.md "Remembered plane choices" says why)
+    # a dense position is judged again on the sample this handle kept of it (no read) at every
+    # save; the rest is measured again at about one save in REJUDGE_EVERY (head.rejudge_due), and
+    # taken from the last keyframe otherwise: without a kept sample, whether the change is still
+    # dense (reading the chunk back), the byte planes' compression (bytegroup.compress_planes_choosing)
+    # and, once found, that a change this dense leaves the keyframe whole (head.stays_whole; not yet
+    # found: measured at every save, bench/MAINTENANCE.md "Remembered plane choices" says why)
     remeasure = memo is None or rejudge_due(memo.chunk_id)
+    rejudge = dense_before and memo is not None and len(data) >= SAMPLE_MIN and (
+        memo.sample is not None or remeasure)
+    known_dense = dense_before and not rejudge
     if memo is not None and memo.planes is not None and not remeasure:
         ctx = ChunkContext(ctx.dtype, ctx.itemsize, ctx.row_bytes, ctx.level, memo.planes)
     carried = known_dense   # the position's "stays whole" flag is the last keyframe's

@@ -31,8 +31,8 @@ from ..delta_cache import ChunkMemo
 from .chunk_encoder import SaveContext, encode_one
 from .chunking import chunk_bounds
 from .consolidate import consolidate
-from .encoder_pool import EncoderPool, encoder_threads
 from .deltify import STEP_BYTES, deltify, deltify_locked, step_window
+from .encoder_pool import EncoderPool, encoder_threads
 from .packer import Packer
 from .presence import ChunkPresence
 from .session import WriteSession
