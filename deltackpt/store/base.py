@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from typing import Any, Protocol, Sequence
-
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from ..errors import LimitExceededError, StoreError
+
+if TYPE_CHECKING:
+    from .staged_write import StagePool
 
 _KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
 
@@ -159,10 +161,12 @@ class Store(ABC):
     def delete(self, key: str, *, site: str = "delete") -> None:
         """Remove ``key``; absent keys are not an error."""
 
-    def writer(self, *, site: str = "object", owner: str | None = None) -> AtomicWriter:
+    def writer(self, *, site: str = "object", owner: str | None = None, stages: "StagePool | None" = None) -> AtomicWriter:
         """A streaming writer for a value committed later under a key chosen then.  ``owner``
         (a save lock's name) marks what it holds aside, so that once that lock is provably dead
-        the next save can delete it (:func:`deltackpt.repo.locks.clear_dead_saves`)."""
+        the next save can delete it (:func:`deltackpt.repo.locks.clear_dead_saves`).  ``stages``:
+        a :class:`~deltackpt.store.staged_write.StagePool` the caller holds for the files it
+        writes in turn, where a store stages its writes (a local one); others ignore it."""
         return AtomicWriter(self, site)
 
     def swap(self, key: str, expected: bytes | None, data: bytes, *, site: str = "object") -> bool:

@@ -22,6 +22,7 @@ from .local_map import FileMapping
 from .local_writer import LocalWriter, owned_temp
 from .local_writer import os_error as _os_error
 from .local_writer import unlink_quiet as _unlink_quiet
+from .staged_write import StagePool
 
 TMP_DIR = "tmp"
 PREFETCH_PIECE = 1 << 20
@@ -281,9 +282,9 @@ class LocalStore(Store):
         os.close(fd)
         return tmp
 
-    def writer(self, *, site: str = "object", owner: str | None = None) -> AtomicWriter:
+    def writer(self, *, site: str = "object", owner: str | None = None, stages: StagePool | None = None) -> AtomicWriter:
         try:
-            return LocalWriter(self, site, owner)
+            return LocalWriter(self, site, owner, stages)
         except OSError as exc:
             raise _os_error(exc, "write", site) from None
 

@@ -12,7 +12,7 @@ from .. import faults
 from ..errors import ObjectNotFoundError, StoreError
 from ..threads import BackgroundCall
 from .base import AtomicWriter, Store
-from .staged_write import StagedFile, close_quiet
+from .staged_write import StagedFile, StagePool, close_quiet
 
 
 class LocalPaths(Protocol):
@@ -56,7 +56,8 @@ class LocalWriter(AtomicWriter):
     """Streams into a temp file; commit = fsync, rename into place, fsync the directory.  A
     sealed file (fsynced, closed) stays under ``tmp/`` until :meth:`publish` renames it."""
 
-    def __init__(self, store: LocalPaths, site: str, owner: str | None = None) -> None:
+    def __init__(self, store: LocalPaths, site: str, owner: str | None = None,
+                 stages: StagePool | None = None) -> None:
         super().__init__(cast(Store, store), site)   # a LocalStore: a Store and LocalPaths both
         self._local = store
         tmp_dir = store._tmp_dir()
@@ -69,6 +70,7 @@ class LocalWriter(AtomicWriter):
         self._sync: BackgroundCall | None = None      # at most one in flight
         self._sync_error: OSError | None = None
         self._staged: StagedFile | None = None        # from the first write to the seal (staged_write.py)
+        self._stages = stages                         # the pool its stages come from, if its owner has one
 
     def _background_sync(self) -> None:
         """Start an fdatasync of what is written so far, unless one is still running."""
@@ -102,7 +104,7 @@ class LocalWriter(AtomicWriter):
                 os.write(self._fd, view[: len(view) // 2])
                 raise OSError(errno.EIO, f"injected short write at {self._site}.write")
             if self._staged is None:
-                self._staged = StagedFile(self._tmp, self._fd)
+                self._staged = StagedFile(self._tmp, self._fd, self._stages)
             self._staged.write(view)
             self.size += len(data)
             # (a file written directly is on the disk as it goes: nothing for a sync to start)

@@ -165,3 +165,36 @@ def test_a_short_write_of_a_small_file_goes_on_mid_part_and_its_failure_leaves_n
         w.commit("packs/ab/x")
     assert "File too large" in str(err.value), err.value
     assert store.list("tmp/") == [] and not store.exists("packs/ab/x")
+
+
+def test_files_written_in_turn_share_their_stages_through_a_pool(tmp_path):
+    """Three 13 MiB files written one after another with one StagePool map two stages in all,
+    not two each: the second and third fault in no fresh stage pages (2,048 a file without the
+    pool), and each holds exactly its bytes.  Once the pool is closed a file still writes, with
+    stages of its own that its close unmaps."""
+    import resource
+
+    store = LocalStore(tmp_path / "repo")
+    pool = staged_write.StagePool()
+    datas = [os.urandom((13 << 20) + 777 * i) for i in range(3)]
+
+    def write(key: str, data: bytes, stages: "staged_write.StagePool | None") -> int:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        w = store.writer(site="pack", stages=stages)
+        for i in range(0, len(data), 1 << 20):
+            w.write(memoryview(data)[i:i + (1 << 20)])
+        w.commit(key)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    write("packs/ab/0", datas[0], pool)
+    later = [write(f"packs/ab/{i}", datas[i], pool) for i in (1, 2)]
+    assert pool.mapped == 2
+    assert max(later) < 1024, later
+    unpooled = write("packs/ab/3", datas[0], None)
+    assert unpooled > 1024, unpooled   # the fresh stages a file maps without one (the check can fail)
+    pool.close()
+    write("packs/ab/4", datas[1], pool)
+    assert pool.mapped == 4
+    for i, data in enumerate([*datas, datas[0], datas[1]]):
+        assert store.get(f"packs/ab/{i}") == data
+    assert store.list("tmp/") == []

@@ -11,6 +11,7 @@ from ...format.pack import PackStream
 from ..layout import INDEX, pack_key
 from ..locks import delete_save_temps
 from ...store.base import AtomicWriter
+from ...store.staged_write import StagePool
 from ..repository import Repository
 from .deltify_plan import MIN_POSITION_BYTES
 
@@ -71,12 +72,15 @@ class Packer:
         self.written: dict[str, tuple[int, list]] = {}
         self.index_bytes = 0   # the index file finish() wrote
         self.pending: set[bytes] = set()
+        # the packs are written one after another (two lanes at most side by side): each takes
+        # its stage buffers from the last one's instead of mapping fresh ones (store/staged_write.py)
+        self.stages = StagePool()
 
     def add(self, r: PackObject) -> None:
         assert r.parts is not None
         lane = bool(getattr(r, "lasting", False)) or r.raw_len < MIN_POSITION_BYTES
         if lane not in self.open:
-            writer = self.repo.store.writer(site="pack", owner=self.owner)
+            writer = self.repo.store.writer(site="pack", owner=self.owner, stages=self.stages)
             self.open[lane] = (PackStream(writer.write), writer)
         stream = self.open[lane][0]
         stream.add(r.cid, r.parts, encoding=r.encoding, raw_len=r.raw_len, base=r.base, depth=r.depth)
@@ -107,6 +111,7 @@ class Packer:
             w.abort()
         self.open = {}
         self.sealed = []
+        self.stages.close()
         # a Ctrl-C between a writer creating its temp file and add() recording that writer leaves
         # a file no list names; the owner's mark in its name finds it (only this save has it)
         if self.owner:
@@ -117,6 +122,7 @@ class Packer:
 
     def finish(self) -> None:
         self.flush()
+        self.stages.close()   # every pack is sealed: their stages are back, and unmapped here
         while self.sealed:
             self.sealed[0].publish()
             self.sealed.pop(0)
