@@ -86,19 +86,21 @@ def proc_io(field: str) -> int:
 def measured(fn):
     """``(result, cost)`` of ``fn()``: ``cost`` holds wall seconds, CPU seconds split into user
     and system (this process's threads and its reaped children, getrusage's microsecond clock),
-    and bytes handed to ``write()`` (``/proc/self/io`` wchar).  System time is mostly the kernel
-    taking in written pages; on a VM it varies ~10x for the same bytes with whether the guest's
-    free pages are still backed by the host, so studies report it apart from user time."""
+    bytes handed to ``write()`` (``/proc/self/io`` wchar) and minor page faults (``faults``: fresh
+    pages the kernel zeroes, a count the machine's noise does not move).  System time is mostly the
+    kernel taking in written pages; on a VM it varies ~10x for the same bytes with whether the
+    guest's free pages are still backed by the host, so studies report it apart from user time."""
     import resource
 
-    def usage() -> tuple[float, float]:
+    def usage() -> tuple[float, float, int]:
         a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        return a.ru_utime + b.ru_utime, a.ru_stime + b.ru_stime
-    (u0, s0), w0, t0 = usage(), proc_io("wchar"), time.perf_counter()
+        return a.ru_utime + b.ru_utime, a.ru_stime + b.ru_stime, a.ru_minflt + b.ru_minflt
+    (u0, s0, f0), w0, t0 = usage(), proc_io("wchar"), time.perf_counter()
     out = fn()
     wall = time.perf_counter() - t0
-    u1, s1 = usage()
-    return out, {"wall": wall, "user": u1 - u0, "sys": s1 - s0, "cpu": (u1 - u0) + (s1 - s0), "written": proc_io("wchar") - w0}
+    u1, s1, f1 = usage()
+    return out, {"wall": wall, "user": u1 - u0, "sys": s1 - s0, "cpu": (u1 - u0) + (s1 - s0),
+                 "written": proc_io("wchar") - w0, "faults": f1 - f0}
 
 
 def tensor_bytes(state) -> int:

@@ -112,6 +112,8 @@ def _summary(res: dict[str, Any]) -> dict[str, float]:
            "cpu_per_save": ratio("cpu"), "user_per_save": ratio("user"), "sys_per_save": ratio("sys"),
            "cpu_s": statistics.median(per[i]["cpu"] for i in later),
            "user_s": statistics.median(per[i]["user"] for i in later),
+           "faults_per_save": statistics.median(per[i].get("faults", 0) for i in later),
+           "torch_save_faults": statistics.median(anchor[i].get("faults", 0) for i in later),
            "stored_per_version": res["stored"] / ts_bytes / len(per),
            "torch_save_bytes": ts_bytes,
            "torch_save_cpu_s": statistics.median(anchor[i]["cpu"] for i in later),
@@ -168,8 +170,8 @@ def run(args: argparse.Namespace) -> int:
 def _table(results: dict[str, Any]) -> None:
     print("\n| workload | payback | written / save (maintenance incl.) | maintenance written / save "
           "| CPU / save vs torch.save+fsync (user, system) | CPU s / save (torch.save) "
-          "| stored / version | live rollback by one: read |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| page faults / save (torch.save) | stored / version | live rollback by one: read |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         for p, pr in r["paybacks"].items():
             s = pr["summary"]
@@ -177,6 +179,7 @@ def _table(results: dict[str, Any]) -> None:
             print(f"| {name} | {p} | {s['written_per_save']:.3f} (last {s['written_last_save']:.3f}) | "
                   f"{s['maintenance_written']:.3f} | {s['cpu_per_save']:.2f}x ({s['user_per_save']:.2f}x, "
                   f"{s['sys_per_save']:.2f}x) | {s['cpu_s']:.2f} ({s['torch_save_cpu_s']:.2f}) | "
+                  f"{s.get('faults_per_save', 0):,.0f} ({s.get('torch_save_faults', 0):,.0f}) | "
                   f"{s['stored_per_version']:.3f} | {rb} |")
 
 
