@@ -27,6 +27,8 @@ MODES = ("lossless", "q8-delta", "q4-delta", "fp16", "bf16")
 _LOSSY = {"q8-delta": (Q8_SCALED_DELTA, Q8_DELTA), "q4-delta": (Q4_SCALED_DELTA, Q4_DELTA),
           "fp16": (CAST_FP16,), "bf16": (CAST_BF16,)}
 _SAMPLE = 64 * 1024
+#: the bytes a probe compares (:func:`probe_slice`'s default), for a writer keeping a chunk's sample
+PROBE_SAMPLE = _SAMPLE
 #: chunks shorter than this are not sampled (sample_delta_fraction says None)
 SAMPLE_MIN = 4096
 

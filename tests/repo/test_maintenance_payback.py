@@ -82,6 +82,32 @@ def _counting_reads(repo: deltackpt.Repo) -> list[bytes]:
     return reads
 
 
+def test_a_repositorys_second_save_judges_a_dense_change_without_reading_the_first_back(tmp_path):
+    """The first save a handle makes of a long chunk keeps the probe's 64 KiB sample
+    (head.FIRST_SAMPLE_MIN), so the second judges the first change on it, as it would on the chunk
+    read back: a dense one (every weight moves) is written whole with nothing read (a GPT-2 +
+    AdamW second save read and decoded the whole 1.4 GB first version to find that), and a sparse
+    one still reads its bases and is a delta.  A chunk under FIRST_SAMPLE_MIN keeps no sample and
+    is read back once, as before."""
+    from deltackpt.repo.write.head import FIRST_SAMPLE_MIN
+    g = torch.Generator().manual_seed(0)
+    n = FIRST_SAMPLE_MIN // 4                                  # float32 elements in one chunk
+    dense = torch.randn(4 * n, generator=g)                    # four chunks
+    table = torch.randn(4 * n // 64, 64, generator=g)          # four chunks of rows
+    short = torch.randn(n // 16, generator=g)                  # one chunk under FIRST_SAMPLE_MIN
+    with deltackpt.Repo(str(tmp_path / "r"), create=True, chunk_bytes=FIRST_SAMPLE_MIN, deltify=False) as repo:
+        reads = _counting_reads(repo)
+        repo.save({"dense": dense, "table": table, "short": short}, step=0)
+        dense += 0.01 * torch.randn(dense.shape, generator=g)
+        table[::256] += 1.0                                    # 16 of each chunk's 4,096 rows
+        short += 0.01 * torch.randn(short.shape, generator=g)
+        v = repo.save({"dense": dense, "table": table, "short": short}, step=1)
+        assert len(reads) == 4 + 1, len(reads)   # the table's bases and the short chunk; no dense one
+        assert v.written_bytes < 0.6 * v.logical_bytes, v.written_bytes   # the table's change as deltas
+    back = deltackpt.load(str(tmp_path / "r"))
+    assert torch.equal(back["dense"], dense) and torch.equal(back["table"], table) and torch.equal(back["short"], short)
+
+
 def test_a_position_whose_change_turned_sparse_is_a_delta_again(tmp_path):
     """A position whose change was too large for a delta is flagged dense and written whole without
     reading its base.  The flag used to be for good: an Adam moment that fills up as rows are first

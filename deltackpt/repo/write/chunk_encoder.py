@@ -11,14 +11,15 @@ import numpy as np
 
 from ...codecs.base import ChunkContext
 from ...codecs.floats import max_abs_err
-from ...codecs.pipeline import SAMPLE_MIN, BaseChunk, encode_chunk, probe_slice, sample_delta_fraction
+from ...codecs.pipeline import PROBE_SAMPLE, SAMPLE_MIN, BaseChunk, encode_chunk, probe_slice, sample_delta_fraction
 from ...errors import DeltackptError
 from ...format.ids import digest
 from ...format.objects import EncodedObject
 from ..delta_cache import ChunkMemo, next_star_base
 from ..repository import Repository
 from .session import WriteSession
-from .head import REJUDGE_SAMPLE, HeadChoice, delta_budget, encode_changed, keyframe_choice, rejudge_due, sample_fits, stays_whole
+from .head import (FIRST_SAMPLE_MIN, REJUDGE_SAMPLE, HeadChoice, delta_budget, encode_changed, keyframe_choice, rejudge_due,
+                   sample_fits, stays_whole)
 from .packer import Packer
 from .presence import ChunkPresence
 
@@ -172,6 +173,10 @@ def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: Chun
         return (ChunkResult(src, len(data), None, 0, None, 0, 0.0, False),
                 ChunkMemo(src, data, 0, src, anchor_bytes=size))
     dense_before = memo is not None and memo.dense and memo.data is None
+    # a long chunk's keyframe written where nothing was judged yet (the first save this handle
+    # made of the position) kept a sample too (head.FIRST_SAMPLE_MIN): its first change is judged
+    # on it, and a dense one is written whole without the previous version read back and decoded
+    unjudged = memo is not None and not (memo.dense or memo.sparse) and memo.data is None and memo.sample is not None
     # a dense position is judged again on the sample this handle kept of it (no read) at every
     # save; the rest is measured again at about one save in REJUDGE_EVERY (head.rejudge_due), and
     # taken from the last keyframe otherwise: without a kept sample, whether the change is still
@@ -179,7 +184,7 @@ def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: Chun
     # and, once found, that a change this dense leaves the keyframe whole (head.stays_whole; not yet
     # found: measured at every save, bench/MAINTENANCE.md "Remembered plane choices" says why)
     remeasure = memo is None or rejudge_due(memo.chunk_id)
-    rejudge = dense_before and memo is not None and len(data) >= SAMPLE_MIN and (
+    rejudge = (dense_before or unjudged) and memo is not None and len(data) >= SAMPLE_MIN and (
         memo.sample is not None or remeasure)
     known_dense = dense_before and not rejudge
     if memo is not None and memo.planes is not None and not remeasure:
@@ -189,12 +194,14 @@ def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: Chun
     chosen: HeadChoice | None = None
     sampled = False
     if rejudge and memo is not None and memo.sample is not None:
-        frac = sample_delta_fraction(data, ctx, None, base_sample=memo.sample, size=REJUDGE_SAMPLE, sparse=True)
+        # a dense position's small sample, or the probe's own of a position not judged yet
+        size = REJUDGE_SAMPLE if dense_before else PROBE_SAMPLE
+        frac = sample_delta_fraction(data, ctx, None, base_sample=memo.sample, size=size, sparse=True)
         if not sample_fits(frac, len(data), delta_budget(memo.anchor_bytes, memo.chain_bytes), overhead):
             # still dense: nothing read (the dense delta's sample, when taken, says whether the
             # keyframe stays whole)
             dense_frac = sample_delta_fraction(data, ctx, None, base_sample=memo.sample,
-                                               size=REJUDGE_SAMPLE) if remeasure or not memo.lasting else None
+                                               size=size) if remeasure or not memo.lasting else None
             carried = dense_frac is None
             chosen = keyframe_choice(data, ctx, frac, dense_frac, overhead)
         sampled = True
@@ -225,7 +232,8 @@ def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: Chun
         assert memo is not None
         return r, ChunkMemo(src, data, choice.depth, src, winner=choice.encoding, sparse=True,
                             anchor_bytes=memo.anchor_bytes, chain_bytes=memo.chain_bytes + size, planes=memo.planes)
-    probe_at = probe_slice(len(data), ctx, REJUDGE_SAMPLE) if dense else None
+    first = memo is None and len(data) >= FIRST_SAMPLE_MIN
+    probe_at = probe_slice(len(data), ctx, REJUDGE_SAMPLE if dense else PROBE_SAMPLE) if dense or first else None
     return r, ChunkMemo(src, data, 0, src, anchor_bytes=size, dense=dense, lasting=lasting,
                         winner=memo.winner if memo is not None else None, sparse=not dense and memo is not None,
                         sample=bytes(data[probe_at]) if probe_at is not None else None,

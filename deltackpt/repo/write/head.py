@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...codecs.base import ChunkContext
-from ...codecs.pipeline import BaseChunk, ChunkEncoding, encode_chunk, sample_delta_fraction
+from ...codecs.pipeline import PROBE_SAMPLE, BaseChunk, ChunkEncoding, encode_chunk, sample_delta_fraction
 from ...codecs.registry import SCALED_DELTA, SPARSE, SUB_DELTA, XOR_DELTA, get
 
 #: forward deltas since a position's keyframe may add up to this fraction of the keyframe's stored size
@@ -64,6 +64,13 @@ REJUDGE_EVERY = 8
 #: bytes of a dense position a handle keeps to judge it again at the next save without reading it
 #: back (an xor-delta trial on 16 KiB: ~0.05 ms; 11 MB and 0.03 s a save for a 1.4 GB state)
 REJUDGE_SAMPLE = 16 * 1024
+#: a chunk at least this long keeps the probe's sample (pipeline.PROBE_SAMPLE, 64 KiB) from the first
+#: save this handle writes it in, so its first change is judged on that sample exactly as on the
+#: chunk read back: a dense one (a full fine-tune's) is written whole without the previous version
+#: read and decoded (GPT-2 + AdamW: 1.4 GB a repository's second save read), with the same choices.
+#: The sample is at most 1/16 of the chunk (3% of a 2 MiB one), held until the next save; a
+#: shorter chunk is read back once instead, so samples stay a small share of the delta cache
+FIRST_SAMPLE_MIN = 16 * PROBE_SAMPLE
 
 
 def delta_budget(anchor_bytes: int, chain_bytes: int, budget: float = HEAD_DELTA_BUDGET) -> int:
