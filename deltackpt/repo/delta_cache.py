@@ -64,6 +64,9 @@ class DeltaCache:
         self._items: dict[tuple, ChunkMemo] = {}
         self._bytes = 0
         self._lock = threading.Lock()
+        # positions holding only the probe sample a first save kept (head.FIRST_SAMPLE_MIN), newest
+        # last: the first to give way when a base or a dense sample would not fit otherwise
+        self._first: dict[tuple, None] = {}
 
     def fit(self, state_bytes: int) -> None:
         """A save of ``state_bytes`` begins: the budget follows the state (unless fixed).  Bytes
@@ -81,16 +84,34 @@ class DeltaCache:
     def put(self, key: tuple, memo: ChunkMemo) -> None:
         with self._lock:
             old = self._items.pop(key, None)
+            self._first.pop(key, None)
             if old is not None:
                 self._bytes -= old.held_bytes
+            if memo.held_bytes and self._bytes + memo.held_bytes > self.max_bytes:
+                self._drop_first_samples(self._bytes + memo.held_bytes - self.max_bytes)
             if memo.held_bytes and self._bytes + memo.held_bytes > self.max_bytes:
                 memo = replace(memo, data=None, raw_len=memo.size, sample=None)   # full: the base is read back if needed
             self._items[key] = memo
             self._bytes += memo.held_bytes
+            if memo.sample is not None and memo.data is None and not (memo.dense or memo.sparse):
+                self._first[key] = None
+
+    def _drop_first_samples(self, need: int) -> None:
+        """Free at least ``need`` bytes from first saves' samples, newest first (their positions,
+        later in the save under way, then read their chunk back to judge it, the same answer):
+        what the cache keeps for the saves after this one then does not depend on them."""
+        while need > 0 and self._first:
+            key, _ = self._first.popitem()
+            memo = self._items[key]
+            assert memo.sample is not None
+            self._items[key] = replace(memo, sample=None)
+            self._bytes -= len(memo.sample)
+            need -= len(memo.sample)
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._first.clear()
             self._bytes = 0
 
 

@@ -108,6 +108,30 @@ def test_a_repositorys_second_save_judges_a_dense_change_without_reading_the_fir
     assert torch.equal(back["dense"], dense) and torch.equal(back["table"], table) and torch.equal(back["short"], short)
 
 
+def test_first_saves_samples_give_way_to_the_bases_a_sparse_state_keeps(tmp_path):
+    """A first save's probe samples wait in the delta cache for the next save; when a base that
+    save keeps (a sparse table's rows) would not fit beside them, the samples of the positions
+    later in the save give way (those positions read their chunk back, the same answer), so the
+    cache keeps the bases it kept without them: here two of the four, and the third save reads
+    back only the other two."""
+    from deltackpt.repo.write.head import FIRST_SAMPLE_MIN
+    g = torch.Generator().manual_seed(0)
+    rows = FIRST_SAMPLE_MIN // 256                             # 64 floats a row: one chunk
+    table = torch.randn(4 * rows, 64, generator=g)             # four chunks
+    budget = 2 * FIRST_SAMPLE_MIN + 100 * 1024                 # two bases and a little more
+    with deltackpt.Repo(str(tmp_path / "r"), create=True, chunk_bytes=FIRST_SAMPLE_MIN, deltify=False,
+                        delta_cache_bytes=budget) as repo:
+        reads = _counting_reads(repo)
+        repo.save({"emb": table}, step=0)
+        for step in (1, 2):
+            table[step::512] += 1.0                            # a few rows of every chunk
+            reads.clear()
+            v = repo.save({"emb": table}, step=step)
+            assert v.written_bytes < 0.1 * v.logical_bytes, v.written_bytes   # deltas
+        assert len(reads) == 2, len(reads)   # the two bases the cache could not keep
+        assert repo.session.delta_cache.used_bytes <= budget
+
+
 def test_a_position_whose_change_turned_sparse_is_a_delta_again(tmp_path):
     """A position whose change was too large for a delta is flagged dense and written whole without
     reading its base.  The flag used to be for good: an Adam moment that fills up as rows are first
