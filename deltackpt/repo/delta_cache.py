@@ -7,7 +7,9 @@ few changed elements) keeps its bytes, since its next change will most likely be
 them too.  Bytes are bounded by ``max_bytes``: past it, or for every other position, the next save
 reads the base back from the repository when it needs one (write/bases.py), which costs a decode
 instead of memory.  A dense position (a full fine-tune's weights and moments) is written whole next
-time and needs no base at all.
+time and needs no base at all, only a 16 KiB sample to judge its next change on; a long chunk's
+first keyframe keeps the next save's 64 KiB probe sample (write/head.py), and those give way first
+when the bytes run short.
 
 The memo is the last saved (for lossy chunks: decoded) version of the position, and the next save's
 chunk may be a delta against it.  With ``"parent"`` every change is such a delta (a forward chain);
