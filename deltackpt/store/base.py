@@ -91,6 +91,9 @@ class Store(ABC):
     durable: bool = True
     #: prefetch does something (a reader may give it a thread of its own)
     prefetches: bool = False
+    #: writer() writes through stage buffers and takes ``stages=`` (a StagePool) to share them
+    #: between files written in turn; a store that leaves it False is never passed one
+    stages_writes: bool = False
     #: swap is a compare-and-swap against other processes (If-Match); when False it is
     #: read-compare-put, which is only safe under a lock the caller holds (the refs lock)
     atomic_swap: bool = False
@@ -166,7 +169,7 @@ class Store(ABC):
         (a save lock's name) marks what it holds aside, so that once that lock is provably dead
         the next save can delete it (:func:`deltackpt.repo.locks.clear_dead_saves`).  ``stages``:
         a :class:`~deltackpt.store.staged_write.StagePool` the caller holds for the files it
-        writes in turn, where a store stages its writes (a local one); others ignore it."""
+        writes in turn, passed only where :attr:`stages_writes` says the store uses one."""
         return AtomicWriter(self, site)
 
     def swap(self, key: str, expected: bytes | None, data: bytes, *, site: str = "object") -> bool:

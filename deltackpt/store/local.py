@@ -35,6 +35,7 @@ needs fetching).  1 MiB: under the 1280 KiB request size of most disks."""
 
 class LocalStore(Store):
     prefetches = True   # posix_fadvise(WILLNEED): the kernel reads ahead into the page cache
+    stages_writes = True   # a large file is written past the page cache through stages (staged_write.py)
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self._dirs_ok: set[str] = set()

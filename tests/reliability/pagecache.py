@@ -131,8 +131,8 @@ class PageCacheStore(LocalStore):
         os.unlink(path)
         self.live.pop(path, None)
 
-    def writer(self, *, site: str = "object", owner: str | None = None) -> AtomicWriter:
-        return _Writer(self, site)
+    def writer(self, *, site: str = "object", owner: str | None = None, stages: object = None) -> AtomicWriter:
+        return _Writer(self, site)   # every write goes through this model of the page cache: no stages
 
     def put_atomic(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> None:
         path = self._path(key)

@@ -34,3 +34,23 @@ def test_a_save_of_many_packs_maps_a_few_stages_and_reads_back_whole(tmp_path, m
     assert 1 <= pools[0].mapped <= 4, pools[0].mapped   # two a pack without the pool: 10 and more
     back = deltackpt.load(path)
     assert all(torch.equal(back[k], v) for k, v in state.items())
+
+
+def test_a_store_whose_writer_takes_no_stages_still_saves(tmp_path, monkeypatch):
+    """A store written before ``stages`` (its ``writer`` override takes only ``site`` and
+    ``owner``) leaves ``stages_writes`` False and is never passed a pool: a save through it works."""
+    from deltackpt.store import LocalStore
+
+    class OlderStore(LocalStore):
+        stages_writes = False
+
+        def writer(self, *, site: str = "object", owner: "str | None" = None):  # type: ignore[override]
+            return super().writer(site=site, owner=owner)
+
+    monkeypatch.setattr(packer_module, "PACK_TARGET_BYTES", 6 << 20)
+    state = {f"w{i}": torch.randn(1 << 20, generator=torch.Generator().manual_seed(i)) for i in range(4)}
+    store = OlderStore(str(tmp_path / "repo"))
+    with deltackpt.Repo(store, create=True) as repo:
+        repo.save(state, step=0)
+        back = repo.load()
+    assert all(torch.equal(back[k], v) for k, v in state.items())

@@ -80,7 +80,9 @@ class Packer:
         assert r.parts is not None
         lane = bool(getattr(r, "lasting", False)) or r.raw_len < MIN_POSITION_BYTES
         if lane not in self.open:
-            writer = self.repo.store.writer(site="pack", owner=self.owner, stages=self.stages)
+            store = self.repo.store
+            writer = (store.writer(site="pack", owner=self.owner, stages=self.stages) if store.stages_writes
+                      else store.writer(site="pack", owner=self.owner))
             self.open[lane] = (PackStream(writer.write), writer)
         stream = self.open[lane][0]
         stream.add(r.cid, r.parts, encoding=r.encoding, raw_len=r.raw_len, base=r.base, depth=r.depth)
