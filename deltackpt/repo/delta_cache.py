@@ -51,6 +51,12 @@ class ChunkMemo:
         return len(self.data) if self.data is not None else self.raw_len
 
     @property
+    def unjudged(self) -> bool:
+        """It holds only the probe sample a first save kept of its chunk (head.FIRST_SAMPLE_MIN):
+        no change at this position has been judged yet."""
+        return self.sample is not None and self.data is None and not (self.dense or self.sparse)
+
+    @property
     def held_bytes(self) -> int:
         """Memory this memo holds."""
         return (len(self.data) if self.data is not None else 0) + (len(self.sample) if self.sample is not None else 0)
@@ -95,7 +101,7 @@ class DeltaCache:
                 memo = replace(memo, data=None, raw_len=memo.size, sample=None)   # full: the base is read back if needed
             self._items[key] = memo
             self._bytes += memo.held_bytes
-            if memo.sample is not None and memo.data is None and not (memo.dense or memo.sparse):
+            if memo.unjudged:
                 self._first[key] = None
 
     def _drop_first_samples(self, need: int) -> None:

@@ -176,7 +176,7 @@ def encode_head(sv: SaveContext, data: bytes | memoryview, src: bytes, ctx: Chun
     # a long chunk's keyframe written where nothing was judged yet (the first save this handle
     # made of the position) kept a sample too (head.FIRST_SAMPLE_MIN): its first change is judged
     # on it, and a dense one is written whole without the previous version read back and decoded
-    unjudged = memo is not None and not (memo.dense or memo.sparse) and memo.data is None and memo.sample is not None
+    unjudged = memo is not None and memo.unjudged
     # a dense position is judged again on the sample this handle kept of it (no read) at every
     # save; the rest is measured again at about one save in REJUDGE_EVERY (head.rejudge_due), and
     # taken from the last keyframe otherwise: without a kept sample, whether the change is still
