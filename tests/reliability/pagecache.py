@@ -68,6 +68,8 @@ class _Writer(AtomicWriter):
 
 
 class PageCacheStore(LocalStore):
+    stages_writes = False   # every write goes through this model of the page cache, never stages
+
     def __init__(self, root: str, cut_at: int | None = None) -> None:
         super().__init__(root)
         os.makedirs(self.root, exist_ok=True)
@@ -131,8 +133,8 @@ class PageCacheStore(LocalStore):
         os.unlink(path)
         self.live.pop(path, None)
 
-    def writer(self, *, site: str = "object", owner: str | None = None, stages: object = None) -> AtomicWriter:
-        return _Writer(self, site)   # every write goes through this model of the page cache: no stages
+    def writer(self, *, site: str = "object", owner: str | None = None) -> AtomicWriter:  # type: ignore[override]
+        return _Writer(self, site)
 
     def put_atomic(self, key: str, data: bytes, *, site: str = "object", durable: bool = True) -> None:
         path = self._path(key)
